@@ -1,0 +1,76 @@
+"""Shared fixtures: tiny random ViTs of every token layout, and the real DeiT-Ti weights."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+DEIT_WEIGHTS = SHARED / "models" / "deit_tiny_patch16_224.safetensors"
+PHOTOS = REPO / "assets"
+IMAGENET = SHARED / "data" / "imagenet_samples"
+
+# name -> (timm VisionTransformer kwargs, input size (H, W)); every layout the tool must handle
+TINY_TIMM = {
+    "cls": (dict(img_size=32, patch_size=8), (32, 32)),
+    "gap": (dict(img_size=32, patch_size=8, class_token=False, global_pool="avg"), (32, 32)),
+    "distilled": (dict(img_size=32, patch_size=8, distilled=True), (32, 32)),
+    "reg4": (dict(img_size=32, patch_size=8, reg_tokens=4, no_embed_class=True), (32, 32)),
+    "no_embed_class": (dict(img_size=32, patch_size=8, no_embed_class=True), (32, 32)),
+    "patch14": (dict(img_size=28, patch_size=14), (28, 28)),
+    "patch16": (dict(img_size=32, patch_size=16), (32, 32)),
+    "nonsquare": (dict(img_size=32, patch_size=8), (32, 48)),
+}
+EXPECTED_PREFIX = {"cls": 1, "gap": 0, "distilled": 2, "reg4": 5, "no_embed_class": 1,
+                   "patch14": 1, "patch16": 1, "nonsquare": 1}
+
+
+def make_tiny_timm(kind: str, seed: int = 0):
+    """A 2-block, 2-head, 32-dim random timm ViT of the given layout, in eval mode."""
+    from timm.models.vision_transformer import VisionTransformer
+    from timm.models.deit import VisionTransformerDistilled
+
+    kwargs, _ = TINY_TIMM[kind]
+    kwargs = dict(kwargs)
+    cls = VisionTransformerDistilled if kwargs.pop("distilled", False) else VisionTransformer
+    torch.manual_seed(seed)
+    return cls(embed_dim=32, depth=2, num_heads=2, num_classes=10, dynamic_img_size=True, **kwargs).eval()
+
+
+def tiny_handle(kind: str, seed: int = 0):
+    from vit_inspect.models import handle_from_timm
+
+    return handle_from_timm(make_tiny_timm(kind, seed), name=f"tiny-{kind}", device="cpu",
+                            input_size=TINY_TIMM[kind][1])
+
+
+def tiny_hf(distilled: bool = False, seed: int = 0):
+    """A 2-layer random Hugging Face ViT (or DeiT with teacher) built from a config, no download."""
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    common = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=64, num_labels=7)
+    if distilled:
+        return DeiTForImageClassificationWithTeacher(DeiTConfig(**common)).eval()
+    return ViTForImageClassification(ViTConfig(**common)).eval()
+
+
+@pytest.fixture(params=sorted(TINY_TIMM))
+def tiny_kind(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def deit():
+    """The real DeiT-Ti/16 ImageNet weights from ../shared (skipped only when absent)."""
+    if not DEIT_WEIGHTS.is_file():
+        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
+    from vit_inspect.models import load_model
+
+    return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")

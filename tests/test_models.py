@@ -1,0 +1,203 @@
+"""Loading: geometry read from the model, every token layout, HF models, weights files, errors."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import EXPECTED_PREFIX, TINY_TIMM, make_tiny_timm, tiny_handle, tiny_hf
+from vit_inspect.errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from vit_inspect.models import handle_from_hf, load_model, read_state_dict
+
+
+def test_tiny_timm_geometry(tiny_kind):
+    handle = tiny_handle(tiny_kind)
+    kwargs, (height, width) = TINY_TIMM[tiny_kind]
+    patch = kwargs["patch_size"]
+    layout = handle.layout()
+    assert handle.patch_size == (patch, patch)
+    assert (layout.grid_h, layout.grid_w) == (height // patch, width // patch)
+    assert handle.num_prefix_tokens == layout.num_prefix_tokens == EXPECTED_PREFIX[tiny_kind]
+    assert handle.has_class_token == (tiny_kind != "gap")
+    assert handle.num_dist_tokens == (1 if tiny_kind == "distilled" else 0)
+    assert handle.num_reg_tokens == (4 if tiny_kind == "reg4" else 0)
+    assert handle.no_embed_class == (tiny_kind in ("reg4", "no_embed_class"))
+    assert handle.global_pool == ("avg" if tiny_kind == "gap" else "token")
+    assert (handle.depth, handle.num_heads, handle.embed_dim) == (2, 2, 32)
+    assert handle.labels == tuple(str(i) for i in range(10))
+    assert handle.patch_embed_weight().shape == (32, 3, patch, patch)
+    pos = handle.patch_pos_embed()
+    assert pos.shape == (*handle.native_grid, 32)
+    prefix = 0 if handle.no_embed_class else handle.num_prefix_tokens
+    expected = handle.model.pos_embed[0, prefix:].detach().numpy().reshape(pos.shape)
+    np.testing.assert_array_equal(pos, expected)
+
+
+def test_nonsquare_input_interpolates_position_embeddings():
+    handle = tiny_handle("cls")
+    layout = handle.layout((32, 48))
+    assert (layout.grid_h, layout.grid_w, layout.num_tokens) == (4, 6, 25)
+    assert handle.patch_pos_embed((4, 6)).shape == (4, 6, 32)
+    with torch.no_grad():
+        logits = handle.forward(torch.randn(1, 3, 32, 48))
+    assert logits.shape == (1, 10)
+
+
+def test_hf_vit_geometry_and_labels():
+    model = tiny_hf()
+    model.config.id2label = {i: f"class{i}" for i in range(7)}
+    handle = handle_from_hf(model, device="cpu")
+    assert handle.family == "hf"
+    assert (handle.patch_size, handle.native_grid, handle.num_prefix_tokens) == ((8, 8), (4, 4), 1)
+    assert handle.labels == tuple(f"class{i}" for i in range(7))
+    assert handle.preprocess.mean == (0.5, 0.5, 0.5)
+    table = model.vit.embeddings.position_embeddings[0, 1:].detach().numpy()
+    np.testing.assert_array_equal(handle.patch_pos_embed(), table.reshape(4, 4, 32))
+    assert handle.patch_pos_embed((4, 6)).shape == (4, 6, 32)
+
+
+def test_hf_deit_with_teacher_has_distillation_token():
+    handle = handle_from_hf(tiny_hf(distilled=True), device="cpu")
+    assert (handle.num_prefix_tokens, handle.num_dist_tokens, handle.has_class_token) == (2, 1, True)
+    assert handle.patch_pos_embed().shape == (4, 4, 32)
+    with torch.no_grad():
+        assert handle.forward(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_hf_local_folder_loads(tmp_path):
+    from transformers import ViTImageProcessor
+
+    model = tiny_hf()
+    model.save_pretrained(tmp_path)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    handle = load_model(str(tmp_path), device="cpu")
+    assert handle.family == "hf" and handle.input_size == (32, 32)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(handle.forward(x), model(pixel_values=x).logits)
+
+
+def test_explicit_safetensors_file_loads_exactly(tmp_path):
+    source = make_tiny_timm("cls", seed=1)
+    path = tmp_path / "w.safetensors"
+    save_file(source.state_dict(), str(path))
+    from vit_inspect.models import apply_state_dict
+
+    target = make_tiny_timm("cls", seed=2)
+    apply_state_dict(target, read_state_dict(path), "w.safetensors")
+    for key, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[key], value), key
+
+
+def test_nested_pth_state_dict_is_unwrapped(tmp_path):
+    state = {k: v.clone() for k, v in make_tiny_timm("cls").state_dict().items()}
+    path = tmp_path / "w.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "epoch": 3}, path)
+    loaded = read_state_dict(path)
+    assert set(loaded) == set(state)
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_key_mismatch_is_listed_readably(tmp_path):
+    from vit_inspect.models import apply_state_dict
+
+    state = make_tiny_timm("cls").state_dict()
+    state.pop("head.weight")
+    state["extra.thing"] = torch.zeros(1)
+    with pytest.raises(WeightsError) as info:
+        apply_state_dict(make_tiny_timm("cls"), state, "w.safetensors")
+    message = str(info.value)
+    assert "1 missing key(s): head.weight" in message and "1 unexpected key(s): extra.thing" in message
+
+
+def test_wrong_architecture_reports_shapes(tmp_path):
+    from vit_inspect.models import apply_state_dict
+
+    state = make_tiny_timm("patch16").state_dict()
+    with pytest.raises(WeightsError, match="wrong shape"):
+        apply_state_dict(make_tiny_timm("cls"), state, "w")
+
+
+class _Payload:
+    """Unpickling this runs `exec`, which writes a marker file: the classic pickle attack."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('pwned')",)
+
+
+def test_pickle_payload_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "payload_ran"
+    path = tmp_path / "evil.pth"
+    with open(path, "wb") as f:
+        pickle.dump({"model": {"w": _Payload(str(marker))}}, f)
+    with pytest.raises(WeightsError, match="Refused"):
+        read_state_dict(path)
+    with pytest.raises(WeightsError, match="Refused"):
+        load_model("deit_tiny_patch16_224", weights=path, device="cpu")
+    assert not marker.exists()
+
+
+def test_truncated_and_empty_safetensors(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_file(make_tiny_timm("cls").state_dict(), str(path))
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(WeightsError, match="not a valid safetensors"):
+        read_state_dict(path)
+    empty = tmp_path / "e.safetensors"
+    empty.write_bytes(b"")
+    with pytest.raises(WeightsError, match="empty"):
+        read_state_dict(empty)
+
+
+def test_missing_weights_names_the_file_to_provide(tmp_path):
+    with pytest.raises(WeightsNotFoundError) as info:
+        load_model("vit_small_patch16_224.dino", device="cpu", checkpoint_dir=tmp_path)
+    assert str(tmp_path / "vit_small_patch16_224.dino.safetensors") in str(info.value)
+
+
+def test_checkpoint_dir_file_is_used(tmp_path):
+    source = make_tiny_timm("cls", seed=3)
+    # a real timm architecture name, weights from a same-shaped file in checkpoint_dir
+    from timm import create_model
+
+    arch = create_model("vit_tiny_patch16_224", pretrained=False)
+    save_file(arch.state_dict(), str(tmp_path / "vit_tiny_patch16_224.safetensors"))
+    handle = load_model("vit_tiny_patch16_224", device="cpu", checkpoint_dir=tmp_path)
+    assert handle.weights.endswith("vit_tiny_patch16_224.safetensors")
+    assert torch.equal(handle.model.pos_embed, arch.pos_embed)
+    del source
+
+
+@pytest.mark.parametrize("name, error", [
+    ("resnet50", UnsupportedModelError),
+    ("swin_tiny_patch4_window7_224", UnsupportedModelError),
+    ("definitely_not_a_model", ModelNotFoundError),
+    ("__import__('os').system('x')", ModelNotFoundError),
+    ("../../etc", ModelNotFoundError),
+])
+def test_bad_model_names_give_clear_errors(name, error):
+    with pytest.raises(error):
+        load_model(name, pretrained=False, device="cpu", allow_local_dirs=False)
+
+
+def test_unreachable_hub_id_is_a_clear_error():
+    with pytest.raises(ModelNotFoundError, match="Hugging Face model config"):
+        load_model("someone/not-a-cached-model", device="cpu")
+
+
+def test_device_resolution():
+    from vit_inspect.models import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError):
+        resolve_device("tpu:9")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            resolve_device("cuda")

@@ -1,0 +1,1 @@
+"""vit_inspect: look inside Vision Transformers."""

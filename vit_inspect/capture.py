@@ -1,0 +1,126 @@
+"""Attention capture: every layer's attention probabilities from one ordinary forward pass.
+
+timm computes attention with fused `scaled_dot_product_attention` by default, which never
+materialises the probabilities, so hooks on `attn_drop` silently see nothing. Inside
+`capture_attention` each block's `fused_attn` flag is off (Hugging Face models: the eager attention
+implementation is on) and hooks record the probabilities; on leaving - normally or through an
+exception - every hook is removed and every flag restored.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .errors import CaptureError
+from .models import ViTHandle
+
+
+class AttentionRecorder:
+    """What the hooks saw during the forward passes inside one `capture_attention` block.
+
+    With gradients enabled the recorded tensors stay in the autograd graph, and their gradients
+    are kept (`retain_grad`), so one backward pass later yields d(target)/d(attention) and
+    d(target)/d(activation) for every recorded layer.
+    """
+
+    def __init__(self, depth: int, activation_layers: Sequence[int]):
+        self.depth = depth
+        self.activation_layers = tuple(activation_layers)
+        self._attention: list[torch.Tensor | None] = [None] * depth
+        self._activations: dict[int, torch.Tensor] = {}
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.requires_grad:
+            tensor.retain_grad()
+        return tensor
+
+    def _attention_hook(self, layer: int):
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            probs = output[1] if isinstance(output, tuple) else output  # HF returns (out, weights)
+            if isinstance(probs, torch.Tensor):
+                self._attention[layer] = self._keep(probs)
+        return hook
+
+    def _activation_hook(self, layer: int):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            self._activations[layer] = self._keep(output)
+        return hook
+
+    def clear(self) -> None:
+        """Forget what was recorded, before the next forward pass in the same block."""
+        self._attention = [None] * self.depth
+        self._activations = {}
+
+    def attention_tensors(self) -> list[torch.Tensor]:
+        """The per-layer (B, heads, N, N) tensors as recorded (graph-connected when grads are on)."""
+        missing = [i for i, a in enumerate(self._attention) if a is None]
+        if missing:
+            raise CaptureError(
+                f"No attention map was recorded for layer(s) {missing} of {self.depth}; was a forward pass run "
+                "inside capture_attention, and does this model compute attention in the standard module?")
+        return list(self._attention)  # type: ignore[arg-type]
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """(B, depth, heads, N, N) attention probabilities, rows summing to 1, detached."""
+        return torch.stack([a.detach() for a in self.attention_tensors()], dim=1)
+
+    def attention_grad(self) -> torch.Tensor:
+        """(B, depth, heads, N, N) gradients of the backward target w.r.t. the attention probabilities."""
+        grads = [a.grad for a in self.attention_tensors()]
+        if any(g is None for g in grads):
+            raise CaptureError("No attention gradients: run the forward with gradients enabled, then backward().")
+        return torch.stack(grads, dim=1)
+
+    def activation(self, layer: int) -> torch.Tensor:
+        """(B, N, D) output of block `layer`'s first LayerNorm."""
+        if layer not in self._activations:
+            raise CaptureError(f"No activation recorded for layer {layer}; recorded: {sorted(self._activations)}.")
+        return self._activations[layer].detach()
+
+    def activation_grad(self, layer: int) -> torch.Tensor:
+        grad = self._activations[layer].grad if layer in self._activations else None
+        if grad is None:
+            raise CaptureError(f"No gradient for the activation of layer {layer}; run backward() first.")
+        return grad
+
+
+@contextmanager
+def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = ()) -> Iterator[AttentionRecorder]:
+    """Record attention probabilities of every block (and the first-LayerNorm output of
+    `activation_layers`) for forward passes run inside the block.
+
+    >>> with capture_attention(handle) as rec:
+    ...     logits = handle.forward(x)
+    >>> rec.attention.shape  # (B, depth, heads, N, N)
+    """
+    layers = [range(handle.depth)[i] for i in activation_layers]  # negative indices allowed, range checked
+    recorder = AttentionRecorder(handle.depth, layers)
+    hooks: list[torch.utils.hooks.RemovableHandle] = []
+    saved_fused: list[tuple[nn.Module, bool]] = []
+    saved_impl: str | None = None
+    try:
+        if handle.family == "timm":
+            for i, attn in enumerate(handle.attention_modules):
+                saved_fused.append((attn, attn.fused_attn))
+                attn.fused_attn = False
+                hooks.append(attn.attn_drop.register_forward_hook(recorder._attention_hook(i)))
+        else:
+            saved_impl = handle.model.config._attn_implementation
+            if saved_impl != "eager":
+                handle.model.set_attn_implementation("eager")
+            for i, attn in enumerate(handle.attention_modules):
+                hooks.append(attn.register_forward_hook(recorder._attention_hook(i)))
+        for i in layers:
+            hooks.append(handle.norm1_modules[i].register_forward_hook(recorder._activation_hook(i)))
+        yield recorder
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for attn, fused in saved_fused:
+            attn.fused_attn = fused
+        if saved_impl is not None and saved_impl != handle.model.config._attn_implementation:
+            handle.model.set_attn_implementation(saved_impl)

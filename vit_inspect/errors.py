@@ -1,0 +1,30 @@
+"""Exceptions the library raises on purpose. Their messages are written for the user to read:
+the app shows them as they are, the command line prints them as one line."""
+
+
+class VitInspectError(Exception):
+    """Base class: something the user can fix, explained in the message."""
+
+
+class ImageError(VitInspectError):
+    """The image cannot be read, or is outside the configured limits."""
+
+
+class ModelNotFoundError(VitInspectError):
+    """The model name is unknown to timm and is not a Hugging Face model folder or id."""
+
+
+class UnsupportedModelError(VitInspectError):
+    """The model exists but is not a ViT whose attention we can capture."""
+
+
+class WeightsError(VitInspectError):
+    """A weights file is unreadable, unsafe, or does not fit the architecture."""
+
+
+class WeightsNotFoundError(WeightsError):
+    """No local weights and the hub cannot be reached; the message names the file to provide."""
+
+
+class CaptureError(VitInspectError):
+    """A forward pass did not yield an attention map for every layer."""

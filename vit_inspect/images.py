@@ -1,0 +1,172 @@
+"""Reading images safely and turning them into exactly what a model sees.
+
+`load_image` accepts a path, bytes or a PIL image and returns an RGB PIL image or raises
+`ImageError` with a sentence a user can act on. `Preprocess.apply` resizes, crops and normalises as
+the model's own data config says, and also returns the RGB crop the model saw, so that maps
+upsampled to that crop line up with it pixel for pixel.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from .errors import ImageError
+
+DEFAULT_MAX_PIXELS = 40_000_000  # larger images are refused before decoding (decompression bombs)
+DEFAULT_MAX_BYTES = 30 * 1024 * 1024  # larger uploads are refused before reading
+MIN_SIDE = 2  # an image needs at least this many pixels per side to be resized meaningfully
+
+_RESAMPLING = {
+    "bicubic": Image.Resampling.BICUBIC,
+    "bilinear": Image.Resampling.BILINEAR,
+    "nearest": Image.Resampling.NEAREST,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What an image may be before we try to decode it."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS  # width * height
+    max_bytes: int = DEFAULT_MAX_BYTES  # encoded file size
+
+
+def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image:
+    """An RGB image from a path, encoded bytes or a PIL image.
+
+    EXIF orientation is honoured, animated or multi-page files give their first frame, transparent
+    pixels are composited onto white, 16-bit and CMYK images are converted. Anything else (not an
+    image, truncated, too large, too small) raises `ImageError`.
+    """
+    if isinstance(source, Image.Image):
+        image = source
+    else:
+        data = _read_bytes(source, limits)
+        if not data:
+            raise ImageError("The file is empty (0 bytes); please upload an image.")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data))
+        except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
+                ValueError, SyntaxError) as exc:
+            raise ImageError(_unreadable(exc)) from None
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise ImageError(f"The image is {width}×{height} = {width * height:,} pixels; the limit is "
+                         f"{limits.max_pixels:,}. Please upload a smaller image.")
+    if min(width, height) < MIN_SIDE:
+        raise ImageError(f"The image is {width}×{height} pixels; it needs at least {MIN_SIDE} pixels per side.")
+    try:
+        image.seek(0)
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return _to_rgb(image)
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise ImageError(_unreadable(exc)) from None
+
+
+def _read_bytes(source: str | os.PathLike | bytes, limits: ImageLimits) -> bytes:
+    if isinstance(source, (bytes, bytearray)):
+        data = bytes(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ImageError(f"No image file at {path.name!r}.")
+        if path.stat().st_size > limits.max_bytes:
+            raise ImageError(f"The file is {path.stat().st_size / 2**20:.1f} MiB; the limit is "
+                             f"{limits.max_bytes / 2**20:.0f} MiB.")
+        data = path.read_bytes()
+    if len(data) > limits.max_bytes:
+        raise ImageError(f"The file is {len(data) / 2**20:.1f} MiB; the limit is {limits.max_bytes / 2**20:.0f} MiB.")
+    return data
+
+
+def _unreadable(exc: BaseException) -> str:
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return "The image has too many pixels to decode safely (possible decompression bomb)."
+    if isinstance(exc, UnidentifiedImageError):
+        return "This file is not an image format we can read (try PNG, JPEG, WebP, GIF, TIFF or BMP)."
+    return f"The image could not be decoded; the file may be truncated or damaged ({type(exc).__name__})."
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB, with transparency composited onto white and high bit depths scaled down."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+        array = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
+        return Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
+    if image.mode == "F":
+        array = np.asarray(image, dtype=np.float64)
+        low, high = float(array.min()), float(array.max())
+        scaled = (array - low) / (high - low) if high > low else np.zeros_like(array)
+        return Image.fromarray((scaled * 255.0 + 0.5).astype(np.uint8)).convert("RGB")
+    has_alpha = image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """A model's own evaluation transform (timm data config or Hugging Face image processor)."""
+
+    input_size: tuple[int, int]  # (H, W) the model is fed by default
+    mode: str  # "crop": keep aspect ratio, resize to cover input_size / crop_pct (timm, DeiT);
+    #            "squash": resize to input_size / crop_pct ignoring aspect ratio (HF image processors)
+    crop_pct: float  # fraction of the resized image kept by the centre crop (1.0: no crop)
+    interpolation: str  # PIL resampling filter name: bicubic, bilinear, ...
+    mean: tuple[float, float, float]  # per-channel mean on the 0..1 scale
+    std: tuple[float, float, float]  # per-channel std on the 0..1 scale
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("crop", "squash"):
+            raise ValueError(f"unknown preprocessing mode {self.mode!r}")
+        if self.interpolation not in _RESAMPLING:
+            raise ValueError(f"unknown interpolation {self.interpolation!r}")
+
+    def crop(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> Image.Image:
+        """The RGB image the model sees, of exactly `input_size` (default: the model's own)."""
+        height, width = input_size or self.input_size
+        resample = _RESAMPLING[self.interpolation]
+        cover_h, cover_w = math.floor(height / self.crop_pct), math.floor(width / self.crop_pct)
+        img_w, img_h = image.size
+        if self.mode == "squash":
+            new_h, new_w = cover_h, cover_w
+        elif cover_h / img_h >= cover_w / img_w:
+            # torchvision's Resize(shortest side) + CenterCrop, generalised to a non-square target.
+            new_h, new_w = cover_h, max(cover_w, int(cover_h * img_w / img_h))
+        else:
+            new_h, new_w = max(cover_h, int(cover_w * img_h / img_w)), cover_w
+        resized = image.resize((new_w, new_h), resample)
+        top = int(round((new_h - height) / 2.0))
+        left = int(round((new_w - width) / 2.0))
+        return resized.crop((left, top, left + width, top + height))
+
+    def normalize(self, rgb: np.ndarray) -> torch.Tensor:
+        """(H, W, 3) uint8 -> (1, 3, H, W) float32, normalised with the model's mean and std."""
+        x = torch.from_numpy(np.array(rgb, dtype=np.uint8, copy=True)).permute(2, 0, 1).float().div_(255.0)  # (3, H, W)
+        mean = torch.tensor(self.mean).view(3, 1, 1)
+        std = torch.tensor(self.std).view(3, 1, 1)
+        return ((x - mean) / std).unsqueeze(0)
+
+    def apply(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, np.ndarray]:
+        """(model input (1, 3, H, W) float32, the RGB crop it came from (H, W, 3) uint8)."""
+        rgb = np.asarray(self.crop(image.convert("RGB"), input_size), dtype=np.uint8)
+        return self.normalize(rgb), rgb
+
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False  # truncated files are errors, never half-grey images

@@ -1,0 +1,488 @@
+"""Load a ViT from a timm name, a local weights file or a Hugging Face model, as one `ViTHandle`.
+
+The handle carries everything later code needs, read from the model itself: patch size, token
+layout for any input size, position and patch embeddings, labels and the model's own preprocessing.
+Weights files are read without unpickling code: safetensors, or `torch.load(weights_only=True)`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from .images import Preprocess
+from .tokens import TokenLayout
+
+DEFAULT_MODEL = "deit_tiny_patch16_224"
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+NESTED_STATE_KEYS = ("model", "state_dict", "model_state_dict", "module")  # wrappers used by training scripts
+HF_MODEL_TYPES = ("vit", "deit", "beit", "data2vec-vision", "dinov2", "dinov2_with_registers", "vit_msn")
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
+_HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def default_checkpoint_dir() -> Path:
+    """`$VIT_INSPECT_CHECKPOINTS`, else `checkpoints/` next to the package (the repository's)."""
+    env = os.environ.get("VIT_INSPECT_CHECKPOINTS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """CUDA when available and nothing is asked for; otherwise the device asked for, checked."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"Unknown device {device!r}; use 'cpu', 'cuda', 'cuda:0' or 'auto'.") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("CUDA was asked for but no CUDA GPU is available; use --device cpu.")
+    return resolved
+
+
+@dataclass(frozen=True, eq=False)
+class ViTHandle:
+    """A loaded ViT in eval mode plus its geometry, labels and preprocessing."""
+
+    name: str  # what the user asked for: timm name, HF id or folder
+    family: str  # "timm" or "hf"
+    model: nn.Module  # in eval mode, on `device`
+    device: torch.device
+    weights: str  # where the weights came from, for display ("random" when none)
+    patch_size: tuple[int, int]  # (ph, pw) in input pixels
+    native_grid: tuple[int, int]  # (grid_h, grid_w) the position embeddings were trained for
+    num_prefix_tokens: int  # class + distillation + register tokens
+    has_class_token: bool
+    num_dist_tokens: int
+    num_reg_tokens: int
+    no_embed_class: bool  # position embeddings have no slots for prefix tokens (timm's no_embed_class)
+    global_pool: str  # readout of the head: "token" (class token) or "avg" (mean of patch tokens)
+    depth: int  # number of transformer blocks
+    num_heads: int
+    embed_dim: int
+    labels: tuple[str, ...]  # class names by index; empty for a model without a classification head
+    preprocess: Preprocess
+    blocks: tuple[nn.Module, ...] = field(repr=False)  # the transformer blocks, input to output
+    attention_modules: tuple[nn.Module, ...] = field(repr=False)  # one attention module per block
+    norm1_modules: tuple[nn.Module, ...] = field(repr=False)  # the first LayerNorm of each block
+    patch_projection: nn.Conv2d = field(repr=False)  # the patch-embedding convolution
+    _forward: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)  # pixels -> logits (or features)
+    _pos_embed: Callable[[tuple[int, int]], torch.Tensor | None] = field(repr=False)  # grid -> (gh*gw, D)
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """The model's default (H, W) input size."""
+        return self.preprocess.input_size
+
+    @property
+    def has_head(self) -> bool:
+        return bool(self.labels)
+
+    def layout(self, input_size: tuple[int, int] | None = None) -> TokenLayout:
+        """Token layout for an (H, W) input (default: the model's own size)."""
+        height, width = input_size or self.input_size
+        ph, pw = self.patch_size
+        if height < ph or width < pw:
+            raise ValueError(f"input {height}×{width} is smaller than one {ph}×{pw} patch")
+        return TokenLayout(
+            num_prefix_tokens=self.num_prefix_tokens, has_class_token=self.has_class_token,
+            num_dist_tokens=self.num_dist_tokens, num_reg_tokens=self.num_reg_tokens,
+            grid_h=height // ph, grid_w=width // pw, patch_h=ph, patch_w=pw)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) normalised pixels -> (B, num_classes) logits, or (B, D) features without a head."""
+        return self._forward(pixels.to(self.device))
+
+    def patch_embed_weight(self) -> np.ndarray:
+        """(embed_dim, C, ph, pw) weights of the patch-embedding projection (ViT's E, Eq. 1)."""
+        return self.patch_projection.weight.detach().float().cpu().numpy()
+
+    def patch_pos_embed(self, grid: tuple[int, int] | None = None) -> np.ndarray | None:
+        """(grid_h, grid_w, D) position embeddings of the patch slots, prefix slots removed.
+
+        For a grid other than the native one they are resampled exactly as the model does it in its
+        own forward pass. None when the model has no learned absolute position embeddings.
+        """
+        grid_h, grid_w = grid or self.native_grid
+        with torch.no_grad():
+            pos = self._pos_embed((grid_h, grid_w))
+        if pos is None:
+            return None
+        return pos.detach().float().cpu().numpy().reshape(grid_h, grid_w, -1)
+
+    def top_labels(self, probs: np.ndarray, k: int = 5) -> list[dict]:
+        """The k most probable classes as {index, label, prob}."""
+        order = np.argsort(-probs)[:k]
+        return [{"index": int(i), "label": self.label(int(i)), "prob": float(probs[i])} for i in order]
+
+    def label(self, index: int) -> str:
+        return self.labels[index] if 0 <= index < len(self.labels) else str(index)
+
+
+def validate_name(name: str) -> str:
+    """A model name or hub id made only of the characters such names use; never evaluated."""
+    name = name.strip()
+    if not name or len(name) > 200 or not _NAME_PATTERN.match(name) or ".." in name:
+        raise ModelNotFoundError(
+            f"{name[:80]!r} is not a valid model name. Use a timm name such as '{DEFAULT_MODEL}' "
+            "or a Hugging Face id such as 'google/vit-base-patch16-224'.")
+    return name
+
+
+def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = None,
+               device: str | torch.device | None = None, *, pretrained: bool = True,
+               input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
+               allow_local_dirs: bool = True) -> ViTHandle:
+    """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
+
+    Weights for a timm name come from, in order: `weights`; `checkpoint_dir/<name>.safetensors`
+    (or `.pth`); the Hugging Face hub through timm (its cache first). `pretrained=False` gives random
+    weights (tests, benchmarks). `input_size` overrides the default (H, W) the model is fed.
+    A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
+    """
+    device = resolve_device(device)
+    if allow_local_dirs and Path(name).is_dir():
+        return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size)
+    name = validate_name(name)
+    if "/" in name:
+        return _load_hf(name, device, pretrained=pretrained, input_size=input_size)
+    return _load_timm(name, weights, device, pretrained=pretrained, input_size=input_size,
+                      checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir())
+
+
+# ----------------------------------------------------------------------------------------- weights
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors from a weights file without running code from it.
+
+    `.safetensors` is read with safetensors; `.pth/.pt/.bin` with `torch.load(weights_only=True)`,
+    which refuses any pickled object that is not a tensor or plain container. A state dict nested
+    under `model`/`state_dict` is unpacked and a `module.` prefix (DataParallel) is dropped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"No weights file at {str(path)!r}.")
+    if path.stat().st_size == 0:
+        raise WeightsError(f"The weights file {path.name!r} is empty (0 bytes).")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            state = load_file(str(path), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise WeightsError(f"{path.name!r} is not a valid safetensors file (truncated or damaged?): {exc}") from None
+    elif suffix in (".pth", ".pt", ".bin", ".ckpt"):
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # the unpickler raises many types; none of them may pass through
+            raise WeightsError(
+                f"Refused to load {path.name!r}: it is not a plain tensor checkpoint ({type(exc).__name__}). "
+                "Files that carry Python objects can run code when loaded, so only tensors are accepted; "
+                "convert the weights to .safetensors.") from None
+    else:
+        raise WeightsError(f"Unsupported weights file type {suffix!r}; use .safetensors (preferred) or .pth.")
+    return _unwrap_state_dict(state, path.name)
+
+
+def _unwrap_state_dict(state: object, filename: str) -> dict[str, torch.Tensor]:
+    for _ in range(3):
+        if isinstance(state, dict):
+            nested = next((state[k] for k in NESTED_STATE_KEYS if isinstance(state.get(k), dict)), None)
+            if nested is None:
+                break
+            state = nested
+    if not isinstance(state, dict) or not state:
+        raise WeightsError(f"{filename!r} holds no state dict of tensors.")
+    tensors = {str(k).removeprefix("module."): v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise WeightsError(f"{filename!r} holds no tensors.")
+    return tensors
+
+
+def apply_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load `state` strictly, reporting missing/unexpected keys and shape mismatches readably.
+
+    Tensors whose shape differs from the model's are refused (a wrong architecture), except the
+    position embeddings, which timm's own checkpoint filter resamples to the model's grid. The
+    filter also converts foreign key layouts (original DeiT/DINO checkpoints) when keys differ.
+    """
+    own = model.state_dict()
+    mismatched = _shape_mismatches(own, state, skip=("pos_embed",))
+    needs_filter = set(own) != set(state) or any(k.endswith("pos_embed") for k in _shape_mismatches(own, state))
+    if needs_filter and not mismatched:
+        filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+        if filter_fn is not None:
+            try:
+                state = filter_fn(state, model)
+            except Exception:  # a foreign layout the filter does not know; report the raw keys below
+                pass
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = mismatched or _shape_mismatches(own, state)
+    if missing or unexpected or mismatched:
+        parts = [f"The weights in {source} do not fit this architecture."]
+        for title, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)):
+            if keys:
+                shown = ", ".join(keys[:8]) + (f", … ({len(keys) - 8} more)" if len(keys) > 8 else "")
+                parts.append(f"{len(keys)} {title} key(s): {shown}.")
+        raise WeightsError(" ".join(parts))
+    model.load_state_dict(state, strict=True)
+
+
+def _shape_mismatches(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> list[str]:
+    return sorted(f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                  for k in set(own) & set(state) if state[k].shape != own[k].shape and not k.endswith(skip))
+
+
+# -------------------------------------------------------------------------------------------- timm
+
+def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.device, *, pretrained: bool,
+               input_size: tuple[int, int] | None, checkpoint_dir: Path) -> ViTHandle:
+    import timm
+    from timm.models import split_model_name_tag
+
+    arch, _tag = split_model_name_tag(name)
+    if not timm.is_model(arch):
+        raise ModelNotFoundError(
+            f"Unknown model {name!r}: it is not a timm architecture (e.g. '{DEFAULT_MODEL}', "
+            "'vit_base_patch16_224.augreg2_in21k_ft_in1k') nor a Hugging Face id with a '/'.")
+    local = Path(weights) if weights else next(
+        (checkpoint_dir / f"{name}{s}" for s in (".safetensors", ".pth") if (checkpoint_dir / f"{name}{s}").is_file()), None)
+    from_hub = pretrained and local is None
+    if from_hub:
+        model = _create_timm_from_hub(name, checkpoint_dir)
+        source = f"Hugging Face hub ({model.pretrained_cfg.get('hf_hub_id') or 'timm'})"
+    else:
+        model = _create_timm(name, pretrained=False)
+        source = "random" if local is None else str(local)
+        if local is not None:
+            apply_state_dict(model, read_state_dict(local), repr(Path(local).name))
+    return _timm_handle(model, name, device, source, input_size)
+
+
+def _create_timm(name: str, pretrained: bool) -> nn.Module:
+    import timm
+    try:
+        return timm.create_model(name, pretrained=pretrained, dynamic_img_size=True)
+    except TypeError:
+        raise UnsupportedModelError(
+            f"{name!r} is a timm model but not a Vision Transformer that vit_inspect can inspect "
+            "(it has no patch tokens with attention); try a 'vit_', 'deit_' or 'deit3_' model.") from None
+
+
+def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
+    wanted = checkpoint_dir / f"{name}.safetensors"
+    probe = _create_timm(name, pretrained=False)
+    cfg = probe.pretrained_cfg or {}
+    if not (cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("file")):
+        raise WeightsNotFoundError(
+            f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
+            "or pass one with --weights.")
+    try:
+        return _create_timm(name, pretrained=True)
+    except UnsupportedModelError:
+        raise
+    except Exception as exc:  # network, cache and hub errors come in many types
+        raise WeightsNotFoundError(
+            f"Could not get weights for {name!r} from the Hugging Face hub ({type(exc).__name__}). "
+            f"Without network access, put the weights file at {wanted} "
+            f"(or pass --weights FILE).") from None
+
+
+def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
+                 input_size: tuple[int, int] | None) -> ViTHandle:
+    from timm.data import ImageNetInfo, infer_imagenet_subset, resolve_data_config
+    from timm.layers import resample_abs_pos_embed
+
+    blocks = tuple(getattr(model, "blocks", ()))
+    patch_embed = getattr(model, "patch_embed", None)
+    attn = tuple(getattr(b, "attn", None) for b in blocks)
+    if (not blocks or patch_embed is None or not isinstance(getattr(patch_embed, "proj", None), nn.Conv2d)
+            or any(a is None or not hasattr(a, "attn_drop") or not hasattr(a, "fused_attn") for a in attn)):
+        raise UnsupportedModelError(
+            f"{name!r} is not a plain ViT (patch embedding + blocks with standard attention); "
+            "vit_inspect cannot capture its attention maps.")
+    model = model.eval().to(device)
+    cfg = resolve_data_config({}, model=model)
+    height, width = input_size or tuple(cfg["input_size"][1:])
+    preprocess = Preprocess(input_size=(int(height), int(width)), mode="crop", crop_pct=float(cfg.get("crop_pct", 1.0)),
+                            interpolation=str(cfg.get("interpolation", "bicubic")),
+                            mean=tuple(float(v) for v in cfg["mean"]), std=tuple(float(v) for v in cfg["std"]))
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    labels: tuple[str, ...] = ()
+    if num_classes:
+        subset = infer_imagenet_subset(model)
+        if subset:
+            info = ImageNetInfo(subset)
+            labels = tuple(info.index_to_description(i) for i in range(num_classes))
+        else:
+            labels = tuple(str(i) for i in range(num_classes))
+    has_class_token = getattr(model, "cls_token", None) is not None
+    num_dist = int(getattr(model, "dist_token", None) is not None)
+    num_prefix = int(model.num_prefix_tokens)
+    no_embed_class = bool(getattr(model, "no_embed_class", False))
+    native_grid = tuple(int(g) for g in patch_embed.grid_size)
+
+    def pos_embed(grid: tuple[int, int]) -> torch.Tensor | None:
+        if getattr(model, "pos_embed", None) is None:
+            return None
+        prefix = 0 if no_embed_class else num_prefix
+        pos = resample_abs_pos_embed(model.pos_embed, new_size=list(grid), old_size=list(native_grid),
+                                     num_prefix_tokens=prefix)  # (1, prefix + gh*gw, D)
+        return pos[0, prefix:]
+
+    return ViTHandle(
+        name=name, family="timm", model=model, device=device, weights=source,
+        patch_size=tuple(int(p) for p in patch_embed.patch_size), native_grid=native_grid,
+        num_prefix_tokens=num_prefix, has_class_token=has_class_token, num_dist_tokens=num_dist,
+        num_reg_tokens=num_prefix - int(has_class_token) - num_dist, no_embed_class=no_embed_class,
+        global_pool="token" if getattr(model, "global_pool", "token") in ("token", "") and has_class_token else "avg",
+        depth=len(blocks), num_heads=int(attn[0].num_heads), embed_dim=int(model.embed_dim), labels=labels,
+        preprocess=preprocess, blocks=blocks, attention_modules=attn,
+        norm1_modules=tuple(b.norm1 for b in blocks), patch_projection=patch_embed.proj,
+        _forward=model, _pos_embed=pos_embed)
+
+
+def handle_from_timm(model: nn.Module, name: str = "custom", device: str | torch.device | None = None,
+                     input_size: tuple[int, int] | None = None) -> ViTHandle:
+    """A handle for an already built timm ViT (it must be built with `dynamic_img_size=True`
+    to accept input sizes other than its own)."""
+    return _timm_handle(model, name, resolve_device(device), "given module", input_size)
+
+
+# -------------------------------------------------------------------------------------------- HF
+
+def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None) -> ViTHandle:
+    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except Exception as exc:  # missing folder, no network, not a model repo
+        raise ModelNotFoundError(
+            f"Could not read a Hugging Face model config for {source!r} ({type(exc).__name__}). Give a local "
+            "folder with config.json, or a hub id such as 'google/vit-base-patch16-224' (needs network).") from None
+    if config.model_type not in HF_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"{source!r} is a {config.model_type!r} model; vit_inspect supports these Hugging Face "
+            f"types: {', '.join(HF_MODEL_TYPES)}.")
+    is_classifier = any(a.endswith(("ForImageClassification", "ForImageClassificationWithTeacher"))
+                        for a in (config.architectures or []))
+    auto = AutoModelForImageClassification if is_classifier else AutoModel
+    try:
+        if pretrained:
+            model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False)
+        else:
+            model = auto.from_config(config, attn_implementation="eager")
+    except Exception as exc:
+        raise WeightsError(f"Could not load the weights of {source!r}: {type(exc).__name__}: {exc}"[:600]) from None
+    try:
+        processor = AutoImageProcessor.from_pretrained(source)
+    except Exception:  # no preprocessor_config.json: fall back to the config's image size
+        processor = None
+    return _hf_handle(model, source, device, "random" if not pretrained else source, processor, input_size)
+
+
+def _hf_preprocess(model: nn.Module, processor: object | None, input_size: tuple[int, int] | None) -> Preprocess:
+    image_size = getattr(model.config, "image_size", 224)
+    default = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = getattr(processor, "size", None) or {}
+    crop = getattr(processor, "crop_size", None) or {}
+    get = (lambda d, k: d.get(k) if isinstance(d, dict) else getattr(d, k, None))
+    resized = (get(size, "height"), get(size, "width"))
+    do_crop = bool(getattr(processor, "do_center_crop", False)) and get(crop, "height")
+    if do_crop:
+        target = (int(get(crop, "height")), int(get(crop, "width")))
+        short = get(size, "shortest_edge")
+        crop_pct = target[0] / (short or resized[0] or target[0])
+        mode = "crop" if short else "squash"
+    else:
+        target = (int(resized[0]), int(resized[1])) if resized[0] else default
+        crop_pct, mode = 1.0, "squash"
+    mean = tuple(float(v) for v in (getattr(processor, "image_mean", None) or (0.5, 0.5, 0.5)))
+    std = tuple(float(v) for v in (getattr(processor, "image_std", None) or (0.5, 0.5, 0.5)))
+    resample = getattr(processor, "resample", 2)
+    interpolation = _HF_RESAMPLE.get(int(getattr(resample, "value", resample) or 2), "bilinear")
+    return Preprocess(input_size=tuple(input_size or target), mode=mode, crop_pct=float(crop_pct),
+                      interpolation=interpolation, mean=mean, std=std)
+
+
+def _hf_layers(backbone: nn.Module) -> tuple[nn.Module, ...]:
+    for path in ("layers", "encoder.layer", "encoder.layers"):
+        found: object = backbone
+        for part in path.split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, nn.ModuleList):
+            return tuple(found)
+    raise UnsupportedModelError(f"Cannot find the transformer layers of {type(backbone).__name__}.")
+
+
+def _hf_handle(model: nn.Module, name: str, device: torch.device, source: str, processor: object | None,
+               input_size: tuple[int, int] | None) -> ViTHandle:
+    config = model.config
+    backbone = model.base_model
+    embeddings = backbone.embeddings
+    projection = getattr(getattr(embeddings, "patch_embeddings", None), "projection", None)
+    if not isinstance(projection, nn.Conv2d):
+        raise UnsupportedModelError(f"{name!r} has no convolutional patch embedding.")
+    layers = _hf_layers(backbone)
+    attention = tuple(getattr(layer, "attention", None) for layer in layers)
+    norm1 = tuple(getattr(layer, "layernorm_before", None) or getattr(layer, "norm1", None) for layer in layers)
+    if any(a is None for a in attention) or any(n is None for n in norm1):
+        raise UnsupportedModelError(f"{name!r} has layers without the attention/LayerNorm modules vit_inspect hooks.")
+    model = model.eval().to(device)
+    has_class_token = getattr(embeddings, "cls_token", None) is not None
+    num_dist = int(getattr(embeddings, "distillation_token", None) is not None)
+    registers = getattr(embeddings, "register_tokens", None)
+    num_reg = int(registers.shape[1]) if registers is not None else 0
+    patch_size = tuple(int(p) for p in projection.kernel_size)
+    image_size = getattr(config, "image_size", 224)
+    native = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    native_grid = (native[0] // patch_size[0], native[1] // patch_size[1])
+    num_prefix = int(has_class_token) + num_dist + num_reg
+    classifier = getattr(model, "classifier", None) or getattr(model, "cls_classifier", None)
+    labels: tuple[str, ...] = ()
+    if classifier is not None:
+        id2label = getattr(config, "id2label", None) or {}
+        labels = tuple(str(id2label.get(i, i)) for i in range(int(config.num_labels)))
+    use_mean = bool(getattr(config, "use_mean_pooling", False))
+
+    def forward(pixels: torch.Tensor) -> torch.Tensor:
+        out = model(pixel_values=pixels, interpolate_pos_encoding=True)
+        if classifier is not None:
+            return out.logits
+        return out.pooler_output if getattr(out, "pooler_output", None) is not None else out.last_hidden_state[:, 0]
+
+    def pos_embed(grid: tuple[int, int]) -> torch.Tensor | None:
+        table = getattr(embeddings, "position_embeddings", None)
+        if not isinstance(table, torch.Tensor):
+            return None
+        pos_prefix = table.shape[1] - native_grid[0] * native_grid[1]  # prefix slots in the table
+        if tuple(grid) == native_grid:
+            return table[0, pos_prefix:]
+        dummy = table.new_zeros(1, pos_prefix + grid[0] * grid[1], table.shape[-1])
+        pos = embeddings.interpolate_pos_encoding(dummy, grid[0] * patch_size[0], grid[1] * patch_size[1])
+        return pos[0, pos_prefix:]
+
+    return ViTHandle(
+        name=name, family="hf", model=model, device=device, weights=source, patch_size=patch_size,
+        native_grid=native_grid, num_prefix_tokens=num_prefix, has_class_token=has_class_token,
+        num_dist_tokens=num_dist, num_reg_tokens=num_reg, no_embed_class=False,
+        global_pool="avg" if use_mean or not has_class_token else "token", depth=len(layers),
+        num_heads=int(config.num_attention_heads), embed_dim=int(config.hidden_size), labels=labels,
+        preprocess=_hf_preprocess(model, processor, input_size), blocks=layers, attention_modules=attention,
+        norm1_modules=norm1, patch_projection=projection, _forward=forward, _pos_embed=pos_embed)
+
+
+def handle_from_hf(model: nn.Module, name: str = "custom-hf", device: str | torch.device | None = None,
+                   image_processor: object | None = None, input_size: tuple[int, int] | None = None) -> ViTHandle:
+    """A handle for an already built transformers ViT (loaded with `attn_implementation="eager"`)."""
+    return _hf_handle(model, name, resolve_device(device), "given module", image_processor, input_size)
