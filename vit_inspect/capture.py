@@ -21,9 +21,9 @@ from .models import ViTHandle
 class AttentionRecorder:
     """What the hooks saw during the forward passes inside one `capture_attention` block.
 
-    With gradients enabled the recorded tensors stay in the autograd graph, and their gradients
-    are kept (`retain_grad`), so one backward pass later yields d(target)/d(attention) and
-    d(target)/d(activation) for every recorded layer.
+    With gradients enabled the recorded tensors stay in the autograd graph, so one backward pass
+    (`backward(target)`) yields d(target)/d(attention) and d(target)/d(activation) for every recorded
+    layer. It uses `torch.autograd.grad` on those tensors only: no parameter `.grad` is allocated.
     """
 
     def __init__(self, depth: int, activation_layers: Sequence[int]):
@@ -31,28 +31,27 @@ class AttentionRecorder:
         self.activation_layers = tuple(activation_layers)
         self._attention: list[torch.Tensor | None] = [None] * depth
         self._activations: dict[int, torch.Tensor] = {}
-
-    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.requires_grad:
-            tensor.retain_grad()
-        return tensor
+        self._attention_grad: torch.Tensor | None = None
+        self._activation_grads: dict[int, torch.Tensor] = {}
 
     def _attention_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, output: object) -> None:
             probs = output[1] if isinstance(output, tuple) else output  # HF returns (out, weights)
             if isinstance(probs, torch.Tensor):
-                self._attention[layer] = self._keep(probs)
+                self._attention[layer] = probs
         return hook
 
     def _activation_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            self._activations[layer] = self._keep(output)
+            self._activations[layer] = output
         return hook
 
     def clear(self) -> None:
         """Forget what was recorded, before the next forward pass in the same block."""
         self._attention = [None] * self.depth
         self._activations = {}
+        self._attention_grad = None
+        self._activation_grads = {}
 
     def attention_tensors(self) -> list[torch.Tensor]:
         """The per-layer (B, heads, N, N) tensors as recorded (graph-connected when grads are on)."""
@@ -68,12 +67,24 @@ class AttentionRecorder:
         """(B, depth, heads, N, N) attention probabilities, rows summing to 1, detached."""
         return torch.stack([a.detach() for a in self.attention_tensors()], dim=1)
 
+    def backward(self, target: torch.Tensor) -> None:
+        """One backward pass from the scalar `target` to every recorded attention map and activation."""
+        attention = self.attention_tensors()
+        layers = sorted(self._activations)
+        inputs = attention + [self._activations[i] for i in layers]
+        if not target.requires_grad:
+            raise CaptureError("The forward pass ran without gradients; run it under torch.enable_grad().")
+        grads = torch.autograd.grad(target, inputs, allow_unused=True)
+        self._attention_grad = torch.stack(
+            [torch.zeros_like(a) if g is None else g for a, g in zip(attention, grads)], dim=1)
+        self._activation_grads = {i: g if g is not None else torch.zeros_like(self._activations[i])
+                                  for i, g in zip(layers, grads[len(attention):])}
+
     def attention_grad(self) -> torch.Tensor:
         """(B, depth, heads, N, N) gradients of the backward target w.r.t. the attention probabilities."""
-        grads = [a.grad for a in self.attention_tensors()]
-        if any(g is None for g in grads):
-            raise CaptureError("No attention gradients: run the forward with gradients enabled, then backward().")
-        return torch.stack(grads, dim=1)
+        if self._attention_grad is None:
+            raise CaptureError("No attention gradients yet: call backward(target) after the forward pass.")
+        return self._attention_grad
 
     def activation(self, layer: int) -> torch.Tensor:
         """(B, N, D) output of block `layer`'s first LayerNorm."""
@@ -82,10 +93,10 @@ class AttentionRecorder:
         return self._activations[layer].detach()
 
     def activation_grad(self, layer: int) -> torch.Tensor:
-        grad = self._activations[layer].grad if layer in self._activations else None
-        if grad is None:
-            raise CaptureError(f"No gradient for the activation of layer {layer}; run backward() first.")
-        return grad
+        """(B, N, D) gradient of the backward target w.r.t. block `layer`'s first-LayerNorm output."""
+        if layer not in self._activation_grads:
+            raise CaptureError(f"No gradient for the activation of layer {layer}; call backward(target) first.")
+        return self._activation_grads[layer]
 
 
 @contextmanager
