@@ -1,0 +1,169 @@
+import subprocess
+import sys
+
+import matplotlib
+import numpy as np
+import pytest
+
+from vit_inspect.analysis.filters import FilterPCA
+from vit_inspect.plotting import (
+    MARKER_COLOR, attention_distance_figure, figure_to_png, figure_to_rgb, filter_pca_figure, maps_figure, overlay,
+    pos_similarity_figure)
+
+PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
+GRID_H, GRID_W = 2, 3
+GRAY = np.full((GRID_H * PATCH, GRID_W * PATCH, 3), 128, dtype=np.uint8)  # (30, 45, 3)
+
+
+def centre(image: np.ndarray, row: int, col: int) -> np.ndarray:
+    return image[row * PATCH + PATCH // 2, col * PATCH + PATCH // 2].astype(int)
+
+
+def blend(value: float, alpha: float = 0.55, cmap: str = "inferno") -> np.ndarray:
+    """Expected pixel over GRAY for a normalised map value."""
+    colour = np.asarray(matplotlib.colormaps[cmap](value)[:3])
+    return np.rint(((1 - alpha) * 128 / 255 + alpha * colour) * 255).astype(int)
+
+
+def one_hot_map(row: int, col: int, low: float = 0.0) -> np.ndarray:
+    grid_map = np.full((GRID_H, GRID_W), low)
+    grid_map[row, col] = 1.0
+    return grid_map
+
+
+def test_overlay_shape_dtype_and_hot_patch():
+    out = overlay(GRAY, one_hot_map(1, 2))
+    assert out.shape == GRAY.shape and out.dtype == np.uint8
+    np.testing.assert_array_equal(centre(out, 1, 2), blend(1.0))
+    np.testing.assert_array_equal(centre(out, 0, 0), blend(0.0))
+    hot = centre(out, 1, 2).sum()
+    assert all(hot > centre(out, row, col).sum() + 100 for row in range(GRID_H) for col in range(GRID_W)
+               if (row, col) != (1, 2))
+
+
+def test_overlay_normalises_min_max_and_blends_with_alpha():
+    scaled = overlay(GRAY, 10.0 * one_hot_map(1, 2, low=-5.0), cmap="viridis", alpha=1.0)
+    np.testing.assert_array_equal(scaled, overlay(GRAY, one_hot_map(1, 2), cmap="viridis", alpha=1.0))
+    np.testing.assert_array_equal(centre(scaled, 1, 2), blend(1.0, alpha=1.0, cmap="viridis"))
+    np.testing.assert_array_equal(overlay(GRAY, one_hot_map(1, 2), alpha=0.0), GRAY)
+
+
+def test_overlay_relu():
+    grid_map = np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    plain = overlay(GRAY, grid_map)
+    np.testing.assert_array_equal(centre(plain, 0, 0), blend(0.0))
+    np.testing.assert_array_equal(centre(plain, 0, 1), blend(0.5))
+    rectified = overlay(GRAY, grid_map, relu=True)
+    np.testing.assert_array_equal(centre(rectified, 0, 0), blend(0.0))
+    np.testing.assert_array_equal(centre(rectified, 0, 1), blend(0.0))
+    np.testing.assert_array_equal(centre(rectified, 1, 2), blend(1.0))
+
+
+@pytest.mark.parametrize("grid_map", [np.zeros((GRID_H, GRID_W)), np.full((GRID_H, GRID_W), 3.5),
+                                      np.full((GRID_H, GRID_W), -2.0)])
+def test_constant_map_shows_the_colormap_low_end(grid_map):
+    out = overlay(GRAY, grid_map, relu=True)
+    np.testing.assert_array_equal(out, np.broadcast_to(blend(0.0), out.shape))
+
+
+def test_marker_outlines_the_patch():
+    flat = overlay(GRAY, np.zeros((GRID_H, GRID_W)))
+    out = overlay(GRAY, np.zeros((GRID_H, GRID_W)), marker=(1, 2))
+    top, left, bottom, right = PATCH, 2 * PATCH, 2 * PATCH - 1, 3 * PATCH - 1  # patch (1, 2) spans rows 15..29, cols 30..44
+    for y, x in [(top, left), (top, left + 7), (bottom, right), (top + 7, left), (top + 7, right)]:
+        np.testing.assert_array_equal(out[y, x], MARKER_COLOR)
+    np.testing.assert_array_equal(centre(out, 1, 2), centre(flat, 1, 2))
+    np.testing.assert_array_equal(out[:PATCH], flat[:PATCH])  # nothing outside the patch changes
+    np.testing.assert_array_equal(out[:, :2 * PATCH], flat[:, :2 * PATCH])
+    with pytest.raises(ValueError, match="outside"):
+        overlay(GRAY, np.zeros((GRID_H, GRID_W)), marker=(2, 0))
+
+
+def test_overlay_rejects_bad_images():
+    with pytest.raises(ValueError, match="uint8"):
+        overlay(GRAY.astype(np.float32), np.zeros((GRID_H, GRID_W)))
+
+
+def test_maps_figure_shows_each_overlay_with_its_title():
+    maps = {"rollout": one_hot_map(0, 1), "grad-cam": np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])}
+    fig = maps_figure(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0))
+    assert [ax.get_title() for ax in fig.axes] == ["rollout", "grad-cam"]
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array(), overlay(GRAY, maps["rollout"], marker=(0, 0)))
+    np.testing.assert_array_equal(fig.axes[1].images[0].get_array(),
+                                  overlay(GRAY, maps["grad-cam"], relu=True, marker=(0, 0)))
+    with pytest.raises(ValueError, match="no maps"):
+        maps_figure(GRAY, {})
+
+
+def test_filter_pca_figure():
+    rng = np.random.default_rng(0)
+    ratios = np.array([0.5, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01, 0.01])
+    pca = FilterPCA(components=rng.normal(size=(10, 4, 2, 3)), explained_variance_ratio=ratios)
+
+    fig = filter_pca_figure(pca, ncols=4)
+
+    assert len(fig.axes) == 10
+    assert fig.get_suptitle() == "RGB embedding filters (first 10 principal components)"
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["50.0%", "20.0%", "10.0%"]
+    tile = np.asarray(fig.axes[0].images[0].get_array())
+    assert tile.shape == (4, 2, 3)
+    assert tile.min() == 0.0 and tile.max() == 1.0
+    first = pca.components[0]
+    np.testing.assert_allclose(tile, (first - first.min()) / (first.max() - first.min()))
+
+
+def test_pos_similarity_figure():
+    rng = np.random.default_rng(0)
+    similarity = rng.uniform(-1, 1, size=(GRID_H, GRID_W, GRID_H, GRID_W))
+
+    fig = pos_similarity_figure(similarity)
+
+    assert len(fig.axes) == GRID_H * GRID_W + 1  # one tile per patch + the colorbar
+    tiles, colorbar = fig.axes[:-1], fig.axes[-1]
+    assert colorbar.get_ylabel() == "cosine similarity"
+    for index, ax in enumerate(tiles):
+        row, col = divmod(index, GRID_W)
+        assert ax.get_subplotspec().rowspan.start == row and ax.get_subplotspec().colspan.start == col
+        np.testing.assert_array_equal(ax.images[0].get_array(), similarity[row, col])
+        assert ax.images[0].get_clim() == (-1.0, 1.0)
+    assert fig.get_supxlabel() == "input patch column"
+    assert fig.get_supylabel() == "input patch row"
+
+
+def test_attention_distance_figure():
+    distances = np.array([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]])  # (depth=2, heads=3) px
+
+    fig = attention_distance_figure(distances, highlight=(1, None), image_width=224, title="ViT-T")
+
+    ax, = fig.axes
+    assert ax.get_xlabel() == "network depth (layer)"
+    assert ax.get_ylabel() == "mean attention distance (pixels)"
+    assert ax.get_title() == "ViT-T"
+    heads, highlighted = ax.collections
+    np.testing.assert_array_equal(heads.get_offsets(), [[0, 10], [0, 20], [0, 30], [1, 40], [1, 50], [1, 60]])
+    np.testing.assert_array_equal(highlighted.get_offsets(), [[1, 40], [1, 50], [1, 60]])
+    assert highlighted.get_sizes()[0] > heads.get_sizes()[0]
+    assert not np.allclose(highlighted.get_facecolors()[0], heads.get_facecolors()[0])
+    secondary, = ax.child_axes
+    assert secondary.get_ylabel() == "fraction of image width"
+
+    one_head = attention_distance_figure(distances, highlight=(0, 2))
+    np.testing.assert_array_equal(one_head.axes[0].collections[1].get_offsets(), [[0, 30]])
+    assert one_head.axes[0].child_axes == []
+    with pytest.raises(ValueError, match="head 3"):
+        attention_distance_figure(distances, highlight=(0, 3))
+
+
+def test_figure_rendering():
+    fig = attention_distance_figure(np.ones((2, 2)))
+    assert figure_to_png(fig).startswith(b"\x89PNG\r\n\x1a\n")
+    rgb = figure_to_rgb(fig)
+    width, height = fig.get_size_inches() * fig.dpi
+    assert rgb.shape == (round(height), round(width), 3) and rgb.dtype == np.uint8
+    assert rgb.min() < 128 < rgb.max()  # dark points and text on a white background
+
+
+def test_plotting_does_not_import_pyplot():
+    code = "import sys, vit_inspect.plotting; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

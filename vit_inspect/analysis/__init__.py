@@ -1,0 +1,25 @@
+"""Analyses of a ViT: pure functions from plain arrays to raw numbers (no clamping, normalising or upsampling)."""
+from .attention_distance import AttentionDistanceAccumulator, distance_as_fraction_of_width, mean_attention_distance
+from .attention_maps import Query, attention_map, readout
+from .chefer import chefer_matrix, chefer_relevance
+from .filters import FilterPCA, filter_pca
+from .gradcam import gradcam_from_tokens
+from .pos_embed import pos_embed_similarity
+from .rollout import rollout, rollout_matrix
+
+__all__ = [
+    "AttentionDistanceAccumulator",
+    "FilterPCA",
+    "Query",
+    "attention_map",
+    "chefer_matrix",
+    "chefer_relevance",
+    "distance_as_fraction_of_width",
+    "filter_pca",
+    "gradcam_from_tokens",
+    "mean_attention_distance",
+    "pos_embed_similarity",
+    "readout",
+    "rollout",
+    "rollout_matrix",
+]

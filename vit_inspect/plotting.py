@@ -1,0 +1,198 @@
+"""Numbers -> images and matplotlib Figures. Object API only (no pyplot), no torch, no gradio.
+
+Display decisions live here and only here: the optional ReLU, min-max normalisation, bilinear
+upsampling to the image and the colormap.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+from .analysis.filters import FilterPCA
+
+MARKER_COLOR = (0, 255, 255)  # cyan, visible on the inferno/viridis palettes and on most photos
+MARKER_WIDTH_FRACTION = 0.125  # marker outline width as a fraction of the smaller patch side (>= 1 px)
+PANEL_INCHES = 3.0  # side of one image panel in maps_figure
+TILE_INCHES = 1.0  # side of one tile in the filter and position-embedding grids
+TITLE_INCHES = 0.5  # room for a figure title above a grid of tiles
+DISTANCE_FIGURE_INCHES = (5.0, 4.0)  # (width, height) of the attention-distance scatter
+HIGHLIGHT_COLOR = "tab:red"
+HEAD_COLOR = "tab:blue"
+
+
+def _normalized(grid_map: np.ndarray, relu: bool) -> np.ndarray:
+    """Optional ReLU, then min-max to [0, 1]; a constant map becomes all zeros."""
+    values = grid_map.astype(np.float64)
+    if relu:
+        values = np.maximum(values, 0.0)
+    low, high = values.min(), values.max()
+    if not high > low:
+        return np.zeros_like(values)
+    return (values - low) / (high - low)
+
+
+def _upsample(grid_values: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(grid_h, grid_w) -> (height, width) by bilinear interpolation (PIL, pixel-centre aligned)."""
+    image = Image.fromarray(grid_values.astype(np.float32))  # mode "F"
+    return np.asarray(image.resize((width, height), Image.Resampling.BILINEAR))
+
+
+def _draw_marker(rgb: np.ndarray, grid_shape: tuple[int, int], marker: tuple[int, int]) -> None:
+    """Draw, in place, a rectangle outline around patch ``marker`` = (row, col) of an image split into grid_shape."""
+    grid_h, grid_w = grid_shape
+    row, col = marker
+    if not (0 <= row < grid_h and 0 <= col < grid_w):
+        raise ValueError(f"marker {marker} is outside the {grid_h}x{grid_w} grid")
+    height, width = rgb.shape[:2]
+    patch_h, patch_w = height / grid_h, width / grid_w
+    top, bottom = round(row * patch_h), round((row + 1) * patch_h)
+    left, right = round(col * patch_w), round((col + 1) * patch_w)
+    line = max(1, round(MARKER_WIDTH_FRACTION * min(patch_h, patch_w)))
+    rgb[top:top + line, left:right] = MARKER_COLOR
+    rgb[bottom - line:bottom, left:right] = MARKER_COLOR
+    rgb[top:bottom, left:left + line] = MARKER_COLOR
+    rgb[top:bottom, right - line:right] = MARKER_COLOR
+
+
+def overlay(rgb: np.ndarray, grid_map: np.ndarray, cmap: str = "inferno", alpha: float = 0.55,
+            relu: bool = False, marker: tuple[int, int] | None = None) -> np.ndarray:
+    """Blend a (grid_h, grid_w) map over an (H, W, 3) uint8 image; returns (H, W, 3) uint8.
+
+    The map is optionally ReLU'd, min-max normalised (a constant map shows as the colormap's low end),
+    bilinearly upsampled to (H, W), coloured with ``cmap`` and alpha-blended (``alpha`` = weight of the
+    map). ``marker`` = (row, col) outlines that patch, patch size (H / grid_h, W / grid_w) pixels.
+    """
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+        raise ValueError(f"expected an (H, W, 3) uint8 image, got shape {rgb.shape} dtype {rgb.dtype}")
+    if grid_map.ndim != 2:
+        raise ValueError(f"expected a (grid_h, grid_w) map, got shape {grid_map.shape}")
+    height, width = rgb.shape[:2]
+    upsampled = _upsample(_normalized(grid_map, relu), height, width)  # (H, W) in [0, 1]
+    colors = matplotlib.colormaps[cmap](upsampled)[..., :3]  # (H, W, 3) in [0, 1]
+    blended = (1.0 - alpha) * (rgb / 255.0) + alpha * colors
+    out = np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
+    if marker is not None:
+        _draw_marker(out, grid_map.shape, marker)
+    return out
+
+
+def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
+                marker: tuple[int, int] | None = None) -> Figure:
+    """One row of overlays, one per named (grid_h, grid_w) map; maps named in ``relu_names`` are ReLU'd."""
+    if not maps:
+        raise ValueError("no maps to show")
+    fig = Figure(figsize=(PANEL_INCHES * len(maps), PANEL_INCHES), layout="constrained")
+    for position, (name, grid_map) in enumerate(maps.items(), start=1):
+        ax = fig.add_subplot(1, len(maps), position)
+        ax.imshow(overlay(rgb, grid_map, relu=name in relu_names, marker=marker))
+        ax.set_title(name)
+        ax.set_axis_off()
+    return fig
+
+
+def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
+    """Principal components of the patch-embedding filters as image tiles (Dosovitskiy et al. 2021, Fig. 7 left).
+
+    Each tile is min-max scaled to [0, 1] on its own (the sign of a component is arbitrary) and titled
+    with its explained variance in percent. RGB filters show in colour, single-channel ones in grey.
+    """
+    num_components, _, _, channels = pca.components.shape
+    if channels not in (1, 3):
+        raise ValueError(f"can only draw 1- or 3-channel filters, got {channels} channels")
+    nrows = math.ceil(num_components / ncols)
+    fig = Figure(figsize=(TILE_INCHES * ncols, TILE_INCHES * nrows + TITLE_INCHES), layout="constrained")
+    kind = "RGB embedding filters" if channels == 3 else "Embedding filters"
+    fig.suptitle(f"{kind} (first {num_components} principal components)")
+    for index in range(num_components):
+        tile = _normalized(pca.components[index], relu=False)  # (ph, pw, C) in [0, 1]
+        ax = fig.add_subplot(nrows, ncols, index + 1)
+        if channels == 3:
+            ax.imshow(tile)
+        else:
+            ax.imshow(tile[..., 0], cmap="gray", vmin=0.0, vmax=1.0)
+        ax.set_title(f"{100 * pca.explained_variance_ratio[index]:.1f}%", fontsize="small")
+        ax.set_axis_off()
+    return fig
+
+
+def pos_similarity_figure(similarity: np.ndarray) -> Figure:
+    """Position-embedding similarity (Dosovitskiy et al. 2021, Fig. 7 centre) from (gh, gw, gh, gw) cosines.
+
+    Tile (r, c), placed where patch (r, c) sits, shows that patch's cosine similarity with every patch,
+    all tiles on one colour range [-1, 1].
+    """
+    if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
+        raise ValueError(f"expected (grid_h, grid_w, grid_h, grid_w) similarities, got shape {similarity.shape}")
+    grid_h, grid_w = similarity.shape[:2]
+    fig = Figure(figsize=(TILE_INCHES * (grid_w + 1.5), TILE_INCHES * grid_h + 2 * TITLE_INCHES))
+    fig.subplots_adjust(left=0.08, right=0.85, bottom=0.08, top=0.92, wspace=0.1, hspace=0.1)  # right: colorbar
+    axes = fig.subplots(grid_h, grid_w, squeeze=False)
+    for row in range(grid_h):
+        for col in range(grid_w):
+            ax = axes[row, col]
+            image = ax.imshow(similarity[row, col], cmap="viridis", vmin=-1.0, vmax=1.0)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    colorbar_axes = fig.add_axes((0.88, 0.08, 0.03, 0.84))  # (left, bottom, width, height) in figure fractions
+    fig.colorbar(image, cax=colorbar_axes, label="cosine similarity")
+    fig.suptitle("Position embedding similarity")
+    fig.supxlabel("input patch column")
+    fig.supylabel("input patch row")
+    return fig
+
+
+def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int | None] | None = None,
+                              image_width: int | None = None, title: str = "") -> Figure:
+    """Mean attention distance per head against depth (Dosovitskiy et al. 2021, Fig. 7 right).
+
+    ``distances`` is (depth, heads) in pixels; every head is one point at its layer index. ``highlight``
+    = (layer, head) is drawn larger in another colour (head None: all heads of that layer). With
+    ``image_width`` (pixels) a right-hand axis reads the distance as a fraction of the image width.
+    """
+    if distances.ndim != 2:
+        raise ValueError(f"expected (depth, heads) distances, got shape {distances.shape}")
+    depth, heads = distances.shape
+    layers = np.repeat(np.arange(depth), heads)  # (depth * heads,)
+    fig = Figure(figsize=DISTANCE_FIGURE_INCHES, layout="constrained")
+    ax = fig.add_subplot()
+    ax.scatter(layers, distances.ravel(), s=12, color=HEAD_COLOR, label="head")
+    if highlight is not None:
+        layer, head = highlight
+        if not 0 <= layer < depth:
+            raise ValueError(f"highlighted layer {layer} out of range 0..{depth - 1}")
+        if head is not None and not 0 <= head < heads:
+            raise ValueError(f"highlighted head {head} out of range 0..{heads - 1}")
+        chosen = distances[layer] if head is None else distances[layer, head:head + 1]
+        label = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
+        ax.scatter(np.full(chosen.shape, layer), chosen, s=60, color=HIGHLIGHT_COLOR, label=label, zorder=3)
+        ax.legend(loc="lower right")
+    ax.set_xlabel("network depth (layer)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(np.arange(depth))
+    ax.set_ylim(bottom=0.0)
+    if image_width is not None:
+        secondary = ax.secondary_yaxis("right", functions=(lambda d: d / image_width, lambda f: f * image_width))
+        secondary.set_ylabel("fraction of image width")
+    if title:
+        ax.set_title(title)
+    return fig
+
+
+def figure_to_png(fig: Figure) -> bytes:
+    """Render a Figure to PNG bytes with the Agg canvas."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    return buffer.getvalue()
+
+
+def figure_to_rgb(fig: Figure) -> np.ndarray:
+    """Render a Figure to an (H, W, 3) uint8 array with the Agg canvas."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
