@@ -255,8 +255,13 @@ def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.devic
         raise ModelNotFoundError(
             f"Unknown model {name!r}: it is not a timm architecture (e.g. '{DEFAULT_MODEL}', "
             "'vit_base_patch16_224.augreg2_in21k_ft_in1k') nor a Hugging Face id with a '/'.")
-    local = Path(weights) if weights else next(
-        (checkpoint_dir / f"{name}{s}" for s in (".safetensors", ".pth") if (checkpoint_dir / f"{name}{s}").is_file()), None)
+    if weights:
+        local: Path | None = Path(weights)
+    elif pretrained:
+        local = next((checkpoint_dir / f"{name}{s}" for s in (".safetensors", ".pth")
+                      if (checkpoint_dir / f"{name}{s}").is_file()), None)
+    else:
+        local = None
     from_hub = pretrained and local is None
     if from_hub:
         model = _create_timm_from_hub(name, checkpoint_dir)
@@ -313,7 +318,7 @@ def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
             "vit_inspect cannot capture its attention maps.")
     model = model.eval().to(device)
     cfg = resolve_data_config({}, model=model)
-    height, width = input_size or tuple(cfg["input_size"][1:])
+    height, width = input_size or tuple(patch_embed.img_size)  # the size the model was built for
     preprocess = Preprocess(input_size=(int(height), int(width)), mode="crop", crop_pct=float(cfg.get("crop_pct", 1.0)),
                             interpolation=str(cfg.get("interpolation", "bicubic")),
                             mean=tuple(float(v) for v in cfg["mean"]), std=tuple(float(v) for v in cfg["std"]))

@@ -1,0 +1,103 @@
+"""The command line: JSON keys and shapes, figures, clear one-line errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.torch import save_file
+
+from conftest import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
+from vit_inspect.cli import main
+
+ANALYZE_KEYS = {"image", "model", "input_size", "patch_size", "grid", "num_prefix_tokens", "topk",
+                "mean_attention_distance", "rollout", "gradcam", "chefer"}
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def deit_args():
+    if not DEIT_WEIGHTS.is_file():
+        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
+    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
+
+
+def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--out", str(tmp_path), *deit_args)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert set(record) == ANALYZE_KEYS
+    assert record["input_size"] == [224, 224] and record["patch_size"] == [16, 16]
+    assert record["grid"] == [14, 14] and record["num_prefix_tokens"] == 1
+    assert len(record["topk"]) == 5 and set(record["topk"][0]) == {"index", "label", "prob"}
+    assert record["topk"][0]["label"].split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
+    assert np.array(record["mean_attention_distance"]).shape == (12, 3)
+    for key in ("rollout", "gradcam", "chefer"):
+        assert np.array(record[key]).shape == (14, 14), key
+    assert abs(np.sum(record["rollout"]) - 1) < 0.2  # class row of a row-stochastic matrix, minus prefix keys
+    for name in ("chelsea_maps.png", "chelsea_distance.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_analyze_target_and_nonsquare(capsys, deit_args):
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "coffee.png"), "--target", "967", "--input-size", "224x320",
+                        *deit_args)
+    record = json.loads(out)
+    assert code == 0 and record["grid"] == [14, 20] and np.array(record["chefer"]).shape == (14, 20)
+
+
+def test_model_command_with_images(capsys, tmp_path, deit_args):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for path in sorted(IMAGENET.glob("*.JPEG"))[:4]:
+        (folder / path.name).write_bytes(path.read_bytes())
+    code, out, err = _run(capsys, "model", "--images", str(folder), "--out", str(tmp_path), *deit_args)
+    assert code == 0
+    record = json.loads(out)
+    assert np.array(record["filter_pca"]["components"]).shape == (28, 16, 16, 3)
+    assert len(record["filter_pca"]["explained_variance_ratio"]) == 28
+    assert np.array(record["pos_embed_similarity"]).shape == (14, 14, 14, 14)
+    assert np.array(record["dataset_mean_attention_distance"]).shape == (12, 3) and record["num_images"] == 4
+    assert "4/4 images" in err
+    for name in ("filter_pca.png", "pos_embed_similarity.png", "mean_attention_distance.png"):
+        assert (tmp_path / name).is_file()
+
+
+def test_tiny_model_from_weights_file(capsys, tmp_path):
+    path = tmp_path / "tiny.safetensors"
+    save_file(make_tiny_timm("cls").state_dict(), str(path))
+    code, out, err = _run(capsys, "analyze", str(PHOTOS / "rocket.jpg"), "--model", "deit_tiny_patch16_224",
+                          "--weights", str(path))
+    assert code == 1 and out == ""
+    assert err.startswith("error: The weights in 'tiny.safetensors' do not fit") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["analyze", "missing.png", "--model", "no_such_model"], "Unknown model 'no_such_model'"),
+    (["analyze", "nothing_here/", "--model", "deit_tiny_patch16_224", "--weights", "nope.safetensors"],
+     "No weights file"),
+])
+def test_errors_are_one_line(capsys, argv, message):
+    code, out, err = _run(capsys, *argv)
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_bad_image_is_one_line(capsys, tmp_path, deit_args):
+    bad = tmp_path / "bad.jpg"
+    bad.write_text("<html></html>")
+    code, out, err = _run(capsys, "analyze", str(bad), *deit_args)
+    assert code == 1 and "not an image format" in err and err.count("\n") == 1
+
+
+def test_python_dash_m_entry_point():
+    done = subprocess.run([sys.executable, "-m", "vit_inspect", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0 and "analyze" in done.stdout and "model" in done.stdout

@@ -1,0 +1,150 @@
+"""One pass per image: every method on every token layout, from one forward and one backward."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import TINY_TIMM, tiny_handle, tiny_hf
+from vit_inspect.analysis import chefer_relevance
+from vit_inspect.capture import capture_attention
+from vit_inspect.errors import VitInspectError
+from vit_inspect.models import handle_from_hf
+from vit_inspect.pipeline import analyze_image, dataset_attention_distance, model_report, pos_similarity_at
+
+
+def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
+    array = np.random.default_rng(seed).integers(0, 256, size=(*size, 3), dtype=np.uint8)
+    return Image.fromarray(array)
+
+
+def _check_result(handle, result):
+    layout = result.layout
+    grid = (layout.grid_h, layout.grid_w)
+    assert result.attention.shape == (handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens)
+    assert result.attention.dtype == np.float16
+    np.testing.assert_allclose(result.attention.astype(np.float32).sum(-1), 1.0, atol=5e-3)
+    assert result.rgb.shape == (*layout.input_size, 3)
+    assert result.probs.shape == (len(handle.labels),) and abs(result.probs.sum() - 1) < 1e-5
+    assert result.target == int(np.argmax(result.probs))
+    assert result.gradcam.shape == (handle.depth, *grid) and np.isfinite(result.gradcam).all()
+    assert result.chefer.shape == grid and (result.chefer >= 0).all()
+    assert result.mean_distance.shape == (handle.depth, handle.num_heads)
+    assert result.rollout().shape == grid
+    assert result.attention_map(handle.depth - 1, 0, (0, 0)).shape == grid
+
+
+def test_every_method_on_every_layout(tiny_kind):
+    handle = tiny_handle(tiny_kind)
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1])
+    _check_result(handle, result)
+    assert result.readout == ("mean" if tiny_kind == "gap" else "class")
+
+
+@pytest.mark.parametrize("distilled", [False, True])
+def test_every_method_on_hf_models(distilled):
+    handle = handle_from_hf(tiny_hf(distilled=distilled), device="cpu", input_size=(32, 48))
+    result = analyze_image(handle, _image())
+    _check_result(handle, result)
+    assert result.layout.num_prefix_tokens == (2 if distilled else 1)
+
+
+def test_one_forward_and_one_backward(monkeypatch):
+    handle = tiny_handle("reg4")
+    forwards = []
+    hook = handle.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    backwards = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: backwards.append(1) or real_grad(*a, **k))
+    monkeypatch.setattr(torch.Tensor, "backward", lambda *a, **k: pytest.fail("Tensor.backward must not be used"))
+    try:
+        result = analyze_image(handle, _image())
+        # every redraw afterwards comes from the cached arrays
+        result.rollout(head_fusion="max", discard_ratio=0.5, start_layer=1)
+        result.attention_map(0, None, (1, 2))
+    finally:
+        hook.remove()
+    assert (len(forwards), len(backwards)) == (1, 1)
+
+
+def test_gradcam_and_chefer_equal_direct_autograd():
+    """Recompute both from scratch with plain autograd on the same tiny model and input."""
+    handle = tiny_handle("distilled", seed=4)
+    image = _image(3)
+    result = analyze_image(handle, image, target=7)
+    pixels, _ = handle.preprocess.apply(image)
+    model = handle.model
+    saved = {}
+    hook = model.blocks[-1].norm1.register_forward_hook(lambda m, a, out: saved.setdefault("act", out))
+    with torch.enable_grad(), capture_attention(handle) as rec:
+        logit = model(pixels)[0, 7]
+    hook.remove()
+    attention = rec.attention_tensors()
+    grads = torch.autograd.grad(logit, [saved["act"], *attention])
+    act, act_grad = saved["act"][0].detach(), grads[0][0]  # (N, D)
+    patches = slice(handle.num_prefix_tokens, None)
+    weights = act_grad[patches].mean(0)  # (D,)
+    expected_cam = (act[patches] * weights).sum(-1).reshape(result.layout.grid_h, result.layout.grid_w)
+    np.testing.assert_allclose(result.gradcam[-1], expected_cam.numpy(), rtol=1e-4, atol=1e-6)
+
+    relevance = torch.eye(result.layout.num_tokens)
+    for a, g in zip(attention, grads[1:]):
+        relevance = relevance + (a[0].detach() * g[0]).clamp(min=0).mean(0) @ relevance
+    expected_chefer = relevance[0, patches].reshape(result.layout.grid_h, result.layout.grid_w)
+    np.testing.assert_allclose(result.chefer, expected_chefer.numpy(), rtol=1e-4, atol=1e-7)
+    assert result.target == 7
+
+
+def test_target_out_of_range_is_clear():
+    with pytest.raises(VitInspectError, match="out of range"):
+        analyze_image(tiny_handle("cls"), _image(), target=99)
+
+
+def test_headless_model_has_no_gradient_maps():
+    from timm.models.vision_transformer import VisionTransformer
+    from vit_inspect.models import handle_from_timm
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0,
+                              dynamic_img_size=True).eval()
+    handle = handle_from_timm(model, device="cpu")
+    result = analyze_image(handle, _image())
+    assert not handle.has_head and result.probs.size == 0
+    assert result.target is None and result.gradcam is None and result.chefer is None
+    assert result.rollout().shape == (4, 4)
+
+
+def test_model_report_and_other_resolution():
+    handle = tiny_handle("reg4")
+    report = model_report(handle, k=5)
+    assert report.filter_pca.components.shape == (5, 8, 8, 3)
+    assert report.pos_similarity.shape == (4, 4, 4, 4)
+    np.testing.assert_allclose(np.einsum("ijij->ij", report.pos_similarity), 1.0, rtol=1e-5)
+    assert pos_similarity_at(handle, (4, 6)).shape == (4, 6, 4, 6)
+
+
+def test_dataset_distance_streams_and_skips_bad_files(tmp_path):
+    handle = tiny_handle("cls")
+    paths = []
+    for i in range(5):
+        path = tmp_path / f"{i}.png"
+        _image(i).save(path)
+        paths.append(path)
+    (tmp_path / "bad.jpg").write_text("not an image")
+    stats = dataset_attention_distance(handle, paths + [tmp_path / "bad.jpg"], batch_size=2)
+    singles = [analyze_image(handle, p, gradients=False).mean_distance for p in paths]
+    assert stats.num_images == 5 and len(stats.skipped) == 1 and "bad.jpg" in stats.skipped[0]
+    np.testing.assert_allclose(stats.distances, np.mean(singles, axis=0), rtol=1e-4)
+
+
+def test_chefer_from_cached_arrays_matches_pass():
+    """The pass computes Chefer from float32 maps; recomputing from them agrees with the stored map."""
+    handle = tiny_handle("cls")
+    image = _image(1)
+    result = analyze_image(handle, image)
+    pixels, _ = handle.preprocess.apply(image)
+    with torch.enable_grad(), capture_attention(handle) as rec:
+        logits = handle.forward(pixels)
+    rec.backward(logits[0, result.target])
+    expected = chefer_relevance(rec.attention[0].numpy(), rec.attention_grad()[0].numpy(), result.layout)
+    np.testing.assert_allclose(result.chefer, expected, rtol=1e-5)

@@ -1,0 +1,54 @@
+"""Facts from the ViT paper's Fig. 7 on the real DeiT-Ti weights (../shared)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import IMAGENET
+from vit_inspect.pipeline import analyze_image, dataset_attention_distance, model_report
+
+
+@pytest.fixture(scope="module")
+def dataset_distance(deit):
+    files = sorted(IMAGENET.glob("*.JPEG"))[::50]  # 20 photos spread over the classes
+    if len(files) < 16:
+        pytest.skip("ImageNet samples not found")
+    return dataset_attention_distance(deit, files, batch_size=10)
+
+
+def test_attention_distance_grows_with_depth(dataset_distance):
+    distances = dataset_distance.distances  # (12, 3) pixels
+    assert dataset_distance.num_images == 20
+    first, last = distances[:3].mean(), distances[-3:].mean()
+    assert last > first + 30, (first, last)
+    assert distances[0].max() > 60  # some layer-0 heads already look far (the paper's Fig. 7 right)
+    assert distances[-1].min() > 100  # the last layer is nearly global: uniform over 14x14 gives ~116 px
+    assert distances.max() < 130
+
+
+def test_position_embeddings_are_local(deit):
+    similarity = model_report(deit).pos_similarity  # (14, 14, 14, 14)
+    rows, cols = np.meshgrid(np.arange(14), np.arange(14), indexing="ij")
+    neighbour, far = [], []
+    for r in range(14):
+        for c in range(14):
+            distance = np.hypot(rows - r, cols - c)
+            neighbour.append(similarity[r, c][distance == 1].mean())
+            far.append(similarity[r, c][distance >= 8].mean())
+    assert np.mean(neighbour) > np.mean(far) + 0.3
+    assert np.mean(np.array(neighbour) > np.array(far)) > 0.95
+
+
+def test_filter_pca_has_structure(deit):
+    ratios = model_report(deit).filter_pca.explained_variance_ratio
+    assert ratios.shape == (28,) and np.all(np.diff(ratios) <= 1e-9)
+    assert ratios[:28].sum() > 0.4  # 28 of 768 directions hold much of the variance: filters are not random
+
+
+def test_cat_maps_on_chelsea(deit):
+    from conftest import PHOTOS
+
+    result = analyze_image(deit, PHOTOS / "chelsea.png")
+    assert deit.label(result.target).split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
+    assert result.gradcam.shape == (12, 14, 14) and result.chefer.shape == (14, 14)
+    assert result.nbytes() < 4_000_000

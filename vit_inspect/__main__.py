@@ -1,0 +1,6 @@
+"""`python -m vit_inspect` runs the command line."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""Command line: `vit-inspect analyze IMAGE_OR_FOLDER...` and `vit-inspect model` (or `python -m vit_inspect`).
+
+`analyze` prints one JSON object per image on its own line and writes figures under `--out`;
+`model` prints one JSON object with the model-level (ViT Fig. 7) analyses. Progress goes to
+stderr; an error is one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import VitInspectError
+from .models import DEFAULT_MODEL, ViTHandle, load_model
+from .pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, find_images, model_report
+from . import plotting
+
+
+def _rounded(array: np.ndarray | None, digits: int = 6):
+    return None if array is None else np.round(np.asarray(array, dtype=np.float64), digits).tolist()
+
+
+def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dict:
+    """The JSON object `analyze` prints for one image."""
+    layout = result.layout
+    gradcam = None if result.gradcam is None else result.gradcam[-1]
+    return {
+        "image": image,
+        "model": handle.name,
+        "input_size": list(layout.input_size),
+        "patch_size": [layout.patch_h, layout.patch_w],
+        "grid": [layout.grid_h, layout.grid_w],
+        "num_prefix_tokens": layout.num_prefix_tokens,
+        "topk": handle.top_labels(result.probs, 5) if result.probs.size else [],
+        "mean_attention_distance": _rounded(result.mean_distance, 3),
+        "rollout": _rounded(result.rollout()),
+        "gradcam": _rounded(gradcam),
+        "chefer": _rounded(result.chefer),
+    }
+
+
+def _save(fig, path: Path) -> None:
+    path.write_bytes(plotting.figure_to_png(fig))
+
+
+def _write_image_figures(result: ImageAnalysis, out: Path, stem: str) -> None:
+    maps = {"attention (last layer, mean of heads)": result.attention_map(result.depth - 1),
+            "rollout": result.rollout()}
+    if result.gradcam is not None:
+        maps["Grad-CAM (last block)"] = result.gradcam[-1]
+        maps["gradient-weighted attention"] = result.chefer
+    _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block)",)), out / f"{stem}_maps.png")
+    _save(plotting.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
+                                             title=f"mean attention distance: {stem}"), out / f"{stem}_distance.png")
+
+
+def _parse_size(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise VitInspectError(f"--input-size must look like 224x320 (height x width), got {text!r}") from None
+    return height, width
+
+
+def _progress(done: int, total: int) -> None:
+    print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def cmd_analyze(args: argparse.Namespace) -> None:
+    handle = load_model(args.model, weights=args.weights, device=args.device)
+    files = find_images(args.images)
+    if not files:
+        raise VitInspectError("No images found in the paths given.")
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    for done, path in enumerate(files, 1):
+        result = analyze_image(handle, path, target=args.target, input_size=_parse_size(args.input_size))
+        print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
+        if out:
+            _write_image_figures(result, out, path.stem)
+        if len(files) > 1:
+            _progress(done, len(files))
+
+
+def cmd_model(args: argparse.Namespace) -> None:
+    handle = load_model(args.model, weights=args.weights, device=args.device)
+    report = model_report(handle, k=args.components)
+    record = {
+        "model": handle.name,
+        "filter_pca": {"components": _rounded(report.filter_pca.components),
+                       "explained_variance_ratio": _rounded(report.filter_pca.explained_variance_ratio)},
+        "pos_embed_similarity": _rounded(report.pos_similarity),
+    }
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        _save(plotting.filter_pca_figure(report.filter_pca), out / "filter_pca.png")
+        if report.pos_similarity is not None:
+            _save(plotting.pos_similarity_figure(report.pos_similarity), out / "pos_embed_similarity.png")
+    if args.images:
+        files = find_images([args.images])
+        if not files:
+            raise VitInspectError(f"No images found in {args.images!r}.")
+        stats = dataset_attention_distance(handle, files, batch_size=args.batch_size, progress=_progress)
+        for problem in stats.skipped:
+            print(f"skipped {problem}", file=sys.stderr)
+        record["dataset_mean_attention_distance"] = _rounded(stats.distances, 3)
+        record["num_images"] = stats.num_images
+        if out:
+            _save(plotting.attention_distance_figure(
+                stats.distances, image_width=handle.input_size[1],
+                title=f"mean attention distance over {stats.num_images} images"), out / "mean_attention_distance.png")
+    print(json.dumps(record), flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-inspect", description="Look inside Vision Transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
+        p.add_argument("--weights", help="weights file (.safetensors preferred, .pth read with weights_only)")
+        p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+        p.add_argument("--out", help="folder for the PNG figures")
+
+    analyze = sub.add_parser("analyze", help="per-image maps and numbers, one JSON line per image")
+    analyze.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
+    analyze.add_argument("--target", type=int, help="class index for Grad-CAM and gradient-weighted attention "
+                                                      "(default: the top prediction)")
+    analyze.add_argument("--input-size", help="HxW input size, e.g. 224x320 (default: the model's own)")
+    model_options(analyze)
+    analyze.set_defaults(func=cmd_analyze)
+
+    model = sub.add_parser("model", help="ViT Fig. 7: filter PCA, position similarity, dataset attention distance")
+    model.add_argument("--images", help="folder of images for the dataset mean attention distance")
+    model.add_argument("--components", type=int, default=28, help="principal components of the filters (default 28)")
+    model.add_argument("--batch-size", type=int, default=16)
+    model_options(model)
+    model.set_defaults(func=cmd_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except VitInspectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

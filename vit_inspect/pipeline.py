@@ -1,0 +1,192 @@
+"""One pass per image: a single forward with capture and a single backward feed every method.
+
+`analyze_image` returns an `ImageAnalysis` of plain, compact arrays (attention in float16). Raw
+attention, rollout and mean distance for any option are recomputed from it without the model;
+Grad-CAM (every layer) and gradient-weighted attention are computed during the pass for the target.
+`model_report` and `dataset_attention_distance` are the model-level and folder-level analyses.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, filter_pca,
+                       gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
+from .capture import capture_attention
+from .errors import VitInspectError
+from .images import ImageLimits, load_image
+from .models import ViTHandle
+from .tokens import TokenLayout
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class ImageAnalysis:
+    """The cached result of one pass over one image: everything the maps need, no tensors."""
+
+    model_name: str
+    layout: TokenLayout  # token geometry of this input size
+    rgb: np.ndarray  # (H, W, 3) uint8, the exact crop the model saw
+    probs: np.ndarray  # (num_classes,) float32 softmax; empty for a model without a head
+    attention: np.ndarray  # (depth, heads, N, N) float16 attention probabilities
+    mean_distance: np.ndarray  # (depth, heads) mean attention distance in input pixels
+    target: int | None  # class the gradients were taken for; None without a head
+    gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
+    chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
+    readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+
+    @property
+    def depth(self) -> int:
+        return self.attention.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.attention.shape[1]
+
+    @property
+    def attention_f32(self) -> np.ndarray:
+        return self.attention.astype(np.float32)
+
+    def attention_map(self, layer: int, head: int | None = None, query=None) -> np.ndarray:
+        """(grid_h, grid_w) raw attention of one layer/head (None: mean of heads) from a query token."""
+        return attention_map(self.attention[layer:layer + 1].astype(np.float32), self.layout, 0, head,
+                             self.readout if query is None else query)
+
+    def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
+                start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options."""
+        return rollout(self.attention_f32, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
+                       residual=residual, start_layer=start_layer, end_layer=end_layer,
+                       query=self.readout if query is None else query)
+
+    def nbytes(self) -> int:
+        """Memory held by the arrays of this result."""
+        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer)
+        return sum(a.nbytes for a in arrays if a is not None)
+
+
+def readout_query(handle: ViTHandle) -> str:
+    """The token the head reads: the class token, or the mean of patch tokens for pooled models."""
+    return "class" if handle.global_pool == "token" and handle.has_class_token else "mean"
+
+
+def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
+                  input_size: tuple[int, int] | None = None, gradients: bool = True) -> ImageAnalysis:
+    """Run one forward pass with attention capture and, for models with a head, one backward pass
+    from the logit of `target` (default: the top prediction).
+
+    Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
+    only the class token reaches the head, so patch tokens get no gradient there); the last block's
+    is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
+    """
+    picture = image if isinstance(image, Image.Image) else load_image(image)
+    pixels, rgb = handle.preprocess.apply(picture, input_size)
+    layout = handle.layout(rgb.shape[:2])
+    use_grad = gradients and handle.has_head
+    pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
+    layers = range(handle.depth) if use_grad else ()
+    with torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec:
+        logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
+    attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
+    probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
+    query = readout_query(handle)
+    chosen = gradcam = chefer = None
+    if use_grad:
+        chosen = int(np.argmax(probs)) if target is None else int(target)
+        if not 0 <= chosen < len(probs):
+            raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
+        rec.backward(logits[0, chosen])
+        attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
+        chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
+        gradcam = np.stack([
+            gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
+                                rec.activation_grad(i)[0].float().cpu().numpy(), layout)
+            for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
+    return ImageAnalysis(
+        model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
+        attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query)
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """Model-level analyses (ViT paper Fig. 7 left and centre); no image needed."""
+
+    filter_pca: FilterPCA
+    pos_similarity: np.ndarray | None  # (grid_h, grid_w, grid_h, grid_w) at the native grid; None without pos. embed.
+    grid: tuple[int, int]  # the native grid
+
+
+def model_report(handle: ViTHandle, k: int = 28) -> ModelReport:
+    """Patch-embedding filter PCA and position-embedding cosine similarity at the native grid."""
+    return ModelReport(filter_pca=filter_pca(handle.patch_embed_weight(), k),
+                       pos_similarity=pos_similarity_at(handle, handle.native_grid), grid=handle.native_grid)
+
+
+def pos_similarity_at(handle: ViTHandle, grid: tuple[int, int]) -> np.ndarray | None:
+    """Position-embedding cosine similarity for a (grid_h, grid_w) grid, using the model's own
+    interpolation of the embeddings when the grid differs from the native one."""
+    pos = handle.patch_pos_embed(grid)
+    return None if pos is None else pos_embed_similarity(pos)
+
+
+def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Image files named directly, or found (sorted, non-recursively) in the folders named."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()))
+        else:
+            found.append(path)
+    return found
+
+
+@dataclass(frozen=True)
+class DatasetDistance:
+    """Mean attention distance averaged over a set of images."""
+
+    distances: np.ndarray  # (depth, heads) pixels
+    num_images: int  # images that contributed
+    skipped: tuple[str, ...]  # files that could not be read, with the reason
+
+
+def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.PathLike | Image.Image],
+                               batch_size: int = 16, input_size: tuple[int, int] | None = None,
+                               progress: Callable[[int, int], None] | None = None,
+                               limits: ImageLimits = ImageLimits()) -> DatasetDistance:
+    """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
+    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed."""
+    items = list(images)
+    layout = handle.layout(input_size or handle.input_size)
+    accumulator = AttentionDistanceAccumulator(layout)
+    skipped: list[str] = []
+    batch: list[torch.Tensor] = []
+
+    def flush() -> None:
+        with torch.no_grad(), capture_attention(handle) as rec:
+            handle.forward(torch.cat(batch))
+        accumulator.update(rec.attention.float().cpu().numpy())  # (B, depth, heads, N, N)
+        batch.clear()
+
+    for done, item in enumerate(items, 1):
+        try:
+            picture = item if isinstance(item, Image.Image) else load_image(item, limits)
+            batch.append(handle.preprocess.apply(picture, input_size)[0])
+        except VitInspectError as exc:
+            skipped.append(f"{getattr(item, 'name', item)}: {exc}")
+        if len(batch) == batch_size:
+            flush()
+        if progress is not None:
+            progress(done, len(items))
+    if batch:
+        flush()
+    if accumulator.count == 0:
+        raise VitInspectError("None of the images could be read." + (f" First problem: {skipped[0]}" if skipped else ""))
+    return DatasetDistance(distances=accumulator.result(), num_images=accumulator.count, skipped=tuple(skipped))
