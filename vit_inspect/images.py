@@ -22,7 +22,8 @@ from .errors import ImageError
 
 DEFAULT_MAX_PIXELS = 40_000_000  # larger images are refused before decoding (decompression bombs)
 DEFAULT_MAX_BYTES = 30 * 1024 * 1024  # larger uploads are refused before reading
-MIN_SIDE = 2  # an image needs at least this many pixels per side to be resized meaningfully
+MIN_SIDE = 1  # a 1x1 image is a flat colour: still a valid input
+MAX_INTERMEDIATE_FACTOR = 16  # resize-then-crop only while the resized image is at most this many crops large
 
 _RESAMPLING = {
     "bicubic": Image.Resampling.BICUBIC,
@@ -67,7 +68,7 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLim
         raise ImageError(f"The image is {width}×{height} = {width * height:,} pixels; the limit is "
                          f"{limits.max_pixels:,}. Please upload a smaller image.")
     if min(width, height) < MIN_SIDE:
-        raise ImageError(f"The image is {width}×{height} pixels; it needs at least {MIN_SIDE} pixels per side.")
+        raise ImageError(f"The image is {width}×{height} pixels; it has no pixels to analyse.")
     try:
         image.seek(0)
         image.load()
@@ -151,9 +152,15 @@ class Preprocess:
             new_h, new_w = cover_h, max(cover_w, int(cover_h * img_w / img_h))
         else:
             new_h, new_w = max(cover_h, int(cover_w * img_h / img_w)), cover_w
-        resized = image.resize((new_w, new_h), resample)
         top = int(round((new_h - height) / 2.0))
         left = int(round((new_w - width) / 2.0))
+        if new_h * new_w > MAX_INTERMEDIATE_FACTOR * cover_h * cover_w:
+            # Extreme aspect ratio (e.g. 10000x10): resample only the kept region, so no huge intermediate
+            # image is built. Within one grey level of resize-then-crop.
+            scale_x, scale_y = img_w / new_w, img_h / new_h
+            box = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
+            return image.resize((width, height), resample, box=box)
+        resized = image.resize((new_w, new_h), resample)  # exactly torchvision's Resize + CenterCrop
         return resized.crop((left, top, left + width, top + height))
 
     def normalize(self, rgb: np.ndarray) -> torch.Tensor:
