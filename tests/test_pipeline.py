@@ -148,3 +148,14 @@ def test_chefer_from_cached_arrays_matches_pass():
     rec.backward(logits[0, result.target])
     expected = chefer_relevance(rec.attention[0].numpy(), rec.attention_grad()[0].numpy(), result.layout)
     np.testing.assert_allclose(result.chefer, expected, rtol=1e-5)
+
+
+def test_public_api_and_no_gradio_import():
+    import subprocess
+    import sys
+
+    code = ("import sys, vit_inspect; "
+            "assert all(hasattr(vit_inspect, n) for n in vit_inspect.__all__); "
+            "assert 'gradio' not in sys.modules and 'matplotlib.pyplot' not in sys.modules; print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr
