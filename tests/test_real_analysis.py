@@ -52,3 +52,18 @@ def test_cat_maps_on_chelsea(deit):
     assert deit.label(result.target).split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
     assert result.gradcam.shape == (12, 14, 14) and result.chefer.shape == (14, 14)
     assert result.nbytes() < 4_000_000
+
+
+def test_half_precision_autocast_agrees_with_float32(deit):
+    """Stated tolerance for `autocast=True` (bfloat16 on CPU, float16 on CUDA): same top class,
+    probabilities within 0.02, attention within 0.05, distances within 1 px, maps correlated r >= 0.995."""
+    from conftest import PHOTOS
+
+    full = analyze_image(deit, PHOTOS / "chelsea.png")
+    half = analyze_image(deit, PHOTOS / "chelsea.png", autocast=True)
+    assert half.target == full.target
+    assert np.abs(half.probs - full.probs).max() < 0.02
+    assert np.abs(half.attention.astype(np.float32) - full.attention.astype(np.float32)).max() < 0.05
+    assert np.abs(half.mean_distance - full.mean_distance).max() < 1.0
+    for a, b in ((full.rollout(), half.rollout()), (full.chefer, half.chefer), (full.gradcam[-1], half.gradcam[-1])):
+        assert np.corrcoef(a.ravel(), b.ravel())[0, 1] >= 0.995

@@ -80,7 +80,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     for done, path in enumerate(files, 1):
-        result = analyze_image(handle, path, target=args.target, input_size=_parse_size(args.input_size))
+        result = analyze_image(handle, path, target=args.target, input_size=_parse_size(args.input_size),
+                               autocast=args.half)
         print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
         if out:
             _write_image_figures(result, out, path.stem)
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--target", type=int, help="class index for Grad-CAM and gradient-weighted attention "
                                                       "(default: the top prediction)")
     analyze.add_argument("--input-size", help="HxW input size, e.g. 224x320 (default: the model's own)")
+    analyze.add_argument("--half", action="store_true", help="half-precision autocast (float16 on CUDA, bfloat16 "
+                                                             "on CPU; fast on GPUs, slow on most CPUs)")
     model_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 

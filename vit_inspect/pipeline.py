@@ -77,14 +77,22 @@ def readout_query(handle: ViTHandle) -> str:
     return "class" if handle.global_pool == "token" and handle.has_class_token else "mean"
 
 
+def autocast_dtype(device: torch.device) -> torch.dtype:
+    """Half precision for `autocast=True`: float16 on CUDA, bfloat16 on CPU (CPU float16 is slow)."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
-                  input_size: tuple[int, int] | None = None, gradients: bool = True) -> ImageAnalysis:
+                  input_size: tuple[int, int] | None = None, gradients: bool = True,
+                  autocast: bool = False) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
     Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
     only the class token reaches the head, so patch tokens get no gradient there); the last block's
     is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
+    `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
+    maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     """
     picture = image if isinstance(image, Image.Image) else load_image(image)
     pixels, rgb = handle.preprocess.apply(picture, input_size)
@@ -92,7 +100,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec:
+    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec,
+          torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
@@ -102,7 +111,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         chosen = int(np.argmax(probs)) if target is None else int(target)
         if not 0 <= chosen < len(probs):
             raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
-        rec.backward(logits[0, chosen])
+        rec.backward(logits[0, chosen].float())
         attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
         chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
         gradcam = np.stack([
