@@ -1,0 +1,254 @@
+"""The Gradio app through its API, as a client sees it: real DeiT-Ti weights, served in-process.
+
+Each test opens its own client (its own session), so no test sees another's results. Model calls
+are counted with a forward pre-hook on the cached handle's model.
+"""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+import app  # noqa: E402
+from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
+
+WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
+CHELSEA = REPO / "assets" / "chelsea.png"
+CATS = ("Egyptian cat", "tabby", "tiger cat")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *app.IMAGE_PANELS)
+
+pytestmark = [
+    pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
+                                                     "(bash .ci/run copies them from ../shared/models)"),
+    pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),  # Gradio's own pandas deprecations
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(demo) -> str:
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    return f"http://127.0.0.1:{port}/"
+
+
+class Server:
+    """The app on a free port, its model cache, and a count of forward passes of the served model."""
+
+    def __init__(self):
+        self.config = app.AppConfig(weights=str(WEIGHTS), device="cpu")
+        self.cache = ModelCache(self.config.cache_size)
+        self.demo = app.build_demo(self.config, self.cache)
+        self.url = launch(self.demo)
+        self.forwards = 0
+        handle = self.cache.get(CacheKey.of(self.config.model, self.config.weights, self.config.device))
+        handle.model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.forwards += 1
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = Server()
+    yield served
+    served.demo.close()
+
+
+@pytest.fixture
+def client(server) -> Client:
+    return Client(server.url, verbose=False)
+
+
+def analyze(client: Client, path: Path = CHELSEA) -> dict:
+    return dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+
+
+def pixels(path: str) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def click(client: Client, api_name: str, x: int, y: int) -> list:
+    """Send a select event with (x, y) like the browser does; gradio_client cannot attach event data."""
+    dependency = next(d for d in client.config["dependencies"] if d.get("api_name") == api_name)
+    defaults = {c["id"]: c.get("props", {}).get("value") for c in client.config["components"]}
+    payload = {"data": [defaults.get(i) for i in dependency["inputs"]], "fn_index": dependency["id"],
+               "trigger_id": dependency["targets"][0][0], "session_hash": client.session_hash,
+               "event_data": {"index": [x, y], "value": None, "selected": True}}
+    base = client.src.rstrip("/") + "/gradio_api"
+    event_id = httpx.post(f"{base}/queue/join", json=payload, timeout=30).json()["event_id"]
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            message = json.loads(line[5:])
+            if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                assert message["success"], message["output"]
+                return message["output"]["data"]
+    raise AssertionError("the select event never completed")
+
+
+def test_building_the_app_loads_no_model_and_names_every_event():
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded while the app was being built")
+
+    demo = app.build_demo(app.AppConfig(), ModelCache(loader=no_loading))  # what `import app` does
+    names = [fn.api_name for fn in demo.fns.values()]
+    assert all(names) and len(set(names)) == len(names)
+    assert {"analyze", "attention", "rollout", "gradcam", "pick_patch", "set_target", "downloads"} <= set(names)
+    assert isinstance(app.demo, type(demo))
+
+
+def test_a_cat_photo_is_a_cat(client):
+    result = analyze(client)
+    labels = [c["label"] for c in result["predictions"]["confidences"]]
+    assert len(labels) == 5
+    assert any(cat in labels[0] for cat in CATS), labels
+    assert sum(any(cat in label for cat in CATS) for label in labels[:3]) == 3
+    assert pixels(result["crop"]).shape == (224, 224, 3)
+    assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
+    for name in app.IMAGE_PANELS:
+        assert pixels(result[name]).ndim == 3
+
+
+def test_sliders_redraw_from_the_cached_pass_without_the_model(server, client):
+    first = pixels(analyze(client)["attention"])
+    before = server.forwards
+    other_head = pixels(client.predict(layer=11, head=1, api_name="/attention"))
+    other_layer = pixels(client.predict(layer=3, head=1, api_name="/attention"))
+    mean = pixels(client.predict(layer=3, mean_heads=True, api_name="/attention"))
+    rollout = pixels(client.predict(discard_ratio=0.9, head_fusion="max", api_name="/rollout"))
+    gradcam = pixels(client.predict(gradcam_layer=5, api_name="/gradcam"))
+    distance = pixels(client.predict(layer=3, head=1, api_name="/distance"))
+    compare = pixels(client.predict(layer=3, api_name="/compare"))
+    assert server.forwards == before, "a redraw called the model"
+    assert not np.array_equal(first, other_head)
+    assert not np.array_equal(other_head, other_layer)
+    assert not np.array_equal(other_layer, mean)
+    assert rollout.shape == gradcam.shape == (224, 224, 3)
+    assert distance.shape[2] == compare.shape[2] == 3 and compare.shape[1] > 3 * compare.shape[0]
+
+
+def test_clicking_a_patch_queries_from_it(server, client):
+    readout = pixels(analyze(client)["attention"])
+    before = server.forwards
+    row, col, query, image = click(client, "pick_patch", x=100, y=40)  # pixel (y 40, x 100) -> patch (2, 6)
+    assert (row, col, query) == (2, 6, app.PATCH)
+    clicked = pixels(image["path"])
+    assert not np.array_equal(clicked, readout)
+    same = pixels(client.predict(query=app.PATCH, row=2, col=6, api_name="/attention"))
+    assert np.array_equal(same, clicked)
+    assert server.forwards == before
+
+
+def test_a_new_target_runs_one_pass_and_switching_back_is_free(server, client):
+    first = pixels(analyze(client)["gradcam"])
+    before = server.forwards
+    tabby = [pixels(p) for p in client.predict("281", api_name="/set_target")]
+    assert server.forwards == before + 1
+    assert not np.array_equal(tabby[0], first)
+    back = [pixels(p) for p in client.predict("285", api_name="/set_target")]
+    assert server.forwards == before + 1, "switching back to a seen class ran the model again"
+    assert np.array_equal(back[0], first)
+    with pytest.raises(AppError, match="Class 5000 does not exist"):
+        client.predict("5000", api_name="/set_target")
+
+
+def test_a_bad_upload_is_explained_and_the_app_keeps_serving(client, tmp_path):
+    fake = tmp_path / "holiday.jpg"
+    fake.write_text("this is a text file, not a photo")
+    with pytest.raises(AppError) as error:
+        analyze(client, fake)
+    message = str(error.value)
+    assert "not an image format we can read" in message
+    assert "Traceback" not in message
+    labels = [c["label"] for c in analyze(client)["predictions"]["confidences"]]
+    assert any(cat in labels[0] for cat in CATS)
+
+
+def test_unknown_models_and_wrong_weights_are_explained(client, tmp_path):
+    with pytest.raises(AppError, match="Unknown model 'not_a_vit_at_all'"):
+        client.predict("not_a_vit_at_all", None, api_name="/load_model")
+    with pytest.raises(AppError, match="not a valid model name"):
+        client.predict("../../etc", None, api_name="/load_model")
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 64)
+    with pytest.raises(AppError, match="not a valid safetensors file"):
+        client.predict("deit_tiny_patch16_224", handle_file(str(broken)), api_name="/load_model")
+    labels = [c["label"] for c in analyze(client)["predictions"]["confidences"]]  # still serving the default
+    assert any(cat in labels[0] for cat in CATS)
+
+
+def test_downloads_hold_png_json_and_npz(client):
+    analyze(client)
+    files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")}
+    assert {f"chelsea_{name}.png" for name in app.IMAGE_PANELS} <= set(files)
+    for name in app.IMAGE_PANELS:
+        data = files[f"chelsea_{name}.png"].read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert pixels(files[f"chelsea_{name}.png"]).shape[2] == 3
+    record = json.loads(files["chelsea.json"].read_text())
+    assert record["model"] == "deit_tiny_patch16_224" and record["grid"] == [14, 14]
+    assert record["target"] == 285 and record["topk"][0]["label"] == "Egyptian cat"
+    assert np.asarray(record["mean_attention_distance"]).shape == (12, 3)
+    with np.load(files["chelsea.npz"]) as arrays:
+        assert arrays["attention"].shape == (12, 3, 197, 197)
+        assert arrays["gradcam"].shape == (12, 14, 14)
+        assert arrays["chefer"].shape == (14, 14)
+        assert arrays["mean_distance"].shape == (12, 3)
+        assert arrays["probs"].shape == (1000,)
+        assert arrays["attention_map"].shape == arrays["rollout_map"].shape == (14, 14)
+        assert np.allclose(arrays["attention"].astype(np.float32).sum(-1), 1.0, atol=1e-2)  # softmax rows
+
+
+def test_model_figures_and_similarity_at_another_size(client):
+    filters = pixels(client.predict(api_name="/filter_figure"))
+    assert filters.shape[2] == 3 and filters.std() > 0
+    with pytest.raises(AppError, match="at most 20 patches per side"):
+        client.predict(1024, 1024, api_name="/pos_similarity")
+    other = pixels(client.predict(64, 128, api_name="/pos_similarity"))  # a 4×8 grid
+    assert other.shape[1] > other.shape[0]
+
+
+def test_dataset_average_over_uploaded_images(server, client, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("not an image")
+    images = [handle_file(str(REPO / "assets" / name)) for name in ("chelsea.png", "coffee.png")]
+    figure, note = client.predict(images + [handle_file(str(fake))], api_name="/dataset_distance")
+    assert pixels(figure).ndim == 3
+    assert note.startswith("Averaged over 2 image(s).") and "notes.png" in note
+
+
+def test_missing_weights_are_explained_in_the_page_and_an_upload_fixes_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_INSPECT_CHECKPOINTS", str(tmp_path))  # no weights here, and the hub is offline
+    demo = app.build_demo(app.AppConfig(device="cpu"), ModelCache())
+    try:
+        client = Client(launch(demo), verbose=False)
+        status = client.predict(api_name="/startup")[0]
+        assert "could not be loaded" in status
+        assert str(tmp_path / "deit_tiny_patch16_224.safetensors") in status  # the exact file to provide
+        assert "upload a `.safetensors` weights file" in status
+        with pytest.raises(AppError, match=r"\.safetensors"):  # Gradio refuses other file types first
+            client.predict("deit_tiny_patch16_224", handle_file(str(CHELSEA)), api_name="/load_model")
+        loaded = client.predict("deit_tiny_patch16_224", handle_file(str(WEIGHTS)), api_name="/load_model")[0]
+        assert "`deit_tiny_patch16_224`" in loaded and "deit_tiny_patch16_224.safetensors" in loaded
+        labels = [c["label"] for c in analyze(client)["predictions"]["confidences"]]
+        assert any(cat in labels[0] for cat in CATS)
+    finally:
+        demo.close()
