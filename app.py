@@ -80,6 +80,7 @@ class Session:
     name: str  # the upload's file name, for the downloads
     results: dict[int | None, ImageAnalysis]  # one pass per target class (None: a model without a head)
     target: int | None  # the pass shown now
+    distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
 
     @property
     def result(self) -> ImageAnalysis:
@@ -142,9 +143,10 @@ def figure_image(fig) -> np.ndarray:
         fig.clear()
 
 
-def draw_panels(names: tuple[str, ...], result: ImageAnalysis, view: View) -> list[np.ndarray | None]:
+def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np.ndarray | None]:
     """The images of the named panels, in order; None where the model has nothing to show.
     Only the maps these panels need are computed, each once."""
+    result = session.result
     maps = {}
     titles = view.titles()
 
@@ -156,9 +158,7 @@ def draw_panels(names: tuple[str, ...], result: ImageAnalysis, view: View) -> li
     drawn = []
     for name in names:
         if name == "distance":
-            drawn.append(figure_image(plotting.attention_distance_figure(
-                result.mean_distance, (view.layer, view.head), image_width=result.layout.input_size[1],
-                title="this image")))
+            drawn.append(session.distance.draw((view.layer, view.head)))
         elif name == "compare":
             shown = {titles[k]: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
             drawn.append(figure_image(plotting.maps_figure(result.rgb, shown, relu_names=(titles["gradcam"],))))
@@ -285,9 +285,12 @@ class Inspector:
         progress(0.4, desc="Running the model (one forward and one backward pass)")
         result = analyze_image(handle, source)
         progress(0.8, desc="Drawing")
-        session = Session(model=key, source=source, name=name, results={result.target: result}, target=result.target)
+        scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
+                                            title="this image")
+        session = Session(model=key, source=source, name=name, results={result.target: result}, target=result.target,
+                          distance=scatter)
         predictions, target = prediction_labels(handle, result)
-        panels = draw_panels(IMAGE_PANELS, result, View.from_controls(result, **controls))
+        panels = draw_panels(IMAGE_PANELS, session, View.from_controls(result, **controls))
         return session, predictions, result.rgb, target, *panels
 
     def redraw(self, name: str):
@@ -296,7 +299,7 @@ class Inspector:
         def handler(session: Session | None, **controls):
             if session is None:
                 return gr.skip()
-            return draw_panels((name,), session.result, View.from_controls(session.result, **controls))[0]
+            return draw_panels((name,), session, View.from_controls(session.result, **controls))[0]
         return handler
 
     @shows_errors
@@ -307,7 +310,7 @@ class Inspector:
         x, y = evt.index[:2]
         row, col = session.result.layout.patch_at(float(y), float(x))
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
-        return row, col, PATCH, *draw_panels(("attention",), session.result, view)
+        return row, col, PATCH, *draw_panels(("attention",), session, view)
 
     @shows_errors
     def set_target(self, session: Session | None, target: str | None, progress=gr.Progress(), **controls):
@@ -327,12 +330,14 @@ class Inspector:
         results = dict(session.results)
         if index not in results:
             progress(0.3, desc=f"Gradients for class {index}")
-            results[index] = analyze_image(self.handle(session.model), session.source, target=index)
+            fresh = analyze_image(self.handle(session.model), session.source, target=index)
+            # same image, same model: the attention is the same, so every target shares one copy
+            results[index] = replace(fresh, attention=session.result.attention)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
         session = replace(session, results=results, target=index)
         view = View.from_controls(session.result, **controls)
-        return session, *draw_panels(("gradcam", "relevance"), session.result, view)
+        return session, *draw_panels(("gradcam", "relevance"), session, view)
 
     @shows_errors
     def dataset_distance(self, files: list[str] | None, key: CacheKey, progress=gr.Progress()):
@@ -403,7 +408,7 @@ class Inspector:
         folder = Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
         stem = Path(session.name).stem or "image"
         paths = []
-        for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, result, view)):
+        for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, session, view)):
             if image is not None:
                 paths.append(folder / f"{stem}_{name}.png")
                 Image.fromarray(image).save(paths[-1])

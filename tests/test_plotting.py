@@ -167,3 +167,29 @@ def test_plotting_does_not_import_pyplot():
     code = "import sys, vit_inspect.plotting; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_distance_scatter_paints_highlight_where_the_dot_is():
+    from vit_inspect.plotting import HIGHLIGHT_COLOR, HEAD_COLOR, distance_scatter
+    import matplotlib.colors
+
+    distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])  # (depth 2, heads 3)
+    scatter = distance_scatter(distances, image_width=224, title="t")
+    head_rgb = np.array(matplotlib.colors.to_rgb(HEAD_COLOR)) * 255
+    red = np.array(matplotlib.colors.to_rgb(HIGHLIGHT_COLOR)) * 255
+    # every head's dot is where the background says it is, in the head colour
+    for layer in range(2):
+        for head in range(3):
+            x, y = np.round(scatter.points[layer, head]).astype(int)
+            assert np.abs(scatter.background[y, x] - head_rgb).max() < 30
+    # a higher distance is drawn higher up (smaller row), a later layer further right
+    assert scatter.points[0, 2, 1] < scatter.points[0, 0, 1] and scatter.points[1, 0, 0] > scatter.points[0, 0, 0]
+    drawn = scatter.draw((1, 2))
+    x, y = np.round(scatter.points[1, 2]).astype(int)
+    assert np.abs(drawn[y, x] - red).max() < 2
+    changed = np.argwhere(np.any(drawn != scatter.background, axis=-1))  # (n, 2) rows, cols
+    assert np.abs(changed - [y, x]).max() <= scatter.radius + 1  # nothing else was touched
+    whole_layer = scatter.draw((0, None))
+    assert all(np.abs(whole_layer[int(round(py)), int(round(px))] - red).max() < 2 for px, py in scatter.points[0])
+    with pytest.raises(ValueError):
+        scatter.draw((2, 0))

@@ -50,10 +50,6 @@ class ImageAnalysis:
     def num_heads(self) -> int:
         return self.attention.shape[1]
 
-    @property
-    def attention_f32(self) -> np.ndarray:
-        return self.attention.astype(np.float32)
-
     def attention_map(self, layer: int, head: int | None = None, query=None) -> np.ndarray:
         """(grid_h, grid_w) raw attention of one layer/head (None: mean of heads) from a query token."""
         return attention_map(self.attention[layer:layer + 1].astype(np.float32), self.layout, 0, head,
@@ -62,7 +58,7 @@ class ImageAnalysis:
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
                 start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
         """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options."""
-        return rollout(self.attention_f32, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
+        return rollout(self.attention, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        residual=residual, start_layer=start_layer, end_layer=end_layer,
                        query=self.readout if query is None else query)
 

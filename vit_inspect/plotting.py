@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
+from dataclasses import dataclass
 
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from .analysis.filters import FilterPCA
 
@@ -24,6 +26,8 @@ TITLE_INCHES = 0.5  # room for a figure title above a grid of tiles
 DISTANCE_FIGURE_INCHES = (5.0, 4.0)  # (width, height) of the attention-distance scatter
 HIGHLIGHT_COLOR = "tab:red"
 HEAD_COLOR = "tab:blue"
+HIGHLIGHT_AREA = 60  # scatter marker area of a highlighted head, points²
+TITLE_CHARS = 30  # panel titles in maps_figure wrap at this many characters
 
 
 def _normalized(grid_map: np.ndarray, relu: bool) -> np.ndarray:
@@ -91,7 +95,7 @@ def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
     for position, (name, grid_map) in enumerate(maps.items(), start=1):
         ax = fig.add_subplot(1, len(maps), position)
         ax.imshow(overlay(rgb, grid_map, relu=name in relu_names, marker=marker))
-        ax.set_title(name)
+        ax.set_title(textwrap.fill(name, TITLE_CHARS), fontsize="medium")
         ax.set_axis_off()
     return fig
 
@@ -170,7 +174,7 @@ def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int |
             raise ValueError(f"highlighted head {head} out of range 0..{heads - 1}")
         chosen = distances[layer] if head is None else distances[layer, head:head + 1]
         label = f"layer {layer}" if head is None else f"layer {layer}, head {head}"
-        ax.scatter(np.full(chosen.shape, layer), chosen, s=60, color=HIGHLIGHT_COLOR, label=label, zorder=3)
+        ax.scatter(np.full(chosen.shape, layer), chosen, s=HIGHLIGHT_AREA, color=HIGHLIGHT_COLOR, label=label, zorder=3)
         ax.legend(loc="lower right")
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
@@ -182,6 +186,53 @@ def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int |
     if title:
         ax.set_title(title)
     return fig
+
+
+@dataclass(frozen=True)
+class DistanceScatter:
+    """The attention-distance scatter rendered once; moving the highlight only repaints its dots.
+
+    Laying out and rasterising `attention_distance_figure` costs about a quarter of a second, which a
+    slider that only changes the highlighted layer/head should not pay. The background is the figure
+    with a legend entry for the highlight; `draw` paints the highlighted heads at their pixel centres.
+    """
+
+    background: np.ndarray  # (H, W, 3) uint8, the figure without highlighted dots
+    points: np.ndarray  # (depth, heads, 2) pixel (x, y) centre of every head's dot in `background`
+    radius: float  # radius of a highlighted dot, pixels
+
+    def draw(self, highlight: tuple[int, int | None] | None = None) -> np.ndarray:
+        """(H, W, 3) uint8 image with `highlight` = (layer, head) (head None: the whole layer) in red."""
+        if highlight is None:
+            return self.background.copy()
+        depth, heads = self.points.shape[:2]
+        layer, head = highlight
+        if not 0 <= layer < depth or (head is not None and not 0 <= head < heads):
+            raise ValueError(f"highlight {highlight} is outside {depth} layers x {heads} heads")
+        image = Image.fromarray(self.background)
+        pen = ImageDraw.Draw(image)
+        colour = tuple(int(255 * c) for c in matplotlib.colors.to_rgb(HIGHLIGHT_COLOR))
+        for x, y in self.points[layer] if head is None else self.points[layer, head:head + 1]:
+            pen.ellipse((x - self.radius, y - self.radius, x + self.radius, y + self.radius), fill=colour)
+        return np.asarray(image)
+
+
+def distance_scatter(distances: np.ndarray, image_width: int | None = None, title: str = "") -> DistanceScatter:
+    """`attention_distance_figure` drawn once, with the pixel position of every head's dot."""
+    fig = attention_distance_figure(distances, None, image_width, title)
+    ax = fig.axes[0]
+    ax.scatter([], [], s=HIGHLIGHT_AREA, color=HIGHLIGHT_COLOR, label="selected layer / head")
+    ax.legend(loc="lower right")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    background = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    depth, heads = distances.shape
+    data = np.stack([np.repeat(np.arange(depth), heads), distances.ravel()], axis=1)  # (depth * heads, 2)
+    display = ax.transData.transform(data)  # pixels, origin at the bottom left
+    points = np.stack([display[:, 0], background.shape[0] - display[:, 1]], axis=1).reshape(depth, heads, 2)
+    radius = math.sqrt(HIGHLIGHT_AREA) / 2 * fig.dpi / 72  # marker diameter is sqrt(area) points
+    fig.clear()
+    return DistanceScatter(background=background, points=points, radius=radius)
 
 
 def figure_to_png(fig: Figure) -> bytes:
