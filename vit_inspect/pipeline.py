@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, filter_pca,
-                       gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
+from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, distances_per_image,
+                       filter_pca, gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
 from .capture import capture_attention
 from .errors import VitInspectError
 from .images import ImageLimits, load_image
@@ -177,7 +177,10 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
     def flush() -> None:
         with torch.no_grad(), capture_attention(handle) as rec:
             handle.forward(torch.cat(batch))
-        accumulator.update(rec.attention.float().cpu().numpy())  # (B, depth, heads, N, N)
+        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
+        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], layout)  # (B, 1, heads)
+                     for a in rec.attention_tensors()]
+        accumulator.add(np.concatenate(per_layer, axis=1))  # (B, depth, heads)
         batch.clear()
 
     for done, item in enumerate(items, 1):

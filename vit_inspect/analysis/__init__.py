@@ -1,5 +1,6 @@
 """Analyses of a ViT: pure functions from plain arrays to raw numbers (no clamping, normalising or upsampling)."""
-from .attention_distance import AttentionDistanceAccumulator, distance_as_fraction_of_width, mean_attention_distance
+from .attention_distance import (AttentionDistanceAccumulator, distance_as_fraction_of_width, distances_per_image,
+                                 mean_attention_distance)
 from .attention_maps import Query, attention_map, readout
 from .chefer import chefer_matrix, chefer_relevance
 from .filters import FilterPCA, filter_pca
@@ -15,6 +16,7 @@ __all__ = [
     "chefer_matrix",
     "chefer_relevance",
     "distance_as_fraction_of_width",
+    "distances_per_image",
     "filter_pca",
     "gradcam_from_tokens",
     "mean_attention_distance",

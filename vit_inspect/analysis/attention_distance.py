@@ -21,8 +21,8 @@ def _patch_distances(layout: TokenLayout) -> np.ndarray:
     return np.linalg.norm(centers[:, None, :] - centers[None, :, :], axis=-1)
 
 
-def _distances_per_image(attention: np.ndarray, layout: TokenLayout, renormalize: bool) -> np.ndarray:
-    """(B, depth, heads, N, N) attention -> (B, depth, heads) mean attention distance in pixels."""
+def distances_per_image(attention: np.ndarray, layout: TokenLayout, renormalize: bool = True) -> np.ndarray:
+    """(B, depth, heads, N, N) attention -> (B, depth, heads): `mean_attention_distance` of each image, pixels."""
     patch_to_patch = layout.patches(layout.patches(attention, axis=-2), axis=-1)  # (B, L, H, P, P), a view
     per_query = np.einsum("...ij,ij->...i", patch_to_patch, _patch_distances(layout), dtype=np.float64)  # (B, L, H, P)
     if renormalize:
@@ -50,7 +50,7 @@ def mean_attention_distance(attention: np.ndarray, layout: TokenLayout, renormal
     ``attention`` is (depth, heads, N, N) or (B, depth, heads, N, N), rows = queries summing to 1.
     Returns (depth, heads) in pixels, averaged over the batch when batched.
     """
-    return _distances_per_image(_as_batch(attention), layout, renormalize).mean(axis=0)
+    return distances_per_image(_as_batch(attention), layout, renormalize).mean(axis=0)
 
 
 def distance_as_fraction_of_width(distances: np.ndarray, layout: TokenLayout) -> np.ndarray:
@@ -69,7 +69,10 @@ class AttentionDistanceAccumulator:
 
     def update(self, attention: np.ndarray) -> None:
         """Add one image (depth, heads, N, N) or a batch (B, depth, heads, N, N)."""
-        per_image = _distances_per_image(_as_batch(attention), self.layout, self.renormalize)  # (B, L, H)
+        self.add(distances_per_image(_as_batch(attention), self.layout, self.renormalize))  # (B, L, H)
+
+    def add(self, per_image: np.ndarray) -> None:
+        """Add (B, depth, heads) per-image distances already computed (see `distances_per_image`)."""
         if self._sum is not None and self._sum.shape != per_image.shape[1:]:
             raise ValueError(f"attention has (depth, heads) = {per_image.shape[1:]}, earlier updates had {self._sum.shape}")
         batch_sum = per_image.sum(axis=0)
