@@ -25,6 +25,7 @@ from vit_inspect import plotting
 from vit_inspect.analysis import filter_pca
 from vit_inspect.cli import analysis_record
 from vit_inspect.errors import ImageError, VitInspectError
+from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
@@ -69,6 +70,14 @@ class AppConfig:
     weights: str | None = None  # its weights file; None: checkpoints/ first, then the hub
     device: str | None = None  # None: CUDA when available, else CPU
     cache_size: int = DEFAULT_CACHE_SIZE  # models held in memory at once
+    max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
+    max_sessions: int = 100  # sessions whose results stay in memory; the oldest is dropped beyond this
+    session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
+
+    @property
+    def limits(self) -> ImageLimits:
+        return ImageLimits(max_pixels=self.max_image_pixels, max_bytes=int(self.max_upload_mb * 2**20))
 
 
 @dataclass(frozen=True)
@@ -283,7 +292,7 @@ class Inspector:
         progress(0.1, desc="Loading the model")
         handle = self.handle(key)
         progress(0.4, desc="Running the model (one forward and one backward pass)")
-        result = analyze_image(handle, source)
+        result = analyze_image(handle, source, limits=self.config.limits)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
                                             title="this image")
@@ -330,7 +339,7 @@ class Inspector:
         results = dict(session.results)
         if index not in results:
             progress(0.3, desc=f"Gradients for class {index}")
-            fresh = analyze_image(self.handle(session.model), session.source, target=index)
+            fresh = analyze_image(self.handle(session.model), session.source, target=index, limits=self.config.limits)
             # same image, same model: the attention is the same, so every target shares one copy
             results[index] = replace(fresh, attention=session.result.attention)
             while len(results) > MAX_TARGETS_PER_SESSION:
@@ -348,7 +357,7 @@ class Inspector:
         progress(0, desc="Loading the model")
         handle = self.handle(key)
         stats = dataset_attention_distance(
-            handle, files, progress=lambda done, total: progress((done, total), unit="images"))
+            handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
         image = figure_image(plotting.attention_distance_figure(
             stats.distances, image_width=handle.input_size[1], title=f"mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
@@ -432,7 +441,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     panel: dict[str, gr.Image] = {}
     with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS) as demo:
         key = gr.State(app.default_key)
-        session = gr.State(None)
+        session = gr.State(None, time_to_live=config.session_ttl_s)
         gr.Markdown("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and "
                     "how it sees. Upload an image or pick an example; every slider and click redraws instantly "
                     "from one pass of the model. In the maps, brighter means more (each map is scaled to its own "
@@ -577,7 +586,13 @@ if __name__ != "__main__":
     demo = build_demo()  # for importers (gradio's reload mode, tests); `python app.py` builds from its flags
 
 
-def main() -> None:
+def launch_limits(config: AppConfig) -> dict:
+    """The `launch()` arguments that bound what one server holds: upload size and sessions in memory."""
+    return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Namespace]:
+    """Command-line flags -> the app's config and the server options (host, port, share)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
     parser.add_argument("--weights", help="weights file for --model (.safetensors preferred)")
@@ -587,14 +602,28 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="also serve through a temporary gradio.live link")
     parser.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_SIZE, help="models kept in memory at once")
-    args = parser.parse_args()
-    config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size)
+    parser.add_argument("--max-upload-mb", type=float, default=AppConfig.max_upload_mb,
+                        help=f"largest file an upload may be, MiB (default {AppConfig.max_upload_mb:g})")
+    parser.add_argument("--max-image-pixels", type=int, default=AppConfig.max_image_pixels,
+                        help=f"largest image, width x height, refused before decoding (default {AppConfig.max_image_pixels:,})")
+    parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
+                        help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
+    args = parser.parse_args(argv)
+    config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size,
+                       max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
+                       max_sessions=args.max_sessions)
+    return config, args
+
+
+def main() -> None:
+    config, args = parse_args()
     cache = ModelCache(config.cache_size)
     try:  # load the default model now so the first visitor does not wait; the page explains a failure
         cache.get(CacheKey.of(config.model, config.weights, config.device))
     except (VitInspectError, ValueError) as exc:
         print(f"warning: {exc}")
-    build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share)
+    build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                     **launch_limits(config))
 
 
 if __name__ == "__main__":

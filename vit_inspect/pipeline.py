@@ -80,7 +80,7 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
 
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
                   input_size: tuple[int, int] | None = None, gradients: bool = True,
-                  autocast: bool = False) -> ImageAnalysis:
+                  autocast: bool = False, limits: ImageLimits = ImageLimits()) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
@@ -90,7 +90,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     """
-    picture = image if isinstance(image, Image.Image) else load_image(image)
+    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     pixels, rgb = handle.preprocess.apply(picture, input_size)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head

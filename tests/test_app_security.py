@@ -1,0 +1,181 @@
+"""A public Space: concurrent users get their own answers, uploads cannot name server files,
+weights uploads never run code, limits are configurable, and the server binds to loopback."""
+from __future__ import annotations
+
+import json
+import pickle
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import IMAGENET, PHOTOS
+from hostile import corpus
+from test_app import CATS, WEIGHTS, Server, analyze, pixels
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+import app  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
+    pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
+]
+
+CLIENTS, REQUESTS = 8, 5
+
+
+@pytest.fixture(scope="module")
+def server():
+    served = Server()
+    yield served
+    served.demo.close()
+
+
+def images() -> list[Path]:
+    """Eight different photos: the six assets and two ImageNet samples (or assets again if absent)."""
+    extra = sorted(IMAGENET.glob("*.JPEG"))[:2] if IMAGENET.is_dir() else []
+    photos = sorted(PHOTOS.glob("*.png")) + sorted(PHOTOS.glob("*.jpg")) + extra
+    return (photos * 2)[:CLIENTS]
+
+
+def answer(client: Client, path: Path, layer: int) -> tuple[dict, np.ndarray]:
+    """One user's request: analyse the image, then redraw the attention of `layer` from the session."""
+    result = analyze(client, path)
+    attention = client.predict(layer=layer, head=1, api_name="/attention")
+    labels = {c["label"]: round(c["confidence"], 4) for c in result["predictions"]["confidences"]}
+    return labels, pixels(attention)
+
+
+def test_concurrent_clients_get_their_own_answers(server):
+    photos = images()
+    expected = {(str(p), layer): answer(Client(server.url, verbose=False), p, layer)
+                for p in photos for layer in (3,)}
+
+    def user(index: int) -> list[str]:
+        client = Client(server.url, verbose=False)
+        problems = []
+        for request in range(REQUESTS):
+            path = photos[(index + request) % len(photos)]
+            labels, attention = answer(client, path, 3)
+            want_labels, want_attention = expected[(str(path), 3)]
+            if labels != want_labels or not np.array_equal(attention, want_attention):
+                problems.append(f"client {index} request {request}: answer for {path.name} differs")
+        return problems
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        problems = [p for found in pool.map(user, range(CLIENTS)) for p in found]
+    assert problems == []
+
+
+def _raw_call(server, api_name: str, data: list) -> dict:
+    """Call an event with hand-made data, as a hostile client could, and return the completion message."""
+    client = Client(server.url, verbose=False)
+    dependency = next(d for d in client.config["dependencies"] if d.get("api_name") == api_name)
+    base = client.src.rstrip("/") + "/gradio_api"
+    payload = {"data": data, "fn_index": dependency["id"], "session_hash": client.session_hash,
+               "trigger_id": dependency["targets"][0][0]}
+    joined = httpx.post(f"{base}/queue/join", json=payload, timeout=30)
+    if joined.status_code != 200:
+        return {"success": False, "output": {"error": joined.text}}
+    event_id = joined.json()["event_id"]
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("no completion")
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", str(WEIGHTS), "../../../../etc/hostname"])
+def test_a_forged_upload_path_outside_gradios_folder_is_refused(server, path):
+    """The image events skip Gradio's preprocessing, but Gradio still checks every file path a client
+    sends is inside its own upload folder; the handler never reads the named file."""
+    forged = {"path": path, "orig_name": "cat.png", "meta": {"_type": "gradio.FileData"}}
+    client = Client(server.url, verbose=False)
+    inputs = len(next(d for d in client.config["dependencies"] if d.get("api_name") == "analyze")["inputs"])
+    message = _raw_call(server, "analyze", [forged] + [None] * (inputs - 1))
+    assert message["success"] is False
+    assert "root:" not in json.dumps(message)
+
+
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('pwned')",)
+
+
+def test_weights_upload_refuses_pickles_and_runs_nothing(server, tmp_path):
+    marker = tmp_path / "payload_ran"
+    evil = tmp_path / "evil.pth"
+    evil.write_bytes(pickle.dumps({"model": {"w": _Payload(str(marker))}}))
+    client = Client(server.url, verbose=False)
+    with pytest.raises(AppError, match=r"\.safetensors"):  # Gradio's file-type check, or ours
+        client.predict("deit_tiny_patch16_224", handle_file(str(evil)), api_name="/load_model")
+    renamed = tmp_path / "evil.safetensors"  # the same pickle behind a safetensors name
+    renamed.write_bytes(evil.read_bytes())
+    with pytest.raises(AppError, match="not a valid safetensors"):
+        client.predict("deit_tiny_patch16_224", handle_file(str(renamed)), api_name="/load_model")
+    assert not marker.exists()
+    assert analyze(client)["predictions"]["label"].startswith(CATS)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("resnet50", "not a Vision Transformer"),
+    ("no_such_model_at_all", "Unknown model"),
+    ("__import__('os').system('id')", "not a valid model name"),
+    ("someone/unreachable-model", "Hugging Face model config"),
+    ("/etc", "not a valid model name"),
+])
+def test_model_names_are_validated_never_evaluated(server, name, message):
+    client = Client(server.url, verbose=False)
+    with pytest.raises(AppError, match=message):
+        client.predict(name, None, api_name="/load_model")
+
+
+def test_the_hostile_image_corpus_through_the_app(server, tmp_path):
+    """Each file of the corpus is analysed or refused with our message, and the app keeps answering."""
+    client = Client(server.url, verbose=False)
+    for name, (data, expectation) in sorted(corpus().items()):
+        path = tmp_path / name
+        path.write_bytes(data)
+        if isinstance(expectation, str):
+            with pytest.raises(AppError, match=expectation):
+                analyze(client, path)
+        else:
+            assert analyze(client, path)["predictions"]["confidences"], name
+    assert analyze(client)["predictions"]["label"].startswith(CATS)
+
+
+def test_limits_and_loopback_defaults():
+    config, args = app.parse_args([])
+    assert args.host == "127.0.0.1" and not args.share
+    assert config.limits.max_pixels == 40_000_000 and config.limits.max_bytes == 30 * 2**20
+    assert app.launch_limits(config) == {"max_file_size": "30mb", "state_session_capacity": 100}
+    config, _ = app.parse_args(["--max-upload-mb", "2", "--max-image-pixels", "1000000", "--max-sessions", "7"])
+    assert config.limits.max_bytes == 2 * 2**20 and config.limits.max_pixels == 1_000_000
+    assert app.launch_limits(config) == {"max_file_size": "2mb", "state_session_capacity": 7}
+
+
+def test_pixel_limit_is_enforced_by_the_app(tmp_path):
+    config = app.AppConfig(weights=str(WEIGHTS), device="cpu", max_image_pixels=10_000)
+    served = Server.__new__(Server)
+    from vit_inspect.model_cache import ModelCache
+
+    served.demo = app.build_demo(config, ModelCache(1))
+    from test_app import launch
+
+    url = launch(served.demo)
+    try:
+        client = Client(url, verbose=False)
+        with pytest.raises(AppError, match="the limit is 10,000"):
+            analyze(client, PHOTOS / "chelsea.png")
+    finally:
+        served.demo.close()
