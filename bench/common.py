@@ -1,0 +1,162 @@
+"""What every benchmark shares: fixed threads, interleaved timing with warm-up, the plain baseline
+model, machine facts and markdown tables.
+
+Timings are wall-clock medians. Candidates are timed round-robin (A, B, C, A, B, C, ...) so that a
+change of load on a shared machine hits every candidate alike and the ratios stay meaningful even
+when the absolute times do not.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from vit_inspect.models import ViTHandle
+
+THREADS = 2  # torch intra-op threads in every benchmark, set explicitly so that runs compare
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"  # ../shared: the ImageNet samples and weights beside the checkout
+MODELS = ("deit_tiny_patch16_224", "vit_base_patch16_224")
+
+
+def set_threads(threads: int = THREADS) -> None:
+    """Fix torch's intra-op thread count (and the inter-op one, which must be set before any work)."""
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # already set, or parallel work already ran in this process
+        pass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock times of the timed repeats of one candidate (warm-up runs excluded)."""
+
+    seconds: tuple[float, ...]  # one per repeat
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def ms(self) -> str:
+        """"median ms (min–max)"."""
+        low, high = min(self.seconds), max(self.seconds)
+        return f"{1e3 * self.median:.1f} ({1e3 * low:.1f}–{1e3 * high:.1f})"
+
+    def s(self) -> str:
+        """"median s (min–max)"."""
+        low, high = min(self.seconds), max(self.seconds)
+        return f"{self.median:.3f} ({low:.3f}–{high:.3f})"
+
+
+def measure(candidates: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, Timing]:
+    """Time each candidate `repeats` times after `warmup` untimed calls, interleaved round-robin."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    for _ in range(warmup):
+        for run in candidates.values():
+            run()
+    seconds: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    return {name: Timing(tuple(values)) for name, values in seconds.items()}
+
+
+def plain_model(handle: ViTHandle) -> torch.nn.Module:
+    """The untouched model as the baseline: no hooks, timm's default (fused) attention.
+
+    Raises if a capture left a flag or hook behind, so the baseline is never silently slowed.
+    """
+    model = handle.model
+    if handle.family == "timm" and not all(a.fused_attn for a in handle.attention_modules):
+        raise RuntimeError("the baseline model does not use fused attention; a capture left its flags behind")
+    if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+        raise RuntimeError("the baseline model has forward hooks; a capture left them behind")
+    return model
+
+
+def plain_forward(model: torch.nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """One plain inference forward pass: (B, 3, H, W) -> (B, num_classes) logits."""
+    with torch.no_grad():
+        return model(pixels)
+
+
+def plain_forward_backward(model: torch.nn.Module, pixels: torch.Tensor, target: int) -> None:
+    """One plain forward + backward as in any training or saliency script: `model(x)[0, target].backward()`
+    (parameter gradients included; they are dropped first so that every call does the same work)."""
+    model.zero_grad(set_to_none=True)
+    model(pixels)[0, target].backward()
+
+
+def machine_rows() -> list[tuple[str, str]]:
+    """(fact, value) rows: CPU, cores, threads, versions, load at the time of the call."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numpy
+    import timm
+
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = ", ".join(f"{p['internal_api']} {p['version']} ({p['num_threads']} threads)" for p in threadpool_info()
+                         if p.get("user_api") == "blas") or "n/a"
+    except ImportError:
+        blas = "n/a (threadpoolctl not installed)"
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return [
+        ("CPU", cpu),
+        ("logical cores", str(os.cpu_count())),
+        ("torch threads", f"{torch.get_num_threads()} (set explicitly with torch.set_num_threads)"),
+        ("torch", torch.__version__),
+        ("timm", timm.__version__),
+        ("numpy", numpy.__version__),
+        ("BLAS libraries loaded (threadpoolctl)", blas),
+        ("python", platform.python_version()),
+        ("load average (1/5/15 min)", load),
+    ]
+
+
+def command() -> str:
+    """The command line this process was started with, as one would retype it."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    program = f"-m {spec.name}" if spec is not None and spec.name else shlex.quote(sys.argv[0])
+    return " ".join(["python", program, *map(shlex.quote, sys.argv[1:])])
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub markdown table; cells are printed with str()."""
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_header(title: str) -> None:
+    """The title, the exact command and the machine, as markdown."""
+    print(f"## {title}\n")
+    print(f"Command: `{command()}`\n")
+    print(markdown_table(("machine", ""), machine_rows()))
+    print()
+
+
+def verdict(value: float, target: float, at_most: bool) -> str:
+    """"yes"/"NO" for a ratio against its target (at most / at least)."""
+    held = value <= target if at_most else value >= target
+    return "yes" if held else "NO"
