@@ -30,6 +30,15 @@ EXPECTED_PREFIX = {"cls": 1, "gap": 0, "distilled": 2, "reg4": 5, "no_embed_clas
                    "patch14": 1, "patch16": 1, "nonsquare": 1}
 
 
+def make_layout(cls: bool, dist: int, reg: int, grid_h: int = 2, grid_w: int = 2, patch_h: int = 16,
+                patch_w: int = 16):
+    """A TokenLayout for hand-made arrays: class token or not, `dist` distillation and `reg` register
+    tokens, then a grid_h x grid_w grid of patch_h x patch_w pixel patches."""
+    from vit_inspect.tokens import TokenLayout
+
+    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, patch_h, patch_w)
+
+
 def make_tiny_timm(kind: str, seed: int = 0):
     """A 2-block, 2-head, 32-dim random timm ViT of the given layout, in eval mode."""
     from timm.models.vision_transformer import VisionTransformer

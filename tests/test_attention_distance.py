@@ -3,14 +3,12 @@ import pytest
 
 from vit_inspect.analysis.attention_distance import (
     AttentionDistanceAccumulator, distance_as_fraction_of_width, mean_attention_distance)
+from conftest import make_layout
 from vit_inspect.tokens import TokenLayout
 
 UNIFORM_2X2_16PX = (0 + 16 + 16 + 16 * np.sqrt(2)) / 4  # 13.6569 px: mean distance to the 4 patch centres
 
 
-def make_layout(cls: bool, dist: int, reg: int, grid_h: int = 2, grid_w: int = 2, patch_h: int = 16,
-                patch_w: int = 16) -> TokenLayout:
-    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, patch_h, patch_w)
 
 
 PREFIXED_2X2 = [make_layout(True, 0, 0), make_layout(True, 1, 0), make_layout(True, 0, 4)]

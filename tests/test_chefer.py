@@ -2,11 +2,9 @@ import numpy as np
 import pytest
 
 from vit_inspect.analysis.chefer import chefer_matrix, chefer_relevance
-from vit_inspect.tokens import TokenLayout
+from conftest import make_layout
 
 
-def make_layout(cls: bool, dist: int, reg: int, grid_h: int, grid_w: int) -> TokenLayout:
-    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, 16, 16)
 
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 2), make_layout(True, 1, 0, 2, 2),

@@ -5,11 +5,10 @@ from captum.attr import LayerGradCam
 from torch import nn
 
 from vit_inspect.analysis.gradcam import gradcam_from_tokens
+from conftest import make_layout
 from vit_inspect.tokens import TokenLayout
 
 
-def make_layout(cls: bool, dist: int, reg: int, grid_h: int, grid_w: int) -> TokenLayout:
-    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, 16, 16)
 
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 3), make_layout(True, 1, 0, 2, 2),

@@ -3,11 +3,10 @@ import pytest
 
 from vit_inspect.analysis.attention_maps import attention_map, readout
 from vit_inspect.analysis.rollout import rollout, rollout_matrix
+from conftest import make_layout
 from vit_inspect.tokens import TokenLayout
 
 
-def make_layout(cls: bool, dist: int, reg: int, grid_h: int, grid_w: int) -> TokenLayout:
-    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, 16, 16)
 
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 2), make_layout(True, 1, 0, 2, 2),
