@@ -362,7 +362,7 @@ class Inspector:
             stats.distances, image_width=handle.input_size[1], title=f"mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
-            note += " Skipped: " + "; ".join(Path(s).name for s in stats.skipped)
+            note += " Skipped: " + "; ".join(f"{name}: {reason}" for name, reason in stats.skipped)
         return image, note
 
     @shows_errors
@@ -400,9 +400,9 @@ class Inspector:
         similarity = pos_similarity_at(handle, grid)
         if similarity is None:
             raise ValueError("This model has no learned position embeddings to compare.")
-        fig = plotting.pos_similarity_figure(similarity)
-        fig.suptitle(f"Position-embedding similarity, {grid[0]}×{grid[1]} patches "
-                     f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
+        fig = plotting.pos_similarity_figure(
+            similarity, title=f"Position-embedding similarity, {grid[0]}×{grid[1]} patches "
+                              f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
         return figure_image(fig)
 
     @shows_errors

@@ -109,8 +109,8 @@ def cmd_model(args: argparse.Namespace) -> None:
         if not files:
             raise VitInspectError(f"No images found in {args.images!r}.")
         stats = dataset_attention_distance(handle, files, batch_size=args.batch_size, progress=_progress)
-        for problem in stats.skipped:
-            print(f"skipped {problem}", file=sys.stderr)
+        for name, reason in stats.skipped:
+            print(f"skipped {name}: {reason}", file=sys.stderr)
         record["dataset_mean_attention_distance"] = _rounded(stats.distances, 3)
         record["num_images"] = stats.num_images
         if out:

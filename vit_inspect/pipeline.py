@@ -159,7 +159,7 @@ class DatasetDistance:
 
     distances: np.ndarray  # (depth, heads) pixels
     num_images: int  # images that contributed
-    skipped: tuple[str, ...]  # files that could not be read, with the reason
+    skipped: tuple[tuple[str, str], ...]  # (file name, reason) of each file that could not be read
 
 
 def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.PathLike | Image.Image],
@@ -171,7 +171,7 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
     items = list(images)
     layout = handle.layout(input_size or handle.input_size)
     accumulator = AttentionDistanceAccumulator(layout)
-    skipped: list[str] = []
+    skipped: list[tuple[str, str]] = []
     batch: list[torch.Tensor] = []
 
     def flush() -> None:
@@ -188,7 +188,7 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
             picture = item if isinstance(item, Image.Image) else load_image(item, limits)
             batch.append(handle.preprocess.apply(picture, input_size)[0])
         except VitInspectError as exc:
-            skipped.append(f"{getattr(item, 'name', item)}: {exc}")
+            skipped.append((Path(str(getattr(item, "name", item))).name, str(exc)))
         if len(batch) == batch_size:
             flush()
         if progress is not None:
@@ -196,5 +196,6 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
     if batch:
         flush()
     if accumulator.count == 0:
-        raise VitInspectError("None of the images could be read." + (f" First problem: {skipped[0]}" if skipped else ""))
+        raise VitInspectError("None of the images could be read."
+                              + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
     return DatasetDistance(distances=accumulator.result(), num_images=accumulator.count, skipped=tuple(skipped))

@@ -134,7 +134,7 @@ def similarity_mosaic(similarity: np.ndarray) -> np.ndarray:
     return padded.reshape(grid_h * (grid_h + 1), grid_w * (grid_w + 1))[:-1, :-1]
 
 
-def pos_similarity_figure(similarity: np.ndarray) -> Figure:
+def pos_similarity_figure(similarity: np.ndarray, title: str = "Position embedding similarity") -> Figure:
     """Position-embedding similarity (Dosovitskiy et al. 2021, Fig. 7 centre) from (gh, gw, gh, gw) cosines.
 
     Tile (r, c), placed where patch (r, c) sits, shows that patch's cosine similarity with every patch,
@@ -155,7 +155,7 @@ def pos_similarity_figure(similarity: np.ndarray) -> Figure:
     for spine in ax.spines.values():
         spine.set_visible(False)
     fig.colorbar(image, ax=ax, label="cosine similarity", shrink=0.8)
-    ax.set_title("Position embedding similarity")
+    ax.set_title(title)
     ax.set_xlabel("input patch column")
     ax.set_ylabel("input patch row")
     return fig
