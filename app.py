@@ -341,7 +341,7 @@ class Inspector:
             progress(0.3, desc=f"Gradients for class {index}")
             fresh = analyze_image(self.handle(session.model), session.source, target=index, limits=self.config.limits)
             # same image, same model: the attention is the same, so every target shares one copy
-            results[index] = replace(fresh, attention=session.result.attention)
+            results[index] = replace(fresh, attention_store=session.result.attention_store)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
         session = replace(session, results=results, target=index)
@@ -424,7 +424,7 @@ class Inspector:
         record = analysis_record(self.handle(session.model), result, session.name) | {"target": result.target}
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
-        arrays = {"attention": result.attention, "mean_distance": result.mean_distance, "probs": result.probs,
+        arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
                   "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")

@@ -1,14 +1,16 @@
 """One pass per image: a single forward with capture and a single backward feed every method.
 
-`analyze_image` returns an `ImageAnalysis` of plain, compact arrays (attention in float16). Raw
-attention, rollout and mean distance for any option are recomputed from it without the model;
+`analyze_image` returns an `ImageAnalysis` of plain, compact arrays (attention as per-layer queries and
+keys in float16, see `attention_store`). Raw attention and rollout for any option are rebuilt from it
+without the model; mean attention distance is computed in the pass;
 Grad-CAM (every layer) and gradient-weighted attention are computed during the pass for the target.
 `model_report` and `dataset_attention_distance` are the model-level and folder-level analyses.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -18,6 +20,10 @@ from PIL import Image
 
 from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, distances_per_image,
                        filter_pca, gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
+from .analysis.attention_maps import readout
+from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream
+from .attention_store import attention_map as store_attention_map
+from .attention_store import rollout as store_rollout
 from .capture import capture_attention
 from .errors import VitInspectError
 from .images import ImageLimits, load_image
@@ -29,43 +35,80 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".ti
 
 @dataclass(frozen=True)
 class ImageAnalysis:
-    """The cached result of one pass over one image: everything the maps need, no tensors."""
+    """The cached result of one pass over one image: everything the maps need, no tensors.
+
+    Attention is held by an `AttentionStore` (per layer the queries and keys in float16, depth x N x D)
+    and every map is rebuilt from it on demand; what needs all maps at once (mean distance, Chefer
+    relevance) was computed during the pass. Rollouts are cached per option (`ROLLOUT_CACHE` entries).
+    """
 
     model_name: str
     layout: TokenLayout  # token geometry of this input size
     rgb: np.ndarray  # (H, W, 3) uint8, the exact crop the model saw
     probs: np.ndarray  # (num_classes,) float32 softmax; empty for a model without a head
-    attention: np.ndarray  # (depth, heads, N, N) float16 attention probabilities
+    attention_store: AttentionStore  # every layer's attention, rebuilt on demand
     mean_distance: np.ndarray  # (depth, heads) mean attention distance in input pixels
     target: int | None  # class the gradients were taken for; None without a head
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+    _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property
     def depth(self) -> int:
-        return self.attention.shape[0]
+        return self.attention_store.depth
 
     @property
     def num_heads(self) -> int:
-        return self.attention.shape[1]
+        return self.attention_store.num_heads
+
+    def attention_rows(self, layer: int, tokens) -> np.ndarray:
+        """(heads, len(tokens), N) float32 attention probabilities of the query tokens (sequence indices)."""
+        return self.attention_store.rows(layer, tokens)
+
+    def attention_layer(self, layer: int) -> np.ndarray:
+        """(heads, N, N) float32 attention probabilities of one layer, rows = queries (rebuilt)."""
+        return self.attention_store.layer(layer)
+
+    def attention_stack(self) -> np.ndarray:
+        """(depth, heads, N, N) float16 every map, as the first release kept them: allocates all of it."""
+        return self.attention_store.stack()
 
     def attention_map(self, layer: int, head: int | None = None, query=None) -> np.ndarray:
         """(grid_h, grid_w) raw attention of one layer/head (None: mean of heads) from a query token."""
-        return attention_map(self.attention[layer:layer + 1].astype(np.float32), self.layout, 0, head,
-                             self.readout if query is None else query)
+        return store_attention_map(self.attention_store, self.layout, layer, head,
+                                   self.readout if query is None else query)
 
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
                 start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
-        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options."""
-        return rollout(self.attention, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                       residual=residual, start_layer=start_layer, end_layer=end_layer,
-                       query=self.readout if query is None else query)
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options (cached)."""
+        query = self.readout if query is None else query
+        selected = range(self.depth)[start_layer:end_layer]
+        key = (head_fusion, float(discard_ratio), bool(residual), selected.start, selected.stop, repr(query))
+        if key not in self._rollouts:
+            self._rollouts[key] = store_rollout(self.attention_store, self.layout, head_fusion=head_fusion,
+                                                discard_ratio=discard_ratio, residual=residual,
+                                                start_layer=start_layer, end_layer=end_layer, query=query)
+            while len(self._rollouts) > ROLLOUT_CACHE:
+                self._rollouts.popitem(last=False)
+        self._rollouts.move_to_end(key)
+        return self._rollouts[key].copy()
+
+    def attention_arrays(self, max_bytes: int = 64 * 2 ** 20) -> dict[str, np.ndarray]:
+        """Arrays for a download: the (depth, heads, N, N) float16 maps when they fit in ``max_bytes``,
+        otherwise what rebuilds them (queries, keys, scale: softmax(scale * q k^T) per layer and head)."""
+        store = self.attention_store
+        if store.maps is not None or store.depth * store.num_heads * store.num_tokens ** 2 * 2 <= max_bytes:
+            return {"attention": store.stack()}
+        return {"attention_queries": store.queries, "attention_keys": store.keys, "attention_scale": store.scale}
 
     def nbytes(self) -> int:
-        """Memory held by the arrays of this result."""
-        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer)
-        return sum(a.nbytes for a in arrays if a is not None)
+        """Memory held by the arrays of this result (its attention store and cached rollouts included)."""
+        arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, *self._rollouts.values())
+        return self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
+
+
+ROLLOUT_CACHE = 8  # rollout maps kept per result, least recently used dropped
 
 
 def readout_query(handle: ViTHandle) -> str:
@@ -96,10 +139,13 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec,
+    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE)
+    # without gradients each layer's maps are consumed by the stream and dropped as the pass goes
+    with (torch.set_grad_enabled(use_grad), stream.hooks(),
+          capture_attention(handle, activation_layers=layers, keep_attention=use_grad,
+                            on_attention=stream.on_attention) as rec,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
-    attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
     chosen = gradcam = chefer = None
@@ -108,16 +154,30 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         if not 0 <= chosen < len(probs):
             raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
         rec.backward(logits[0, chosen].float())
-        attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
-        chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
+        del logits
+        chefer = chefer_relevance_layers(rec, layout, query).astype(np.float32)
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
+        rec.clear()
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
-        attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
+        attention_store=stream.store(), mean_distance=stream.mean_distance(),
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query)
+
+
+def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:
+    """Chefer et al. 2021 relevance (`analysis.chefer_matrix`, Eq. 5-6) accumulated layer by layer from
+    a recorder after its backward pass: R = prod_l (I + E_h[(dA_l * A_l)^+]) with one layer's maps and
+    gradients in float64 at a time, never the (depth, heads, N, N) stacks."""
+    attention, grads = rec.attention_tensors(), rec.attention_grad_tensors()
+    relevance = np.eye(layout.num_tokens)
+    for a, g in zip(attention, grads):
+        weighted = g[0].detach().float().cpu().numpy().astype(np.float64) * a[0].detach().float().cpu().numpy()
+        fused = np.maximum(weighted, 0.0).mean(axis=0)  # (N, N)
+        relevance = relevance + fused @ relevance
+    return readout(relevance, layout, query)
 
 
 @dataclass(frozen=True)
