@@ -72,14 +72,17 @@ class AttentionStore:
             raise ValueError(f"layer {layer} out of range: the model has {self.depth} layers (0..{self.depth - 1})")
 
     def rows(self, layer: int, tokens) -> np.ndarray:
-        """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer."""
+        """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
+        rounded to float16 values: the numbers the first release stored, so rankings (rollout's
+        ``discard_ratio``) break ties the same way."""
         self._check_layer(layer)
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.maps is not None:
             return self.maps[layer][:, index].astype(np.float32)
         q = torch.from_numpy(self.queries[layer][:, index]).float()  # (heads, n, d)
         k = torch.from_numpy(self.keys[layer]).float()  # (heads, N, d)
-        return torch.softmax(float(self.scale[layer]) * (q @ k.transpose(-1, -2)), dim=-1).numpy()
+        probs = torch.softmax(float(self.scale[layer]) * (q @ k.transpose(-1, -2)), dim=-1)
+        return probs.to(torch.float16).float().numpy()
 
     def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
         """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""

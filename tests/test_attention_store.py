@@ -1,0 +1,154 @@
+"""The compact attention store: maps rebuilt from float16 queries/keys equal the recorded maps to float16
+precision on every token layout, rollout/attention/distance equal the dense reference functions, and
+models whose attention is not softmax(s q k^T) fall back to stored maps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import TINY_TIMM, make_layout, tiny_handle, tiny_hf
+from vit_inspect import attention_store
+from vit_inspect.analysis import attention_map, mean_attention_distance, rollout
+from vit_inspect.attention_store import AttentionStore
+from vit_inspect.capture import capture_attention
+from vit_inspect.models import handle_from_hf
+from vit_inspect.pipeline import analyze_image
+
+F16 = 2e-3  # float16 precision of a probability in [0, 1], with the rebuild's own rounding
+
+
+def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, size=(*size, 3), dtype=np.uint8))
+
+
+def _dense(handle, result):
+    """The first release's pass: every map recorded by capture_attention, float32."""
+    pixels = handle.preprocess.apply(_image(), result.layout.input_size)[0]
+    with torch.no_grad(), capture_attention(handle) as rec:
+        handle.forward(pixels)
+    return rec.attention[0].numpy()  # (depth, heads, N, N)
+
+
+def _queries(layout):
+    return [None, "mean", (0, 0), (layout.grid_h - 1, layout.grid_w - 1)] + (["class"] if layout.has_class_token else [])
+
+
+def _compare(handle, result):
+    dense = _dense(handle, result)
+    layout = result.layout
+    assert np.abs(result.attention_stack().astype(np.float32) - dense).max() < F16
+    for layer in range(handle.depth):
+        np.testing.assert_allclose(result.attention_layer(layer), dense[layer], atol=F16)
+        for head in (None, handle.num_heads - 1):
+            for query in _queries(layout):
+                expected = attention_map(dense, layout, layer, head, query or result.readout)
+                np.testing.assert_allclose(result.attention_map(layer, head, query), expected, atol=F16)
+    for options in (dict(), dict(head_fusion="max", discard_ratio=0.5), dict(head_fusion="min", residual=False),
+                    dict(start_layer=1, query="mean"), dict(end_layer=1, query=(0, 1))):
+        # today's design: rollout over the float16-stored maps (discarding ranks entries, so the reference
+        # must round like the stored maps do)
+        expected = rollout(dense.astype(np.float16), layout, **({"query": result.readout} | options))
+        np.testing.assert_allclose(result.rollout(**options), expected, atol=F16, rtol=1e-2)
+    np.testing.assert_allclose(result.mean_distance, mean_attention_distance(dense, layout), rtol=1e-5)
+
+
+def test_rebuilt_maps_equal_recorded_maps_on_every_layout(tiny_kind):
+    handle = tiny_handle(tiny_kind)
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1])
+    assert result.attention_store.mode == "qk16" and result.attention_store.maps is None
+    assert result.attention_store.max_error < attention_store.TOLERANCE
+    _compare(handle, result)
+
+
+@pytest.mark.parametrize("distilled", [False, True])
+def test_rebuilt_maps_on_hf_models(distilled):
+    handle = handle_from_hf(tiny_hf(distilled=distilled), device="cpu", input_size=(32, 48))
+    result = analyze_image(handle, _image())
+    assert result.attention_store.mode == "qk16"
+    _compare(handle, result)
+
+
+def test_no_head_pass_keeps_the_same_store():
+    handle = tiny_handle("reg4")
+    with_grad = analyze_image(handle, _image(), input_size=(32, 32))
+    without = analyze_image(handle, _image(), input_size=(32, 32), gradients=False)
+    np.testing.assert_array_equal(with_grad.attention_store.queries, without.attention_store.queries)
+    np.testing.assert_allclose(with_grad.mean_distance, without.mean_distance)
+    assert without.chefer is None and without.gradcam is None
+
+
+def test_store_size_grows_like_depth_n_d():
+    """q and k of every layer in float16: depth * 2 * N * D * 2 bytes, nothing quadratic in N."""
+    handle = tiny_handle("cls")
+    store = analyze_image(handle, _image(), input_size=(64, 64)).attention_store  # N = 1 + 64
+    assert store.nbytes() == handle.depth * 2 * 65 * handle.embed_dim * 2 + store.scale.nbytes
+
+
+def test_wrong_rebuild_falls_back_to_maps(monkeypatch):
+    """A model that does not compute softmax(s q k^T) (here: a scale the module does not use) is caught by
+    the check during the pass; the maps are then stored and still equal the recorded ones."""
+    real = attention_store._qk_modules
+
+    def wrong_scale(attn):
+        q, k, shape, scale = real(attn)
+        return q, k, shape, scale * 3.0
+
+    monkeypatch.setattr(attention_store, "_qk_modules", wrong_scale)
+    handle = tiny_handle("distilled")
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    store = result.attention_store
+    assert store.mode == "maps" and store.queries is None and store.max_error > attention_store.TOLERANCE
+    _compare(handle, result)
+
+
+def test_large_logits_keep_float32_queries():
+    """qk-norm with a large gain: logits so large that float16 q, k cannot reproduce the probabilities to
+    the tolerance; the store keeps q, k in float32 and the maps stay exact."""
+    from timm.models.vision_transformer import VisionTransformer
+    from vit_inspect.models import handle_from_timm
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=1, num_classes=10,
+                              qk_norm=True).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_norm.weight.fill_(8.0)
+            block.attn.k_norm.weight.fill_(8.0)
+    handle = handle_from_timm(model, name="tiny-qknorm", device="cpu", input_size=(32, 32))
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    assert result.attention_store.mode == "qk32"
+    _compare(handle, result)
+
+
+def test_store_rows_by_hand():
+    """Two tokens, one head, d = 1: A = softmax(s q k^T) computed by hand."""
+    q = np.array([[[[1.0], [0.0]]]], np.float16)  # (depth 1, heads 1, N 2, d 1)
+    k = np.array([[[[2.0], [0.0]]]], np.float16)
+    store = AttentionStore("qk16", q, k, np.array([0.5]), None, 0.0)
+    e = np.exp(1.0)  # row 0: logits (0.5 * 1 * 2, 0) = (1, 0)
+    np.testing.assert_allclose(store.rows(0, [0]), [[[e / (e + 1), 1 / (e + 1)]]], rtol=1e-3)  # float16 values
+    np.testing.assert_allclose(store.layer(0)[0, 1], [0.5, 0.5])  # row 1: logits (0, 0)
+    layout = make_layout(True, 0, 0, grid_h=1, grid_w=1)
+    # rollout over one layer, residual: row 0 of 0.5 A + 0.5 I, patch key = 0.5 * 1/(e+1)
+    from vit_inspect.attention_store import rollout as store_rollout
+    np.testing.assert_allclose(store_rollout(store, layout), [[0.5 / (e + 1)]], rtol=1e-3)
+    with pytest.raises(ValueError, match="out of range"):
+        store.rows(1, [0])
+
+
+def test_rollout_is_cached_per_option():
+    handle = tiny_handle("cls")
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    first = result.rollout(head_fusion="max")
+    calls = []
+    real = attention_store.AttentionStore.fused_layer
+    try:
+        attention_store.AttentionStore.fused_layer = lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
+        np.testing.assert_array_equal(result.rollout(head_fusion="max"), first)
+        assert calls == []
+        result.rollout(head_fusion="min")
+        assert len(calls) == handle.depth
+    finally:
+        attention_store.AttentionStore.fused_layer = real
