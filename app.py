@@ -29,6 +29,8 @@ from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimit
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
+from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
+from vit_inspect.zerogpu import gpu_pass
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CURATED_MODELS = (
@@ -73,6 +75,7 @@ class AppConfig:
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
     max_sessions: int = 100  # sessions whose results stay in memory; the oldest is dropped beyond this
+    memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
 
     @property
@@ -87,13 +90,24 @@ class Session:
     model: CacheKey  # the model the passes ran on
     source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
     name: str  # the upload's file name, for the downloads
-    results: dict[int | None, ImageAnalysis]  # one pass per target class (None: a model without a head)
+    slot: Slot  # its results in the server's byte-bounded store: {target: ImageAnalysis}, one pass per class
     target: int | None  # the pass shown now
     distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
 
     @property
+    def results(self) -> dict[int | None, ImageAnalysis]:
+        """One pass per target class (None: a model without a head); ResultDropped if evicted."""
+        return self.slot.get()
+
+    @property
     def result(self) -> ImageAnalysis:
         return self.results[self.target]
+
+
+def results_nbytes(results: dict[int | None, ImageAnalysis]) -> int:
+    """Bytes held by a session's results, the attention store they share counted once."""
+    stores = {id(r.attention_store): r.attention_store.nbytes() for r in results.values()}
+    return sum(r.nbytes() - r.attention_store.nbytes() for r in results.values()) + sum(stores.values())
 
 
 @dataclass(frozen=True)
@@ -247,7 +261,11 @@ class Inspector:
     def __init__(self, config: AppConfig, cache: ModelCache):
         self.config = config
         self.cache = cache
+        # session results, bounded in bytes together with the loaded models' weights
+        self.store = SessionStore(config.memory_budget,
+                                  reserved=lambda: sum(module_nbytes(h.model) for h in cache.handles()))
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
+        self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
         # Model-level figures depend only on the model: drawn once, kept beside the cache.
         self.filter_figure_of = functools.lru_cache(maxsize=cache.max_size)(self._filter_figure)
         self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache.max_size)(self._similarity_figure)
@@ -292,11 +310,12 @@ class Inspector:
         progress(0.1, desc="Loading the model")
         handle = self.handle(key)
         progress(0.4, desc="Running the model (one forward and one backward pass)")
-        result = analyze_image(handle, source, limits=self.config.limits)
+        result = self.run_pass(handle, source, limits=self.config.limits)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
                                             title="this image")
-        session = Session(model=key, source=source, name=name, results={result.target: result}, target=result.target,
+        slot = self.store.put({result.target: result}, result.nbytes())
+        session = Session(model=key, source=source, name=name, slot=slot, target=result.target,
                           distance=scatter)
         predictions, target = prediction_labels(handle, result)
         panels = draw_panels(IMAGE_PANELS, session, View.from_controls(result, **controls))
@@ -339,12 +358,13 @@ class Inspector:
         results = dict(session.results)
         if index not in results:
             progress(0.3, desc=f"Gradients for class {index}")
-            fresh = analyze_image(self.handle(session.model), session.source, target=index, limits=self.config.limits)
+            fresh = self.run_pass(self.handle(session.model), session.source, target=index, limits=self.config.limits)
             # same image, same model: the attention is the same, so every target shares one copy
             results[index] = replace(fresh, attention_store=session.result.attention_store)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
-        session = replace(session, results=results, target=index)
+        session.slot.set(results, results_nbytes(results))
+        session = replace(session, target=index)
         view = View.from_controls(session.result, **controls)
         return session, *draw_panels(("gradcam", "relevance"), session, view)
 
@@ -606,12 +626,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
                         help=f"largest file an upload may be, MiB (default {AppConfig.max_upload_mb:g})")
     parser.add_argument("--max-image-pixels", type=int, default=AppConfig.max_image_pixels,
                         help=f"largest image, width x height, refused before decoding (default {AppConfig.max_image_pixels:,})")
+    parser.add_argument("--memory-budget", type=float, default=AppConfig.memory_budget / 2 ** 30,
+                        help="GiB of session results plus loaded models; the least recently used results are "
+                             f"dropped beyond this (default {AppConfig.memory_budget / 2 ** 30:g})")
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
     config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
-                       max_sessions=args.max_sessions)
+                       max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30))
     return config, args
 
 
