@@ -152,3 +152,26 @@ def test_rollout_is_cached_per_option():
         assert len(calls) == handle.depth
     finally:
         attention_store.AttentionStore.fused_layer = real
+
+
+def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, tmp_path):
+    """A byte bound of one layer's maps for one image makes every forward a single image; the averages
+    equal one big batch's, and only one layer's maps of one chunk are ever reduced at a time."""
+    from vit_inspect import pipeline
+
+    handle = tiny_handle("reg4")
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.png")
+        _image(i).save(paths[-1])
+    whole = pipeline.dataset_attention_distance(handle, paths, batch_size=8)
+    shapes = []
+    real = pipeline.distances_per_image
+    monkeypatch.setattr(pipeline, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
+    num_tokens = handle.layout().num_tokens
+    one_map = handle.num_heads * num_tokens ** 2 * 4
+    chunked = pipeline.dataset_attention_distance(handle, paths, batch_size=8, max_map_bytes=2 * one_map)
+    np.testing.assert_allclose(chunked.distances, whole.distances, rtol=1e-5)
+    assert chunked.num_images == whole.num_images == 5
+    assert len(shapes) == 3 * handle.depth  # chunks of 2, 2, 1 images, one reduction per layer
+    assert all(s[0] <= 2 and s[1] == 1 for s in shapes)  # (chunk, one layer, heads, N, N)

@@ -30,6 +30,7 @@ from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .tokens import TokenLayout
 
+DATASET_MAP_BYTES = 256 * 2 ** 20  # one layer's float32 maps of one chunk of a dataset batch, at most
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
@@ -225,22 +226,35 @@ class DatasetDistance:
 def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.PathLike | Image.Image],
                                batch_size: int = 16, input_size: tuple[int, int] | None = None,
                                progress: Callable[[int, int], None] | None = None,
-                               limits: ImageLimits = ImageLimits()) -> DatasetDistance:
+                               limits: ImageLimits = ImageLimits(),
+                               max_map_bytes: int = DATASET_MAP_BYTES) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
-    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed."""
+    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
+
+    Each layer's maps are reduced to distances as the forward pass produces them and then dropped, and a
+    batch is run in chunks of at most ``max_map_bytes // (heads * N^2 * 4)`` images, so one layer's
+    float32 maps of one chunk bound the memory (a folder of 518-px images at N = 1374 never holds a
+    batch's attention stack)."""
     items = list(images)
     layout = handle.layout(input_size or handle.input_size)
     accumulator = AttentionDistanceAccumulator(layout)
     skipped: list[tuple[str, str]] = []
     batch: list[torch.Tensor] = []
+    chunk = max(1, min(batch_size, max_map_bytes // (handle.num_heads * layout.num_tokens ** 2 * 4)))
 
     def flush() -> None:
-        with torch.no_grad(), capture_attention(handle) as rec:
-            handle.forward(torch.cat(batch))
-        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
-        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], layout)  # (B, 1, heads)
-                     for a in rec.attention_tensors()]
-        accumulator.add(np.concatenate(per_layer, axis=1))  # (B, depth, heads)
+        for start in range(0, len(batch), chunk):
+            per_layer: list[np.ndarray | None] = [None] * handle.depth  # (B, heads) each
+
+            def reduce(layer: int, probs: torch.Tensor) -> None:
+                per_layer[layer] = distances_per_image(probs.float().cpu().numpy()[:, None], layout)[:, 0]
+
+            with torch.no_grad(), capture_attention(handle, keep_attention=False, on_attention=reduce):
+                handle.forward(torch.cat(batch[start:start + chunk]).to(handle.device))
+            missing = [i for i, d in enumerate(per_layer) if d is None]
+            if missing:
+                raise VitInspectError(f"No attention map was recorded for layer(s) {missing}.")
+            accumulator.add(np.stack(per_layer, axis=1))  # (B, depth, heads)
         batch.clear()
 
     for done, item in enumerate(items, 1):
