@@ -24,7 +24,6 @@ from torch import nn
 from .errors import ModelNotFoundError, UnsupportedModelError
 from .images import Preprocess
 from .models import ViTHandle, apply_state_dict, read_state_dict, resolve_device
-from .tokens import TokenLayout
 
 ATTENTION_OUTPUTS = ("tuple", "probs")
 READOUTS = ("token", "avg")
