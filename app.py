@@ -28,6 +28,7 @@ from vit_inspect.errors import InputError, VitInspectError
 from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
+from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 
@@ -73,6 +74,7 @@ class AppConfig:
     model: str = DEFAULT_MODEL  # the model every session starts with
     weights: str | None = None  # its weights file; None: checkpoints/ first, then the hub
     device: str | None = None  # None: CUDA when available, else CPU
+    model_file: str | None = None  # operator's hand-written model "FILE.py:FUNCTION" (then `model` is its name)
     cache_size: int = DEFAULT_CACHE_SIZE  # models held in memory at once
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
@@ -237,6 +239,11 @@ def model_label(name: str) -> str:
     return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
 
 
+def names_python_file(name: str) -> bool:
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
+    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
+
+
 def weights_label(handle: ViTHandle) -> str:
     """Where the weights came from, without revealing server folders."""
     return model_label(handle.weights)
@@ -284,8 +291,10 @@ class Inspector:
         self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache.max_size)(self._similarity_figure)
 
     def handle(self, key: CacheKey) -> ViTHandle:
-        # Only the operator's own model (from the command line) may be a folder on this server.
-        return self.cache.get(key, allow_local_dirs=key == self.default_key)
+        # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
+        own = key == self.default_key
+        operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
+        return self.cache.get(key, allow_local_dirs=own, **operator_file)
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model, or in its place how to get its weights."""
@@ -314,6 +323,9 @@ class Inspector:
                              "'deit_tiny_patch16_224'), not with a Hugging Face id.")
         if name == self.default_label and weights is None:
             key = self.default_key  # the operator's model, which the page names by its base name only
+        elif names_python_file(name):
+            raise InputError("Models defined in Python files cannot be loaded from this page; whoever runs the "
+                             "server chooses one when starting it (python app.py --model-file FILE.py:FUNCTION).")
         else:
             key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
@@ -642,6 +654,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
     parser.add_argument("--weights", help="weights file for --model (.safetensors preferred)")
+    parser.add_argument("--model-file", metavar="FILE.py:FUNCTION",
+                        help="serve a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
+                             "(model, ModuleSpec); replaces --model. Web users can never name a Python file.")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -655,7 +670,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
-    config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size,
+    try:
+        model = model_file_name(args.model_file) if args.model_file else args.model
+    except VitInspectError as exc:
+        parser.error(str(exc))
+    config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
+                       cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
                        max_sessions=args.max_sessions)
     return config, args
@@ -665,7 +685,7 @@ def main() -> None:
     config, args = parse_args()
     cache = ModelCache(config.cache_size)
     try:  # load the default model now so the first visitor does not wait; the page explains a failure
-        cache.get(CacheKey.of(config.model, config.weights, config.device))
+        Inspector(config, cache).handle(CacheKey.of(config.model, config.weights, config.device))
     except (VitInspectError, ValueError) as exc:
         print(f"warning: {exc}")
     build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,

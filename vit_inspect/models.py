@@ -53,7 +53,7 @@ class ViTHandle:
     """A loaded ViT in eval mode plus its geometry, labels and preprocessing."""
 
     name: str  # what the user asked for: timm name, HF id or folder
-    family: str  # "timm" or "hf"
+    family: str  # "timm", "hf", or "module" (a hand-written model opened with a ModuleSpec)
     model: nn.Module  # in eval mode, on `device`
     device: torch.device
     weights: str  # where the weights came from, for display ("random" when none)
@@ -140,14 +140,20 @@ def validate_name(name: str) -> str:
 def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = None,
                device: str | torch.device | None = None, *, pretrained: bool = True,
                input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-               allow_local_dirs: bool = True) -> ViTHandle:
+               allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None) -> ViTHandle:
     """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
+
+    `model_file` ("path.py:function", see `load_model_file`) imports and runs that Python file instead:
+    only the operator passes it (a command-line flag), never a value a web client sent.
 
     Weights for a timm name come from, in order: `weights`; `checkpoint_dir/<name>.safetensors`
     (or `.pth`); the Hugging Face hub through timm (its cache first). `pretrained=False` gives random
     weights (tests, benchmarks). `input_size` overrides the default (H, W) the model is fed.
     A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
     """
+    if model_file is not None:
+        from .module_spec import load_model_file
+        return load_model_file(model_file, weights, device)
     device = resolve_device(device)
     if allow_local_dirs and Path(name).is_dir():
         return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size)
