@@ -231,12 +231,18 @@ class LayerStream:
         self.errors = np.zeros(self.depth)
         self.distance: list[np.ndarray | None] = [None] * self.depth  # (B, heads) per layer
 
-    def _to_bhnd(self, tensor: torch.Tensor, shape: str) -> torch.Tensor:
-        if shape == "bhnd":
-            return tensor
-        heads = int(shape.split(":")[1])
-        batch, tokens, _ = tensor.shape
-        return tensor.reshape(batch, tokens, heads, -1).transpose(1, 2)
+    def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
+        """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tensor = tensor.detach()
+        if shape != "bhnd":
+            heads = int(shape.split(":")[1])
+            if tensor.ndim != 3 or tensor.shape[-1] % heads:
+                return
+            tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], heads, -1).transpose(1, 2)
+        if tensor.ndim == 4:
+            into[layer] = tensor
 
     @contextmanager
     def hooks(self) -> Iterator["LayerStream"]:
@@ -248,9 +254,9 @@ class LayerStream:
                     continue
                 q_module, k_module, shape, _ = found
                 handles.append(q_module.register_forward_hook(
-                    lambda m, a, out, i=i, s=shape: self._q.__setitem__(i, self._to_bhnd(out.detach(), s))))
+                    lambda m, a, out, i=i, s=shape: self._record(self._q, i, out, s)))
                 handles.append(k_module.register_forward_hook(
-                    lambda m, a, out, i=i, s=shape: self._k.__setitem__(i, self._to_bhnd(out.detach(), s))))
+                    lambda m, a, out, i=i, s=shape: self._record(self._k, i, out, s)))
             yield self
         finally:
             for h in handles:
@@ -267,13 +273,15 @@ class LayerStream:
             q32, k32 = q[0].float().cpu(), k[0].float().cpu()  # (heads, N, d)
             num_tokens = q32.shape[1]
             sample = np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64))
-            real = probs[0, :, sample].cpu()  # (heads, n, N)
+            real = probs[0, :, sample].cpu() if probs.ndim == 4 else None  # (heads, n, N)
             for dtype in (torch.float16, torch.float32):
                 qs, ks = q32.to(dtype), k32.to(dtype)
-                if not (torch.isfinite(qs).all() and torch.isfinite(ks).all()):
+                if real is None or not (torch.isfinite(qs).all() and torch.isfinite(ks).all()):
                     continue
+                if qs.shape != ks.shape or qs.shape[0] != real.shape[0] or qs.shape[1] != real.shape[-1]:
+                    break  # queries/keys that do not match the maps' heads and tokens: keep the maps
                 rebuilt = torch.softmax(scale * (qs[:, sample].float() @ ks.float().transpose(-1, -2)), dim=-1)
-                error = float((rebuilt - real).abs().max()) if real.shape == rebuilt.shape else np.inf
+                error = float((rebuilt - real).abs().max())
                 self.errors[layer] = error
                 if error <= self.tolerance:
                     self.queries[layer], self.keys[layer] = qs.numpy(), ks.numpy()
