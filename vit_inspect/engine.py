@@ -90,6 +90,7 @@ class EngineOptions:
     ray_address: str | None = None  # existing Ray cluster ("auto", "ray://host:10001"); None: a local Ray
     concurrency: int | None = None  # model actors under Ray (default: one per GPU, else 1)
     num_gpus: float | None = None  # GPUs per actor under Ray (default: 1 when the cluster has GPUs, else 0)
+    cpus_per_actor: float = 1.0  # CPUs Ray reserves for each model actor (reading and decoding tasks use the rest)
     num_cpus: int | None = None  # CPUs of a local Ray started here (default: all)
 
     def __post_init__(self) -> None:

@@ -120,16 +120,26 @@ def _actor_resources(ray, options: EngineOptions) -> tuple[float, int]:
     return num_gpus, max(1, int(cluster_gpus // num_gpus)) if num_gpus else 1
 
 
+def _decode_tasks(ray, actors: int) -> int:
+    """Concurrent read + decode tasks: one per cluster CPU. A task pool whose size differs from the
+    actor pool's is never fused into the actors by Ray Data, so decoding stays spread over tasks."""
+    tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return tasks + 1 if tasks == actors else tasks
+
+
 def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, store: ShardStore,
          progress: Progress | None, done: int, total: int) -> tuple[dict[int, ShardResult], int]:
     rows = [{"path": str(item), "shard": shard.index, "index": i}
             for shard in shards for i, item in enumerate(shard.items)]
     num_gpus, concurrency = _actor_resources(ray, options)
-    dataset = (ray.data.from_items(rows, override_num_blocks=max(1, math.ceil(len(rows) / (2 * options.batch_size))))
-               .map(decode_row, fn_kwargs={"limits": options.limits})
+    decode_tasks = _decode_tasks(ray, concurrency)
+    blocks = min(len(rows), max(decode_tasks, math.ceil(len(rows) / (2 * options.batch_size))))
+    dataset = (ray.data.from_items(rows, override_num_blocks=blocks)
+               .map(decode_row, fn_kwargs={"limits": options.limits},
+                    compute=ray.data.TaskPoolStrategy(size=decode_tasks))
                .map_batches(JobActor, fn_constructor_args=(job,), batch_size=options.batch_size,
                             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=concurrency),
-                            num_cpus=1, num_gpus=num_gpus))
+                            num_cpus=options.cpus_per_actor, num_gpus=num_gpus))
     by_index = {shard.index: shard for shard in shards}
     sums = {index: Sums() for index in by_index}
     skipped: dict[int, list] = {index: [] for index in by_index}
