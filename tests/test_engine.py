@@ -34,12 +34,13 @@ class CountingWorker:
     def __init__(self, worker, stop_after: int | None = None) -> None:
         self.worker, self.stop_after, self.batches, self.images = worker, stop_after, 0, 0
 
-    def map_batch(self, images):
+    def map_batch(self, images, names):
         if self.stop_after is not None and self.batches == self.stop_after:
             raise KeyboardInterrupt
+        assert len(names) == len(images) and all(name.startswith("img") for name in names)
         self.batches += 1
         self.images += len(images)
-        return self.worker.map_batch(images)
+        return self.worker.map_batch(images, names)
 
 
 def test_sums_add_and_json_round_trip_exactly():

@@ -62,8 +62,9 @@ class Sums:
 class JobWorker(Protocol):
     """What `FolderJob.open` returns: holds the model, maps one batch of images to sums."""
 
-    def map_batch(self, images: Sequence[np.ndarray]) -> Sums:
-        """Sums over a batch of decoded images, each (H, W, 3) uint8 at its file's own size."""
+    def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str]) -> Sums:
+        """Sums over a batch of decoded images, each (H, W, 3) uint8 at its file's own size; `names`
+        are their file names (for jobs that look up a label per file)."""
 
 
 class FolderJob(Protocol):
@@ -222,20 +223,21 @@ def run_shards_locally(job: FolderJob, shards: Sequence[Shard], options: EngineO
     worker = worker if worker is not None else job.open()
     results = {}
     for shard in shards:
-        sums, skipped, batch = Sums(), [], []
+        sums, skipped, batch, names = Sums(), [], [], []
         for item in shard.items:
             try:
                 batch.append(decode(item, options.limits))
+                names.append(item_name(item))
             except VitInspectError as exc:
                 skipped.append((item_name(item), str(exc)))
             if len(batch) == options.batch_size:
-                sums = job.merge(sums, worker.map_batch(batch))
-                batch.clear()
+                sums = job.merge(sums, worker.map_batch(batch, names))
+                batch, names = [], []
             done += 1
             if progress is not None:
                 progress(done, total)
         if batch:
-            sums = job.merge(sums, worker.map_batch(batch))
+            sums = job.merge(sums, worker.map_batch(batch, names))
         results[shard.index] = ShardResult(sums, tuple(skipped), len(shard.items))
         store.save(shard, results[shard.index])
     return results, 1

@@ -38,7 +38,7 @@ class AttentionDistanceWorker:
         self.renormalize = renormalize
         self.layout = handle.layout(input_size or handle.input_size)
 
-    def map_batch(self, images: Sequence[np.ndarray]) -> Sums:
+    def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """Sums {"distance": (depth, heads) pixels summed over the batch}, count = len(images)."""
         pixels = torch.cat([self.handle.preprocess.apply(Image.fromarray(rgb), self.input_size)[0]
                             for rgb in images])  # (B, 3, H, W)

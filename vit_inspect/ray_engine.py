@@ -80,8 +80,9 @@ class JobActor:
         shards, seen, partials = [], [], []
         for shard in np.unique(batch["shard"]):
             rows = np.flatnonzero(batch["shard"] == shard)
-            readable = [batch["image"][i] for i in rows if not batch["error"][i]]
-            sums = self.worker.map_batch(readable) if readable else Sums()
+            readable = [i for i in rows if not batch["error"][i]]
+            sums = self.worker.map_batch([batch["image"][i] for i in readable],
+                                         [item_name(batch["path"][i]) for i in readable]) if readable else Sums()
             skipped = [[int(batch["index"][i]), item_name(batch["path"][i]), str(batch["error"][i])]
                        for i in rows if batch["error"][i]]
             shards.append(int(shard))
