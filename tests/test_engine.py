@@ -161,3 +161,23 @@ def test_missing_ray_is_one_line_naming_the_install_command(monkeypatch):
         ray_engine.import_ray()
     message = str(info.value)
     assert "\n" not in message and 'pip install "vit_inspect[ray]"' in message
+
+
+def test_ray_placement_follows_the_cluster():
+    """One GPU actor per GPU on a GPU cluster, one CPU actor otherwise; decode tasks in a pool of
+    their own size (a pool the size of the actor pool would be fused into the actors)."""
+    from vit_inspect.ray_engine import _actor_resources, _decode_tasks
+
+    class Cluster:
+        def __init__(self, **resources) -> None:
+            self.resources = resources
+
+        def cluster_resources(self) -> dict:
+            return self.resources
+
+    gpus = Cluster(CPU=64, GPU=8)
+    assert _actor_resources(gpus, EngineOptions()) == (1.0, 8)
+    assert _actor_resources(gpus, EngineOptions(num_gpus=0.5)) == (0.5, 16)
+    assert _actor_resources(gpus, EngineOptions(concurrency=3)) == (1.0, 3)
+    assert _actor_resources(Cluster(CPU=2), EngineOptions()) == (0.0, 1)
+    assert _decode_tasks(Cluster(CPU=64), 8) == 64 and _decode_tasks(Cluster(CPU=2), 2) == 3
