@@ -112,6 +112,8 @@ class Shard:
 
 @dataclass(frozen=True)
 class ShardResult:
+    """What one shard contributes: its sums and the files it skipped, in file order."""
+
     sums: Sums
     skipped: Skipped
     seen: int  # files handled, read or skipped
@@ -128,6 +130,8 @@ def decode(item: Any, limits: ImageLimits) -> np.ndarray:
 
 
 def make_shards(job: FolderJob, items: Sequence[Any], shard_size: int) -> list[Shard]:
+    """Consecutive runs of `shard_size` items, each keyed by the job spec and its items' paths (a file
+    changed in place under the same path is not noticed: use a new `--out` for new data)."""
     shards = []
     for index, start in enumerate(range(0, len(items), shard_size)):
         chunk = tuple(items[start:start + shard_size])
