@@ -110,7 +110,7 @@ def cmd_model(args: argparse.Namespace) -> None:
         files = find_images([args.images])
         if not files:
             raise VitInspectError(f"No images found in {args.images!r}.")
-        job = AttentionDistanceJob.for_handle(handle, device=args.device)
+        job = AttentionDistanceJob.for_handle(handle, device=args.device, model_file=args.model_file)
         stats, _ = run_job(job, files, args.engine, engine_options(args), progress=_progress,
                            worker=AttentionDistanceWorker(handle))
         for name, reason in stats.skipped:

@@ -18,6 +18,7 @@ from .capture import capture_attention
 from .engine import Skipped, Sums
 from .errors import VitInspectError
 from .models import ViTHandle, load_model
+from .module_spec import parse_model_file
 from .pipeline import DatasetDistance
 
 
@@ -27,6 +28,14 @@ def model_source(handle: ViTHandle) -> tuple[str, str | None]:
     model = str(Path(handle.name).resolve()) if Path(handle.name).is_dir() else handle.name
     weights = str(Path(handle.weights).resolve()) if Path(handle.weights).is_file() else None
     return model, weights
+
+
+def absolute_model_file(model_file: str | None) -> str | None:
+    """A `--model-file` reference with its file made absolute, for workers in other folders."""
+    if model_file is None:
+        return None
+    path, function = parse_model_file(model_file)
+    return f"{path.resolve()}:{function}"
 
 
 class AttentionDistanceWorker:
@@ -62,15 +71,18 @@ class AttentionDistanceJob:
     renormalize: bool = True  # renormalise each query's attention over patch keys (see `distances_per_image`)
     name: str = "attention_distance"
 
+    model_file: str | None = None  # "path.py:function" of a hand-written ViT (operator only; see `load_model_file`)
+
     @classmethod
-    def for_handle(cls, handle: ViTHandle, device: str | None = None, **options) -> AttentionDistanceJob:
-        """The job for the model `handle` holds, loadable by any worker."""
+    def for_handle(cls, handle: ViTHandle, device: str | None = None, model_file: str | None = None,
+                   **options) -> AttentionDistanceJob:
+        """The job for the model `handle` holds (built from `model_file` when given), loadable by any worker."""
         model, weights = model_source(handle)
-        return cls(model, weights, device, **options)
+        return cls(model, weights, device, model_file=absolute_model_file(model_file), **options)
 
     def open(self) -> AttentionDistanceWorker:
-        return AttentionDistanceWorker(load_model(self.model, weights=self.weights, device=self.device),
-                                       self.input_size, self.renormalize)
+        handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
+        return AttentionDistanceWorker(handle, self.input_size, self.renormalize)
 
     def merge(self, a: Sums, b: Sums) -> Sums:
         return a + b
