@@ -181,3 +181,14 @@ def test_ray_placement_follows_the_cluster():
     assert _actor_resources(gpus, EngineOptions(concurrency=3)) == (1.0, 3)
     assert _actor_resources(Cluster(CPU=2), EngineOptions()) == (0.0, 1)
     assert _decode_tasks(Cluster(CPU=64), 8) == 64 and _decode_tasks(Cluster(CPU=2), 2) == 3
+
+
+def test_a_model_file_reference_is_made_absolute_for_workers(tmp_path, monkeypatch):
+    from vit_inspect.jobs import absolute_model_file
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_model_file("nets/vit.py:make") == f"{tmp_path / 'nets' / 'vit.py'}:make"
+    assert absolute_model_file("vit.py") == f"{tmp_path / 'vit.py'}:build"
+    assert absolute_model_file(None) is None
+    job = AttentionDistanceJob.for_handle(tiny_handle("cls"), model_file="vit.py")
+    assert job.model_file == f"{tmp_path / 'vit.py'}:build" and job.weights is None  # random weights: no file
