@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine import ENGINES, EngineOptions, run_job
 from .errors import VitInspectError
+from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 from .models import DEFAULT_MODEL, ViTHandle, load_model
-from .pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, find_images, model_report
+from .pipeline import ImageAnalysis, analyze_image, find_images, model_report
 from . import plotting
 
 
@@ -108,7 +110,9 @@ def cmd_model(args: argparse.Namespace) -> None:
         files = find_images([args.images])
         if not files:
             raise VitInspectError(f"No images found in {args.images!r}.")
-        stats = dataset_attention_distance(handle, files, batch_size=args.batch_size, progress=_progress)
+        job = AttentionDistanceJob.for_handle(handle, device=args.device, model_file=args.model_file)
+        stats, _ = run_job(job, files, args.engine, engine_options(args), progress=_progress,
+                           worker=AttentionDistanceWorker(handle))
         for name, reason in stats.skipped:
             print(f"skipped {name}: {reason}", file=sys.stderr)
         record["dataset_mean_attention_distance"] = _rounded(stats.distances, 3)
@@ -118,6 +122,25 @@ def cmd_model(args: argparse.Namespace) -> None:
                 stats.distances, image_width=handle.input_size[1],
                 title=f"mean attention distance over {stats.num_images} images"), out / "mean_attention_distance.png")
     print(json.dumps(record), flush=True)
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine flags of a folder-level command (see `engine_flags`)."""
+    return EngineOptions(batch_size=args.batch_size, shard_size=args.shard_size, out=args.out,
+                         ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
+
+
+def engine_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every folder-level command: engine choice, batching, shards, Ray placement."""
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="local: in-process loop (default); ray: Ray Data, model replicas as actors")
+    p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="files per shard; with --out each finished shard is saved and a rerun skips it (default 256)")
+    p.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://head:10001); "
+                                         "default: start a local Ray on this machine")
+    p.add_argument("--concurrency", type=int, help="model actors under Ray (default: one per GPU, else 1)")
+    p.add_argument("--num-gpus", type=float, help="GPUs per actor under Ray (default: 1 when the cluster has GPUs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
                             "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
         p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-        p.add_argument("--out", help="folder for the PNG figures")
+        p.add_argument("--out", help="folder for the PNG figures (and the shards of a folder-level job)")
 
     analyze = sub.add_parser("analyze", help="per-image maps and numbers, one JSON line per image")
     analyze.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
@@ -146,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="ViT Fig. 7: filter PCA, position similarity, dataset attention distance")
     model.add_argument("--images", help="folder of images for the dataset mean attention distance")
     model.add_argument("--components", type=int, default=28, help="principal components of the filters (default 28)")
-    model.add_argument("--batch-size", type=int, default=16)
+    engine_flags(model)
     model_options(model)
     model.set_defaults(func=cmd_model)
     return parser

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, distances_per_image,
-                       filter_pca, gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
+from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens,
+                       mean_attention_distance, pos_embed_similarity, rollout)
 from .capture import capture_attention
 from .errors import VitInspectError
 from .images import ImageLimits, load_image
@@ -167,35 +167,13 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
                                progress: Callable[[int, int], None] | None = None,
                                limits: ImageLimits = ImageLimits()) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
-    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed."""
-    items = list(images)
-    layout = handle.layout(input_size or handle.input_size)
-    accumulator = AttentionDistanceAccumulator(layout)
-    skipped: list[tuple[str, str]] = []
-    batch: list[torch.Tensor] = []
+    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
+    In-process with this handle; `engine.run_job` with a `jobs.AttentionDistanceJob` runs the same
+    job on Ray."""
+    from .engine import EngineOptions, run_job
+    from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 
-    def flush() -> None:
-        with torch.no_grad(), capture_attention(handle) as rec:
-            handle.forward(torch.cat(batch))
-        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
-        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], layout)  # (B, 1, heads)
-                     for a in rec.attention_tensors()]
-        accumulator.add(np.concatenate(per_layer, axis=1))  # (B, depth, heads)
-        batch.clear()
-
-    for done, item in enumerate(items, 1):
-        try:
-            picture = item if isinstance(item, Image.Image) else load_image(item, limits)
-            batch.append(handle.preprocess.apply(picture, input_size)[0])
-        except VitInspectError as exc:
-            skipped.append((Path(str(getattr(item, "name", item))).name, str(exc)))
-        if len(batch) == batch_size:
-            flush()
-        if progress is not None:
-            progress(done, len(items))
-    if batch:
-        flush()
-    if accumulator.count == 0:
-        raise VitInspectError("None of the images could be read."
-                              + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
-    return DatasetDistance(distances=accumulator.result(), num_images=accumulator.count, skipped=tuple(skipped))
+    job = AttentionDistanceJob(handle.name, input_size=input_size)
+    result, _ = run_job(job, images, "local", EngineOptions(batch_size=batch_size, limits=limits), progress,
+                        worker=AttentionDistanceWorker(handle, input_size))
+    return result
