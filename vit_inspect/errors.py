@@ -28,3 +28,7 @@ class WeightsNotFoundError(WeightsError):
 
 class CaptureError(VitInspectError):
     """A forward pass did not yield an attention map for every layer."""
+
+
+class InterventionError(VitInspectError):
+    """A head ablation cannot be applied as asked (unknown head or mode, missing or misfit means)."""
