@@ -32,3 +32,7 @@ class CaptureError(VitInspectError):
 
 class InterventionError(VitInspectError):
     """A head ablation cannot be applied as asked (unknown head or mode, missing or misfit means)."""
+
+
+class Cancelled(VitInspectError):
+    """A long computation was stopped at the caller's request."""
