@@ -25,9 +25,9 @@ def _run(capsys, *argv):
     return code, captured.out, captured.err
 
 
-def test_heads_everything_on_chelsea(capsys, deit_args):
+def test_heads_everything_on_chelsea(capsys, tmp_path, deit_args):
     code, out, err = _run(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", "3:1,5:0", "--importance",
-                          "--lens", *deit_args)
+                          "--lens", "--out", str(tmp_path), *deit_args)
     assert code == 0, err
     record = json.loads(out)
     assert {"statistics", "ablation", "importance", "lens"} <= set(record)
@@ -49,6 +49,9 @@ def test_heads_everything_on_chelsea(capsys, deit_args):
     assert last["prob"] == pytest.approx(record["topk"][0]["prob"], abs=1e-4)
     assert 1 <= lens["readout"]["settled_after_blocks"] <= 12
     assert "head importance: 37/37 rows" in err
+    figures = {p.name for p in tmp_path.glob("*.png")}
+    assert figures == {f"chelsea_{n}.png" for n in ("entropy", "prefix_share", "token_norms", "first_order",
+                                                      "importance", "lens")}
 
 
 def test_heads_mean_mode_needs_and_uses_a_reference(capsys, tmp_path, deit_args):

@@ -128,9 +128,12 @@ def cmd_heads(args: argparse.Namespace) -> None:
     from .heads_report import heads_record
 
     handle = load_model(args.model, weights=args.weights, device=args.device)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
     record = heads_record(handle, args.image, ablate=args.ablate, mode=args.mode, reference=args.reference,
                           importance=args.importance, lens=args.lens, target=args.target,
-                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None)
+                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None, out=out)
     print(json.dumps(record), flush=True)
 
 

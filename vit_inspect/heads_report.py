@@ -6,6 +6,9 @@ from typing import Callable
 
 import numpy as np
 
+from pathlib import Path
+
+from . import head_plots, plotting
 from .ablation import ablation_effect, analyze_ablated, head_importance
 from .analysis.heads import high_norm_patches
 from .analysis.logit_lens import lens_ranks, lens_topk, settled_depth
@@ -44,8 +47,8 @@ def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
 def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mode: str = "zero",
                  reference: str | None = None, importance: bool = False, lens: bool = False,
                  target: int | None = None, batch_size: int = 16,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
-    """Everything `vit-inspect heads` prints for one image."""
+                 progress: Callable[[int, int], None] | None = None, out: Path | None = None) -> dict:
+    """Everything `vit-inspect heads` prints for one image; with `out`, its figures as PNG files there."""
     picture = load_image(image)
     result = analyze_image(handle, picture, target=target)
     heads = result.heads
@@ -72,6 +75,22 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
         if not files:
             raise VitInspectError(f"No images found in {reference!r}.")
         mean = mean_head_outputs(handle, files, batch_size=batch_size, input_size=layout.input_size)
+    stem = Path(image).stem
+    what = f"{handle.name}, {stem}" + ("" if result.target is None else f", class {handle.label(result.target)}")
+
+    def save(fig, name: str) -> None:
+        if out is not None:
+            (out / f"{stem}_{name}.png").write_bytes(plotting.figure_to_png(fig))
+
+    save(head_plots.head_heatmap_figure(heads.entropy, f"attention entropy ({what}); max ln N = "
+                                        f"{math.log(layout.num_tokens):.2f}", "nats", diverging=False), "entropy")
+    save(head_plots.head_heatmap_figure(heads.prefix_share, f"attention on prefix tokens ({what})",
+                                        "fraction of attention", diverging=False), "prefix_share")
+    save(plotting.maps_figure(result.rgb, {f"token norms after the last block ({handle.name})":
+                                           layout.to_grid(layout.patches(last_norms))}), "token_norms")
+    if heads.first_order is not None:
+        save(head_plots.head_heatmap_figure(heads.first_order, f"first-order estimate sum A dy/dA ({what})",
+                                            "logits"), "first_order")
     if ablate:
         pairs = parse_heads(ablate)
         if not handle.has_head:
@@ -93,6 +112,14 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
                                  batch_size=batch_size, progress=progress)
         record["importance"] = {"mode": ranked.mode, "target": ranked.target, "logit": round(ranked.logit, 5),
                                 "logit_drop": _rounded(ranked.logit_drop), "prob_drop": _rounded(ranked.prob_drop, 6)}
+        save(head_plots.head_heatmap_figure(ranked.logit_drop, f"drop of the target logit, each head {mode}-ablated "
+                                            f"alone ({what})", "logits"), "importance")
     if lens:
         record["lens"] = lens_record(handle, result)
+        if heads.lens:
+            logits = heads.lens["readout"]
+            final = int(np.argmax(heads.logits))
+            shifted = np.exp(logits - logits.max(-1, keepdims=True))
+            save(head_plots.lens_figure(lens_ranks(logits, final), shifted[:, final] / shifted.sum(-1),
+                                        f"logit lens of {handle.name} on {stem}: class {handle.label(final)}"), "lens")
     return record
