@@ -32,10 +32,15 @@ def _kl_layer_and_heads(handle, path):
     return kl[1:1 + depth], kl[1 + depth:].reshape(depth, heads)
 
 
-@pytest.mark.parametrize("photo", ["chelsea.png", "coffee.png"])
-def test_ablating_a_whole_layer_changes_the_prediction_more_than_any_head_in_it(deit, photo):
-    layer_kl, head_kl = _kl_layer_and_heads(deit, PHOTOS / photo)
-    assert np.all(layer_kl > head_kl.max(axis=1)), (layer_kl, head_kl.max(axis=1))
+def test_a_whole_layer_usually_but_not_always_changes_the_prediction_more_than_any_head_in_it(deit):
+    """Measured, not assumed: zero-ablating all heads of a layer moves the class distribution more than
+    its most disruptive single head in most layers, but heads can cancel (chelsea, layer 8: the layer
+    0.043 nats, its head 0 alone 0.115). bench.facts_heads: 73 of 96 (image, layer) pairs on 8 samples."""
+    wins = []
+    for photo in ("chelsea.png", "coffee.png"):
+        layer_kl, head_kl = _kl_layer_and_heads(deit, PHOTOS / photo)
+        wins.extend(layer_kl > head_kl.max(axis=1))
+    assert 0.6 <= np.mean(wins) < 1.0, wins
 
 
 def test_lens_rank_of_the_final_class_reaches_1_before_the_last_block(deit):
