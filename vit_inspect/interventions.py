@@ -130,7 +130,7 @@ def ablate_heads(handle: ViTHandle, heads: HeadSet, mode: str = "zero",
         def hook(module: nn.Module, args: tuple):
             x = args[0]  # (B, N, heads * head_dim)
             batch, tokens, width = x.shape
-            split = x.view(batch, tokens, handle.num_heads, width // handle.num_heads)  # (B, N, heads, head_dim)
+            split = x.reshape(batch, tokens, handle.num_heads, width // handle.num_heads)  # (B, N, heads, head_dim)
             rows = _rows(mask[:, layer], batch)[:, None, :, None]  # (B|1, 1, heads, 1)
             if mode == "zero":
                 replacement = torch.zeros((), dtype=x.dtype, device=x.device)
@@ -141,7 +141,10 @@ def ablate_heads(handle: ViTHandle, heads: HeadSet, mode: str = "zero",
                         f"{mean.input_size[1]}); this input has {tokens}. Recompute them at this input size.")
                 replacement = means[layer].to(x.dtype).view(1, tokens, handle.num_heads, -1)
             else:  # uniform attention: every query's output is the mean of the values
-                v = values.pop(layer).view(batch, tokens, handle.num_heads, -1)
+                if layer not in values:
+                    raise InterventionError(f"Layer {layer}'s value projection was not seen in this forward pass; "
+                                            "uniform ablation cannot be applied to this model.")
+                v = values.pop(layer).reshape(batch, tokens, handle.num_heads, -1)
                 replacement = v.mean(dim=1, keepdim=True).to(x.dtype)  # (B, 1, heads, head_dim)
             return (torch.where(rows, replacement, split).reshape(batch, tokens, width),) + tuple(args[1:])
         return hook
