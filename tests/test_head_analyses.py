@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import make_layout
-from vit_inspect.analysis.heads import (attention_entropy, first_order_importance, high_norm_patches,
+from vit_inspect.analysis.heads import (first_order_importance, head_entropy, high_norm_patches,
                                         prefix_attention_share, spearman, token_norms)
 from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks, lens_topk, settled_depth
 
@@ -22,9 +22,9 @@ def test_entropy_in_nats_by_hand():
     half = np.zeros((5, 5), np.float32)
     half[:, :2] = 0.5
     attention = np.stack([uniform, one_hot, half])[None]  # (depth=1, heads=3, 5, 5)
-    np.testing.assert_allclose(attention_entropy(attention), [[math.log(5), 0.0, math.log(2)]], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(head_entropy(attention), [[math.log(5), 0.0, math.log(2)]], rtol=1e-6, atol=1e-7)
     mixed = np.tile(_rows([0.5, 0.25, 0.25, 0, 0]), (5, 1))[None, None]
-    np.testing.assert_allclose(attention_entropy(mixed), [[1.5 * math.log(2)]], rtol=1e-6)
+    np.testing.assert_allclose(head_entropy(mixed), [[1.5 * math.log(2)]], rtol=1e-6)
 
 
 def test_prefix_share_by_hand():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .analysis.heads import attention_entropy, first_order_importance, prefix_attention_share, token_norms
+from .analysis.heads import first_order_importance, head_entropy, prefix_attention_share, token_norms
 from .capture import AttentionRecorder
 from .lens import NO_HEAD, lens_readouts
 from .models import ViTHandle
@@ -62,6 +62,6 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     norms = np.stack([token_norms(x[0].cpu().numpy()) for x in residual]).astype(np.float32)  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
-        entropy=attention_entropy(attention).astype(np.float32),
+        entropy=head_entropy(attention).astype(np.float32),
         prefix_share=prefix_attention_share(attention, layout).astype(np.float32),
         first_order=None if attention_grad is None else first_order_importance(attention, attention_grad).astype(np.float32))

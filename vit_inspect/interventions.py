@@ -73,6 +73,9 @@ def head_mask(heads: HeadSet, depth: int, num_heads: int) -> torch.Tensor:
 def head_output_module(handle: ViTHandle, layer: int) -> nn.Module:
     """The module whose input is layer `layer`'s concatenated head outputs (B, N, heads * head_dim)."""
     attn = handle.attention_modules[layer]
+    if handle.family not in ("timm", "hf"):
+        raise InterventionError(f"Head ablation supports timm and Hugging Face ViTs; {handle.name!r} is a "
+                                f"{handle.family!r} model.")
     if handle.family == "timm":
         norm = getattr(attn, "norm", None)
         module = norm if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity) else getattr(attn, "proj", None)
@@ -113,6 +116,7 @@ def ablate_heads(handle: ViTHandle, heads: HeadSet, mode: str = "zero",
     if mode not in ABLATION_MODES:
         raise InterventionError(f"Unknown ablation mode {mode!r}; use one of {', '.join(ABLATION_MODES)}.")
     mask = head_mask(heads, handle.depth, handle.num_heads).to(handle.device)  # (rows, depth, heads)
+    head_output_module(handle, 0)  # refuses models whose head outputs it cannot find, before any hook
     if mode == "mean":
         if mean is None:
             raise InterventionError("Mean ablation needs the heads' mean outputs over a reference set "

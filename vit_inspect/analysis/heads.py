@@ -5,19 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..tokens import TokenLayout
+from .entropy import attention_entropy
 
 
-def attention_entropy(attention: np.ndarray) -> np.ndarray:
-    """Mean entropy of each head's attention rows, in nats.
+def head_entropy(attention: np.ndarray) -> np.ndarray:
+    """Mean entropy of each head's attention rows, in nats (see `entropy.attention_entropy`).
 
     ``H(head) = mean_i ( -sum_j a_ij ln a_ij )`` over all N query tokens (0 ln 0 = 0). It lies in
     [0, ln N]: 0 when every query attends to one key, ln N for uniform attention.
     ``attention`` is (..., depth, heads, N, N) with rows summing to 1; returns (..., depth, heads).
     """
-    a = np.asarray(attention, dtype=np.float32)
-    logs = np.zeros_like(a)
-    np.log(a, out=logs, where=a > 0)
-    return -(a * logs).sum(axis=-1, dtype=np.float64).mean(axis=-1)
+    return attention_entropy(attention).mean(axis=-1)
 
 
 def prefix_attention_share(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
