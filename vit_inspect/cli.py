@@ -143,6 +143,23 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpus", type=float, help="GPUs per actor under Ray (default: 1 when the cluster has GPUs)")
 
 
+def _rows_progress(done: int, total: int) -> None:
+    print(f"\rhead importance: {done}/{total} rows", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def cmd_heads(args: argparse.Namespace) -> None:
+    from .heads_report import heads_record
+
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    record = heads_record(handle, args.image, ablate=args.ablate, mode=args.mode, reference=args.reference,
+                          importance=args.importance, lens=args.lens, target=args.target,
+                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None, out=out)
+    print(json.dumps(record), flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-inspect", description="Look inside Vision Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     engine_flags(model)
     model_options(model)
     model.set_defaults(func=cmd_model)
+
+    heads = sub.add_parser("heads", help="head statistics, ablation, per-image head importance and logit lens (JSON)")
+    heads.add_argument("image", metavar="IMAGE")
+    heads.add_argument("--ablate", metavar="L:H,...", help="heads to ablate together, e.g. 3:1,5:0")
+    heads.add_argument("--mode", choices=("zero", "mean", "uniform"), default="zero", help="ablation mode (default zero)")
+    heads.add_argument("--reference", metavar="FOLDER", help="images whose mean head outputs --mode mean uses")
+    heads.add_argument("--importance", action="store_true", help="drop in the target logit per head ablated alone")
+    heads.add_argument("--lens", action="store_true", help="logit lens: top-5 and the final class's rank per block")
+    heads.add_argument("--target", type=int, help="class index (default: the top prediction)")
+    heads.add_argument("--batch-size", type=int, default=16, help="rows per forward for --importance and --reference")
+    model_options(heads)
+    heads.set_defaults(func=cmd_heads)
     return parser
 
 

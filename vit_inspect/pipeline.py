@@ -20,6 +20,7 @@ from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, g
                        mean_attention_distance, pos_embed_similarity, rollout)
 from .capture import capture_attention
 from .errors import VitInspectError
+from .head_pass import HeadPass, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .tokens import TokenLayout
@@ -41,6 +42,7 @@ class ImageAnalysis:
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+    heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
 
     @property
     def depth(self) -> int:
@@ -65,7 +67,7 @@ class ImageAnalysis:
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
         arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer)
-        return sum(a.nbytes for a in arrays if a is not None)
+        return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
 
 
 def readout_query(handle: ViTHandle) -> str:
@@ -96,13 +98,13 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec,
+    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers, residual=True) as rec,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = None
+    chosen = gradcam = chefer = attention_grad = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         if not 0 <= chosen < len(probs):
@@ -114,10 +116,12 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
+    heads = build_head_pass(handle, rec, logits, attention, attention_grad, layout,
+                            tolerance=5e-2 if autocast else 1e-3)
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads)
 
 
 @dataclass(frozen=True)
