@@ -8,6 +8,7 @@ Grad-CAM (every layer) and gradient-weighted attention are computed during the p
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -20,7 +21,7 @@ from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, c
                        filter_pca, gradcam_from_tokens, legrad_map, mean_attention_distance, patch_relevance,
                        pos_embed_similarity, rollout)
 from .capture import capture_attention
-from .errors import VitInspectError
+from .errors import UnsupportedModelError, VitInspectError
 from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .relevance import relevance_rules
@@ -117,10 +118,12 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         if not 0 <= chosen < len(probs):
             raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
         last = range(handle.depth)[-LEGRAD_LAYERS:]
-        legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
-                            layout).astype(np.float32)
-        attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
-                                  layout).astype(np.float32)
+        with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
+            legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
+                                layout).astype(np.float32)
+        with suppress(UnsupportedModelError):
+            attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+                                      layout).astype(np.float32)
         rec.backward(logits[0, chosen].float())
         attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
         chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)

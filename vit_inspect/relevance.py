@@ -139,6 +139,7 @@ class RelevanceRecorder:
         self.handle = handle
         self.state = _State()
         self.block_outputs: list[torch.Tensor | None] = [None] * handle.depth
+        self.unsupported: str | None = None  # why the LRP rules could not be placed on this model, if so
 
     @contextmanager
     def lrp_mode(self) -> Iterator[None]:
@@ -152,6 +153,8 @@ class RelevanceRecorder:
     def attnlrp(self, target: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) AttnLRP relevance of the scalar `target` at the input pixels (gradient × input).
         The graph is kept for the ordinary backward that follows."""
+        if self.unsupported:
+            raise UnsupportedModelError(self.unsupported)
         with self.lrp_mode():
             grad, = torch.autograd.grad(target, pixels, retain_graph=True)
         return pixels.detach() * grad
@@ -199,6 +202,16 @@ def _attention_linears(handle: ViTHandle) -> set[nn.Module]:
     return {m for attn in handle.attention_modules for m in attn.modules() if isinstance(m, nn.Linear)}
 
 
+def _query_key_projections(attention: nn.Module, name: str) -> tuple[nn.Module, nn.Module]:
+    """A Hugging Face attention's query and key Linears (``q_proj``/``k_proj``, or older ``query``/``key``):
+    holding their outputs constant in the LRP backward holds the softmax input, hence A, constant (CP-LRP)."""
+    for module in (attention, getattr(attention, "attention", None)):
+        for query, key in (("q_proj", "k_proj"), ("query", "key")):
+            if isinstance(getattr(module, query, None), nn.Linear) and isinstance(getattr(module, key, None), nn.Linear):
+                return getattr(module, query), getattr(module, key)
+    raise UnsupportedModelError(f"AttnLRP cannot find the query/key projections of {name!r}'s attention.")
+
+
 def _is_gelu(module: nn.Module) -> bool:
     return isinstance(module, nn.GELU) or "GELU" in type(module).__name__
 
@@ -242,9 +255,13 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
             if handle.family == "timm":
                 hooks.append(attn.attn_drop.register_forward_hook(constant_in_lrp))  # the probabilities
             else:
-                inner = getattr(attn, "attention", attn)
-                for name in ("query", "key"):
-                    hooks.append(getattr(inner, name).register_forward_hook(constant_in_lrp))
+                try:
+                    projections = _query_key_projections(attn, handle.name)
+                except UnsupportedModelError as exc:
+                    recorder.unsupported = str(exc)
+                    projections = ()
+                for projection in projections:
+                    hooks.append(projection.register_forward_hook(constant_in_lrp))
         for layer, block in enumerate(handle.blocks):
             hooks.append(block.register_forward_hook(block_output(layer)))
         yield recorder
