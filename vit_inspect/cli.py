@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import VitInspectError
+from .evaluate import add_evaluate_parser
 from .models import DEFAULT_MODEL, ViTHandle, load_model
 from .pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, find_images, model_report
 from . import plotting
@@ -39,6 +40,8 @@ def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dic
         "rollout": _rounded(result.rollout()),
         "gradcam": _rounded(gradcam),
         "chefer": _rounded(result.chefer),
+        "legrad": _rounded(result.legrad),
+        "attnlrp": _rounded(result.attnlrp),
     }
 
 
@@ -52,6 +55,9 @@ def _write_image_figures(result: ImageAnalysis, out: Path, stem: str) -> None:
     if result.gradcam is not None:
         maps["Grad-CAM (last block)"] = result.gradcam[-1]
         maps["gradient-weighted attention"] = result.chefer
+    for name, values in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)):
+        if values is not None:
+            maps[name] = values
     _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block)",)), out / f"{stem}_maps.png")
     _save(plotting.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
                                              title=f"mean attention distance: {stem}"), out / f"{stem}_distance.png")
@@ -146,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--batch-size", type=int, default=16)
     model_options(model)
     model.set_defaults(func=cmd_model)
+    add_evaluate_parser(sub, model_options)
     return parser
 
 
