@@ -171,7 +171,7 @@ class RelevanceRecorder:
         grads = []
         for layer in layers:
             tokens = self.block_outputs[layer]
-            if tokens is None:
+            if tokens is None or self.unsupported:
                 raise UnsupportedModelError(f"Block {layer} produced no token output for LeGrad.")
             score = project(tokens)[:, target].sum()
             grad, = torch.autograd.grad(score, attention[layer], retain_graph=True)
@@ -183,6 +183,8 @@ def score_projection(handle: ViTHandle, projection: str) -> Callable[[torch.Tens
     """(B, N, D) intermediate tokens -> (B, num_classes) class scores, through the model's final norm and head."""
     if projection not in ("model", "mean"):
         raise ValueError(f"unknown projection {projection!r}; use 'model' or 'mean'")
+    if handle.family not in ("timm", "hf"):
+        raise UnsupportedModelError(f"LeGrad follows timm and Hugging Face ViTs; {handle.name!r} is not one.")
     model = handle.model
     if handle.family == "timm":
         if projection == "model":
@@ -237,6 +239,11 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
             recorder.block_outputs[layer] = output[0] if isinstance(output, tuple) else output
         return hook
 
+    if handle.family not in ("timm", "hf"):  # hand-written models: no hooks, no LeGrad/AttnLRP maps
+        recorder.unsupported = (f"AttnLRP and LeGrad follow timm and Hugging Face ViTs; {handle.name!r} is a "
+                                f"{handle.family!r} model.")
+        yield recorder
+        return
     try:
         attention_linears = _attention_linears(handle)
         for module in handle.model.modules():

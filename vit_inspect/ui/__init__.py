@@ -1,1 +1,2 @@
-"""Gradio tabs of the app, one module each; imported only by app.py (the library never imports gradio)."""
+"""Helpers for user interfaces that serve untrusted clients (no dependency on any UI toolkit), and the
+app's Gradio tabs, one module each (`faithfulness`), which only app.py imports."""

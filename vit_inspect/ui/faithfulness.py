@@ -20,6 +20,7 @@ from ..faithfulness import METHODS, image_permutation, model_scorer, score_maps,
 from ..faithfulness_plot import curves_figure, ranked_rows
 from ..plotting import figure_to_rgb
 from ..errors import VitInspectError
+from .untrusted import finite_float, finite_int, flag
 
 HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
@@ -33,26 +34,25 @@ class Scored:
     curves: dict[str, Curves]  # map name -> its curves
 
 
-def _clamp(value, top: int) -> int:
-    return min(max(int(round(float(value or 0))), 0), top)
-
-
 def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=None, gradcam_layer=None, **_) -> dict[str, np.ndarray]:
-    """Every standard map plus the choices made in the other tabs, where they differ from the defaults."""
+    """Every standard map plus the choices made in the other tabs (raw client values, checked as the
+    other tabs check them), where they differ from the defaults."""
     maps = standard_maps(result, tuple(METHODS), rng)
     last = result.depth - 1
-    block = _clamp(gradcam_layer if gradcam_layer is not None else last, last)
+    block = finite_int(gradcam_layer, "Grad-CAM block", 0, last, default=last)
     if result.gradcam is not None and block != last:
         maps[f"gradcam block {block}"] = result.gradcam[block].astype(np.float64)
-    first, final = sorted((_clamp(first_layer, last), _clamp(last_layer if last_layer is not None else last, last)))
-    fusion = head_fusion if head_fusion in ("mean", "max", "min") else "mean"
-    discard = min(max(float(discard_ratio or 0.0), 0.0), 0.95)
+    first, final = sorted((finite_int(first_layer, "From layer", 0, last, default=0),
+                           finite_int(last_layer, "To layer", 0, last, default=last)))
+    fusion = head_fusion if isinstance(head_fusion, str) and head_fusion in ("mean", "max", "min") else "mean"
+    discard = finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0)
     if (fusion, discard, first, final) != ("mean", 0.0, 0, last):
         maps[f"rollout {fusion}, discard {discard:.2f}, layers {first}-{final}"] = result.rollout(
             fusion, discard, start_layer=first, end_layer=final + 1)
-    chosen_layer = _clamp(layer if layer is not None else last, last)
-    chosen_head = None if mean_heads else _clamp(head, result.num_heads - 1)
+    chosen_layer = finite_int(layer, "Layer", 0, last, default=last)
+    chosen_head = None if flag(mean_heads, "Mean of heads") else finite_int(head, "Head", 0, result.num_heads - 1,
+                                                                             default=0)
     if (chosen_layer, chosen_head) != (last, None):
         heads = "mean of heads" if chosen_head is None else f"head {chosen_head}"
         maps[f"attention layer {chosen_layer}, {heads}"] = result.attention_map(chosen_layer, chosen_head)
