@@ -16,6 +16,7 @@ import numpy as np
 from .engine import ENGINES, EngineOptions, run_job
 from .errors import VitInspectError
 from .jobs import AttentionDistanceJob, AttentionDistanceWorker
+from .evaluate import add_evaluate_parser
 from .models import DEFAULT_MODEL, ViTHandle, load_model
 from .pipeline import ImageAnalysis, analyze_image, find_images, model_report
 from . import plotting
@@ -41,6 +42,8 @@ def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dic
         "rollout": _rounded(result.rollout()),
         "gradcam": _rounded(gradcam),
         "chefer": _rounded(result.chefer),
+        "legrad": _rounded(result.legrad),
+        "attnlrp": _rounded(result.attnlrp),
     }
 
 
@@ -54,6 +57,9 @@ def _write_image_figures(result: ImageAnalysis, out: Path, stem: str) -> None:
     if result.gradcam is not None:
         maps["Grad-CAM (last block)"] = result.gradcam[-1]
         maps["gradient-weighted attention"] = result.chefer
+    for name, values in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)):
+        if values is not None:
+            maps[name] = values
     _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block)",)), out / f"{stem}_maps.png")
     _save(plotting.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
                                              title=f"mean attention distance: {stem}"), out / f"{stem}_distance.png")
@@ -201,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--batch-size", type=int, default=16, help="rows per forward for --importance and --reference")
     model_options(heads)
     heads.set_defaults(func=cmd_heads)
+    add_evaluate_parser(sub, model_options)
     return parser
 
 

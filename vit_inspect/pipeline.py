@@ -8,6 +8,7 @@ Grad-CAM (every layer) and gradient-weighted attention are computed during the p
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -16,15 +17,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens,
-                       mean_attention_distance, pos_embed_similarity, rollout)
+from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens, legrad_map,
+                       mean_attention_distance, patch_relevance, pos_embed_similarity, rollout)
 from .capture import capture_attention
-from .errors import VitInspectError
+from .errors import UnsupportedModelError, VitInspectError
 from .head_pass import HeadPass, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
+from .relevance import relevance_rules
 from .tokens import TokenLayout
 
+LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
@@ -43,6 +46,8 @@ class ImageAnalysis:
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
     heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
+    legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
+    attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
 
     @property
     def depth(self) -> int:
@@ -66,7 +71,8 @@ class ImageAnalysis:
 
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
-        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer)
+        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer, self.legrad,
+                  self.attnlrp)
         return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
 
 
@@ -89,6 +95,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
     only the class token reaches the head, so patch tokens get no gradient there); the last block's
     is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
+    LeGrad (last `LEGRAD_LAYERS` blocks, the model's own readout) takes one short backward per layer
+    through that block only; AttnLRP takes one more, modified, backward to the pixels over the same graph
+    (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     """
@@ -99,16 +108,23 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
     with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers, residual=True) as rec,
-          torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
+          relevance_rules(handle) as lrp, torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = attention_grad = None
+    chosen = gradcam = chefer = attention_grad = legrad = attnlrp = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         if not 0 <= chosen < len(probs):
             raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
+        last = range(handle.depth)[-LEGRAD_LAYERS:]
+        with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
+            legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
+                                layout).astype(np.float32)
+        with suppress(UnsupportedModelError):
+            attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+                                      layout).astype(np.float32)
         rec.backward(logits[0, chosen].float())
         attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
         chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
@@ -121,7 +137,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp)
 
 
 @dataclass(frozen=True)
