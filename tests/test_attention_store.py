@@ -157,7 +157,7 @@ def test_rollout_is_cached_per_option():
 def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, tmp_path):
     """A byte bound of one layer's maps for one image makes every forward a single image; the averages
     equal one big batch's, and only one layer's maps of one chunk are ever reduced at a time."""
-    from vit_inspect import pipeline
+    from vit_inspect import jobs, pipeline
 
     handle = tiny_handle("reg4")
     paths = []
@@ -166,8 +166,8 @@ def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, 
         _image(i).save(paths[-1])
     whole = pipeline.dataset_attention_distance(handle, paths, batch_size=8)
     shapes = []
-    real = pipeline.distances_per_image
-    monkeypatch.setattr(pipeline, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
+    real = jobs.distances_per_image  # the folder job's worker reduces each layer as it appears
+    monkeypatch.setattr(jobs, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
     num_tokens = handle.layout().num_tokens
     one_map = handle.num_heads * num_tokens ** 2 * 4
     chunked = pipeline.dataset_attention_distance(handle, paths, batch_size=8, max_map_bytes=2 * one_map)
@@ -175,3 +175,44 @@ def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, 
     assert chunked.num_images == whole.num_images == 5
     assert len(shapes) == 3 * handle.depth  # chunks of 2, 2, 1 images, one reduction per layer
     assert all(s[0] <= 2 and s[1] == 1 for s in shapes)  # (chunk, one layer, heads, N, N)
+
+
+def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monkeypatch):
+    """Issue 13's per-head entropy, prefix share and first-order estimate, reduced layer by layer in the
+    streaming pass, equal the stacked functions on an independent dense pass; the pass never builds the
+    (depth, heads, N, N) stack of the maps or of their gradients."""
+    from vit_inspect.analysis.heads import first_order_importance, head_entropy, prefix_attention_share
+    from vit_inspect.capture import AttentionRecorder
+
+    handle = tiny_handle(tiny_kind)
+    size = TINY_TIMM[tiny_kind][1]
+    with monkeypatch.context() as patched:
+        def refuse(self):
+            raise AssertionError("the pass stacked every layer")
+        patched.setattr(AttentionRecorder, "attention", property(refuse))
+        patched.setattr(AttentionRecorder, "attention_grad", refuse)
+        result = analyze_image(handle, _image(), input_size=size)
+        no_grad = analyze_image(handle, _image(), input_size=size, gradients=False)
+    pixels = handle.preprocess.apply(_image(), size)[0].requires_grad_()
+    with torch.enable_grad(), capture_attention(handle) as rec:
+        logits = handle.forward(pixels)
+    rec.backward(logits[0, result.target])
+    dense, grad = rec.attention[0].numpy(), rec.attention_grad()[0].numpy()  # (depth, heads, N, N)
+    for heads in (result.heads, no_grad.heads):
+        np.testing.assert_allclose(heads.entropy, head_entropy(dense), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(heads.prefix_share, prefix_attention_share(dense, result.layout), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(result.heads.first_order, first_order_importance(dense, grad), rtol=1e-4, atol=1e-6)
+    assert no_grad.heads.first_order is None
+    assert result.heads.entropy.shape == (handle.depth, handle.num_heads) and result.heads.entropy.dtype == np.float32
+
+
+def test_nbytes_counts_the_store_legrad_attnlrp_and_heads():
+    handle = tiny_handle("cls")
+    result = analyze_image(handle, _image())
+    assert result.legrad is not None and result.attnlrp is not None and result.heads is not None
+    arrays = (result.rgb, result.probs, result.mean_distance, result.gradcam, result.chefer, result.legrad,
+              result.attnlrp)
+    expected = result.attention_store.nbytes() + sum(a.nbytes for a in arrays) + result.heads.nbytes()
+    assert result.heads.nbytes() > 0 and result.nbytes() == expected
+    cached = result.rollout(head_fusion="max")  # a cached rollout counts too
+    assert cached.shape == (result.layout.grid_h, result.layout.grid_w) and result.nbytes() == expected + cached.nbytes

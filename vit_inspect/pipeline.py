@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -18,19 +19,22 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, distances_per_image,
-                       filter_pca, gradcam_from_tokens, mean_attention_distance, pos_embed_similarity, rollout)
+from .analysis import (FilterPCA, filter_pca, gradcam_from_tokens, legrad_map, patch_relevance,
+                       pos_embed_similarity)
 from .analysis.attention_maps import readout
 from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream
 from .attention_store import attention_map as store_attention_map
 from .attention_store import rollout as store_rollout
 from .capture import capture_attention
-from .errors import VitInspectError
+from .errors import UnsupportedModelError, VitInspectError
+from .head_pass import HeadPass, HeadStatsStream, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
+from .relevance import relevance_rules
 from .tokens import TokenLayout
 
 DATASET_MAP_BYTES = 256 * 2 ** 20  # one layer's float32 maps of one chunk of a dataset batch, at most
+LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
@@ -53,6 +57,9 @@ class ImageAnalysis:
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+    heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
+    legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
+    attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property
@@ -104,9 +111,12 @@ class ImageAnalysis:
         return {"attention_queries": store.queries, "attention_keys": store.keys, "attention_scale": store.scale}
 
     def nbytes(self) -> int:
-        """Memory held by the arrays of this result (its attention store and cached rollouts included)."""
-        arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, *self._rollouts.values())
-        return self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
+        """Memory held by the arrays of this result: its attention store, LeGrad, AttnLRP, the head
+        statistics and the cached rollouts included."""
+        arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
+                  *self._rollouts.values())
+        return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
+                + (self.heads.nbytes() if self.heads is not None else 0))
 
 
 ROLLOUT_CACHE = 8  # rollout maps kept per result, least recently used dropped
@@ -131,6 +141,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
     only the class token reaches the head, so patch tokens get no gradient there); the last block's
     is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
+    LeGrad (last `LEGRAD_LAYERS` blocks, the model's own readout) takes one short backward per layer
+    through that block only; AttnLRP takes one more, modified, backward to the pixels over the same graph
+    (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     """
@@ -141,31 +154,49 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE)
-    # without gradients each layer's maps are consumed by the stream and dropped as the pass goes
+    stats = HeadStatsStream(handle.depth, layout)
+
+    def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
+        stream.on_attention(layer, probs)
+        stats.on_attention(layer, probs)
+
+    # without gradients each layer's maps are reduced and dropped as the pass goes; with them, capture keeps
+    # the per-layer tensors for the backward (never a stacked copy)
     with (torch.set_grad_enabled(use_grad), stream.hooks(),
-          capture_attention(handle, activation_layers=layers, keep_attention=use_grad,
-                            on_attention=stream.on_attention) as rec,
+          capture_attention(handle, activation_layers=layers, residual=True, keep_attention=use_grad,
+                            on_attention=on_attention) as rec,
+          relevance_rules(handle) as lrp,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = None
+    chosen = gradcam = chefer = first_order = legrad = attnlrp = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         if not 0 <= chosen < len(probs):
             raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
+        last = range(handle.depth)[-LEGRAD_LAYERS:]
+        with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
+            legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
+                                layout).astype(np.float32)
+        with suppress(UnsupportedModelError):
+            attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+                                      layout).astype(np.float32)
         rec.backward(logits[0, chosen].float())
-        del logits
+        logits = logits.detach()  # the graph is no longer needed
         chefer = chefer_relevance_layers(rec, layout, query).astype(np.float32)
+        first_order = stats.first_order(rec.attention_tensors(), rec.attention_grad_tensors())
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
-        rec.clear()
+    heads = build_head_pass(handle, rec, logits, stats.entropy(), stats.prefix_share(), first_order,
+                            tolerance=5e-2 if autocast else 1e-3)
+    rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention_store=stream.store(), mean_distance=stream.mean_distance(),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp)
 
 
 def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:
@@ -230,46 +261,17 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
                                max_map_bytes: int = DATASET_MAP_BYTES) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
     streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
+    In-process with this handle; `engine.run_job` with a `jobs.AttentionDistanceJob` runs the same
+    job on Ray.
 
     Each layer's maps are reduced to distances as the forward pass produces them and then dropped, and a
     batch is run in chunks of at most ``max_map_bytes // (heads * N^2 * 4)`` images, so one layer's
     float32 maps of one chunk bound the memory (a folder of 518-px images at N = 1374 never holds a
-    batch's attention stack)."""
-    items = list(images)
-    layout = handle.layout(input_size or handle.input_size)
-    accumulator = AttentionDistanceAccumulator(layout)
-    skipped: list[tuple[str, str]] = []
-    batch: list[torch.Tensor] = []
-    chunk = max(1, min(batch_size, max_map_bytes // (handle.num_heads * layout.num_tokens ** 2 * 4)))
+    batch's attention stack; see `jobs.AttentionDistanceWorker`)."""
+    from .engine import EngineOptions, run_job
+    from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 
-    def flush() -> None:
-        for start in range(0, len(batch), chunk):
-            per_layer: list[np.ndarray | None] = [None] * handle.depth  # (B, heads) each
-
-            def reduce(layer: int, probs: torch.Tensor) -> None:
-                per_layer[layer] = distances_per_image(probs.float().cpu().numpy()[:, None], layout)[:, 0]
-
-            with torch.no_grad(), capture_attention(handle, keep_attention=False, on_attention=reduce):
-                handle.forward(torch.cat(batch[start:start + chunk]).to(handle.device))
-            missing = [i for i, d in enumerate(per_layer) if d is None]
-            if missing:
-                raise VitInspectError(f"No attention map was recorded for layer(s) {missing}.")
-            accumulator.add(np.stack(per_layer, axis=1))  # (B, depth, heads)
-        batch.clear()
-
-    for done, item in enumerate(items, 1):
-        try:
-            picture = item if isinstance(item, Image.Image) else load_image(item, limits)
-            batch.append(handle.preprocess.apply(picture, input_size)[0])
-        except VitInspectError as exc:
-            skipped.append((Path(str(getattr(item, "name", item))).name, str(exc)))
-        if len(batch) == batch_size:
-            flush()
-        if progress is not None:
-            progress(done, len(items))
-    if batch:
-        flush()
-    if accumulator.count == 0:
-        raise VitInspectError("None of the images could be read."
-                              + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
-    return DatasetDistance(distances=accumulator.result(), num_images=accumulator.count, skipped=tuple(skipped))
+    job = AttentionDistanceJob(handle.name, input_size=input_size, max_map_bytes=max_map_bytes)
+    result, _ = run_job(job, images, "local", EngineOptions(batch_size=batch_size, limits=limits), progress,
+                        worker=AttentionDistanceWorker(handle, input_size, max_map_bytes=max_map_bytes))
+    return result
