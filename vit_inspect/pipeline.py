@@ -41,6 +41,7 @@ class ImageAnalysis:
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+    patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
 
     @property
     def depth(self) -> int:
@@ -64,7 +65,8 @@ class ImageAnalysis:
 
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
-        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer)
+        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer,
+                  self.patch_features)
         return sum(a.nbytes for a in arrays if a is not None)
 
 
@@ -89,6 +91,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
+    The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     pixels, rgb = handle.preprocess.apply(picture, input_size)
@@ -96,10 +99,12 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec,
+    with (torch.set_grad_enabled(use_grad),
+          capture_attention(handle, activation_layers=layers, output_layers=(handle.depth - 1,)) as rec,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
+    features = layout.patches(rec.block_output(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
     chosen = gradcam = chefer = None
@@ -117,7 +122,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query,
+        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16))
 
 
 @dataclass(frozen=True)
