@@ -223,3 +223,59 @@ def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
     assert record["maps"]["attention"]["layer_b"] == 1 and record["depth_b"] == 4
     assert set(record["maps"]) == {"attention", "rollout", "gradcam", "relevance"}
     assert pair.nbytes() == pair.a.nbytes() + pair.b.nbytes()
+
+
+# ------------------------------------------------------------------------------------ figures and CLI
+
+def test_figures_name_both_models_layers_and_carry_colour_bars():
+    from vit_inspect import compare_plots
+    from vit_inspect.comparison import last_layer_heads
+
+    handle = tiny_handle("cls")
+    pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
+    aligned = aligned_maps(pair, layer_a=0)
+    fig = compare_plots.aligned_maps_figure(pair, aligned, "A: tiny", "B: tiny wide")
+    texts = [t.get_text() for sub in fig.subfigs for t in [sub._suptitle] + [ax.title for ax in sub.axes]]
+    assert any("A: tiny, layer 0 of 2 (rel. depth 0.50)" in t for t in texts)
+    assert any(t.startswith("raw attention") and "Spearman" in t for t in texts)
+    assert sum(ax.get_label() == "<colorbar>" for sub in fig.subfigs for ax in sub.axes) == len(aligned)
+    maps, masks = last_layer_heads(pair.a)
+    assert maps.shape == masks.shape == (2, 4, 4)
+    np.testing.assert_array_equal(masks[1], mass_threshold_mask(pair.a.attention_map(1, 1), 0.6))
+    heads = compare_plots.dino_heads_figure(pair.a, maps, masks, "A: tiny", 0.6)
+    assert "60% of the mass" in heads._suptitle.get_text()
+    distance = compare_plots.compare_distance_figure([pair.a.mean_distance, pair.b.mean_distance], ["A", "B"],
+                                                     [32, 48])
+    assert [len(c.get_offsets()) for c in distance.axes[0].collections] == [4, 4]  # 2 layers x 2 heads each
+    np.testing.assert_allclose(sorted(set(np.round(distance.axes[0].collections[0].get_offsets()[:, 0] + 0.0375, 6))),
+                               [0.5, 1.0])  # relative depths (l+1)/L, model A drawn a little to the left
+    assert compare_plots.side_by_side([np.zeros((2, 3, 3), np.uint8), np.zeros((4, 1, 3), np.uint8)], gap=2).shape == (4, 6, 3)
+
+
+@pytest.mark.slow
+def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
+    import json
+
+    from conftest import DEIT_WEIGHTS
+    from vit_inspect.cli import main
+
+    if not DEIT_WEIGHTS.is_file():
+        pytest.skip("real DeiT-Ti weights not found")
+    args = ["compare", str(PHOTOS / "chelsea.png"), "--model", "deit_tiny_patch16_224", "--model",
+            "deit_tiny_patch16_224", "--weights-a", str(DEIT_WEIGHTS), "--weights-b", str(DEIT_WEIGHTS),
+            "--input-size-b", "224x320", "--layer", "5", "--device", "cpu", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["input_size_b"] == [224, 320] and record["label_b"].startswith("B: deit_tiny")
+    assert record["maps"]["attention"]["layer_a"] == record["maps"]["attention"]["layer_b"] == 5
+    # the same weights on a wider crop of the same photo: the maps agree, not perfectly
+    for kind in ("attention", "rollout", "gradcam", "relevance"):
+        assert 0.5 < record["maps"][kind]["spearman"] < 1.0, kind
+    assert record["maps"]["rollout"]["grid"] == [14, 14]  # A's crop lies inside B's: A's grid covers the region
+    assert json.loads((tmp_path / "out" / "agreement.json").read_text())[0]["maps"] == record["maps"]
+    for name in ("chelsea_maps", "chelsea_distance", "chelsea_heads_a", "chelsea_heads_b", "feature_pca_a",
+                 "feature_pca_b", "fig7_filters", "fig7_pos_similarity"):
+        assert (tmp_path / "out" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
+    assert main(["compare", str(PHOTOS / "chelsea.png"), "--model", "deit_tiny_patch16_224",
+                 "--out", str(tmp_path)]) == 1
+    assert "exactly two models" in capsys.readouterr().err
