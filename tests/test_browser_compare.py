@@ -7,42 +7,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
-from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, image_src, open_tab, sync_api
-from test_app import CHELSEA, Server, pytestmark  # noqa: F401  (the same served app, weights check and filters)
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = Server()
-    yield served
-    served.demo.close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 2000, "height": 1100})  # wide enough that every tab shows
-        page.set_default_timeout(TIMEOUT_MS)
-        sync_api.expect.set_options(timeout=TIMEOUT_MS)
-        page.goto(server.url)
-        yield page
-        browser.close()
-
-
-@pytest.fixture(scope="module")
-def tiny_weights(tmp_path_factory):
-    import timm
-    import torch
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("weights") / "tiny_random_test_vit.safetensors"
-    save_file(timm.create_model("test_vit", pretrained=False).state_dict(), str(path))
-    return path
+from test_browser import ARTIFACTS, image_src, open_tab, page, server, sync_api  # noqa: F401  (fixtures)
+from test_app import CHELSEA, pytestmark  # noqa: F401  (the same weights check and filters)
+from test_app_compare import tiny_weights  # noqa: F401  (fixture: random test_vit weights)
 
 
 def shot(locator, name: str) -> None:
@@ -52,6 +19,7 @@ def shot(locator, name: str) -> None:
 def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     expect = sync_api.expect
     errors = page.locator("[data-testid='toast-body'].error")
+    page.set_viewport_size({"width": 2000, "height": 1100})  # wide enough that every tab shows
     expect(page.get_by_text("12 layers × 3 heads")).to_be_visible()
     page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
     expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby|tiger cat"))

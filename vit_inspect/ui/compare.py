@@ -17,10 +17,12 @@ from ..analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from ..cli import _parse_size
 from ..compare_cli import model_label
 from ..comparison import MAP_TITLES, Comparison, aligned_maps, compare_images, last_layer_heads, token_agreement
+from ..errors import VitInspectError
 from ..images import load_image
 from ..pipeline import analyze_image, model_report
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
+MAX_PATCHES = 1024  # patches of B's input at most (32x32): attention memory grows with its square
 TABLE_HEADERS = ["map", "layers compared", "Spearman rank correlation", "top-10 % overlap", "common grid"]
 
 
@@ -123,11 +125,16 @@ class Compare:
             raise ValueError("Load model B first (above).")
         source, name = upload
         picture = load_image(source, self.app.config.limits)
-        size = _parse_size((size_b or "").strip() or None)
+        try:
+            size = _parse_size(str(size_b or "").strip() or None)
+        except VitInspectError:
+            raise ValueError("B's input size must look like 224x320 (height × width in pixels).") from None
         progress(0.1, desc="Loading both models")
         handle_a, handle_b = self.app.handle(key_a), self.app.handle(key_b)
-        if size is not None:
-            handle_b.layout(size)  # refuses a size smaller than one patch, in a sentence
+        if size is not None and handle_b.layout(size).num_patches > MAX_PATCHES:  # layout: at least one patch
+            ph, pw = handle_b.patch_size
+            raise ValueError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
+                             "choose a smaller input size for B.")
         progress(0.3, desc="One pass per model (forward and backward)")
         comparison = compare_images(handle_a, handle_b, picture, None, size)
         labels = (model_label(handle_a, "A", None), model_label(handle_b, "B", size))
@@ -256,7 +263,7 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
           api_name="compare_load_model")
     gr.on([run.click], shows_errors(handlers.run), inputs=[image, key, key_b, size_b, mass, remove_background, threshold],
           outputs=[state, layer, note, top_a, top_b, maps, table, distance, filters, similarity, heads_a, heads_b,
-                   pca_a, pca_b], preprocess=False, api_name="compare", **model_pass)
+                   pca_a, pca_b], preprocess=False, api_name="compare_models", **model_pass)
     gr.on([layer.input], shows_errors(handlers.relayer), inputs=[state, layer], outputs=[maps, table, note],
           api_name="compare_layer", trigger_mode="always_last", show_progress="hidden")
     gr.on([mass.input], shows_errors(handlers.remask), inputs=[state, mass], outputs=[heads_a, heads_b], api_name="compare_mass",
