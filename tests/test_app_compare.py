@@ -47,3 +47,16 @@ def test_compare_through_the_api(server, client, tiny_weights):
     relayered = client.predict(0, api_name="/compare_layer")
     assert "A's layer 0 of 12 (0.08) ↔ B's layer 0 of 6 (0.17)" in relayered[2]
     assert server.forwards == forwards + 1
+    from PIL import Image
+
+    width = (lambda output: Image.open(output if isinstance(output, str) else output["path"]).size[0])
+    single = width(outputs[11])
+    with pytest.raises(AppError, match="between 1 and 7 more images"):
+        client.predict([handle_file(str(CHELSEA))] * 8, False, 0.5, api_name="/compare_joint_pca")
+    joint_a, joint_b = client.predict([handle_file(str(CHELSEA.parent / "coffee.png"))], False, 0.5,
+                                      api_name="/compare_joint_pca")
+    assert server.forwards == forwards + 2  # one forward of model A for the added image, no backward
+    assert width(joint_a) > single and width(joint_b) > single  # a second column: both images, one joint fit
+    heads_a, heads_b = client.predict(0.3, api_name="/compare_mass")
+    assert width(heads_a) > 0 and width(heads_b) > 0
+    assert server.forwards == forwards + 2
