@@ -24,7 +24,8 @@ TITLE_CHARS = 44
 
 
 def _scale_bar(fig: Figure, axes, label: str, cmap: str = "inferno", location: str = "right") -> None:
-    fig.colorbar(ScalarMappable(Normalize(0.0, 1.0), cmap=cmap), ax=axes, label=label, shrink=0.8, location=location)
+    fig.colorbar(ScalarMappable(Normalize(0.0, 1.0), cmap=cmap), ax=axes, label=label, shrink=0.8, location=location,
+                 aspect=20 if location == "right" else 30)
 
 
 def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> Figure:
@@ -141,8 +142,9 @@ def feature_pca_figure(crops: list[np.ndarray], pca: FeaturePCA, titles: list[st
     """Each image's crop above its patch features' first three principal components as RGB (Oquab et al.
     2023, DINOv2 Fig. 1), with one scale bar per channel."""
     count = len(crops)
-    fig = Figure(figsize=(PANEL_INCHES * count + 0.6, 2 * PANEL_INCHES + 2.4), layout="constrained")
+    fig = Figure(figsize=(PANEL_INCHES * count + 0.6, 2 * PANEL_INCHES + 3.4), layout="constrained")
     axes = fig.subplots(2, count, squeeze=False)
+    fig.get_layout_engine().set(h_pad=0.15)  # room for each panel's title between the rows
     for index, (crop, colours, title) in enumerate(zip(crops, pca.rgb, titles)):
         axes[0, index].imshow(crop)
         axes[0, index].set_title(textwrap.fill(title, 32), fontsize="small")
@@ -160,7 +162,7 @@ def feature_pca_figure(crops: list[np.ndarray], pca: FeaturePCA, titles: list[st
                f"background (scaled PC1 < {pca.threshold:g}, PC1 oriented centre-high) removed, black")
     fit = "jointly on all images" if count > 1 else "on this image"
     fig.suptitle(textwrap.fill(f"{name}: PCA of last-layer patch tokens, fitted {fit}; {setting}",
-                               max(40, 24 * count)),
+                               36 * count),
                  fontsize="medium")
     return fig
 
