@@ -213,7 +213,7 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
     (every handler's library exceptions become one sentence), `model_pass` the model queue's settings.
     """
     handlers = Compare(app, upload_source)
-    figure_out = dict(interactive=False, format="png", show_label=True, buttons=["download"])
+    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
     with gr.Tab("Compare"):
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
                     "passes stay in your session, so it holds both (memory is the sum).")
