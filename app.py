@@ -8,9 +8,9 @@ sliders, clicks and options redraw from it without calling the model. Models liv
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -24,12 +24,16 @@ from PIL import Image
 from vit_inspect import plotting
 from vit_inspect.analysis import filter_pca
 from vit_inspect.cli import analysis_record
-from vit_inspect.errors import ImageError, VitInspectError
+from vit_inspect.errors import InputError, VitInspectError
 from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
+from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.ui import compare as compare_ui
+from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+
+log = logging.getLogger("vit_inspect.app")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CURATED_MODELS = (
@@ -56,6 +60,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
+MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 MAP_BOX_HEIGHT = 290  # CSS pixels: a 224-pixel map sits centred below the image label, never scaled up
@@ -70,6 +75,7 @@ class AppConfig:
     model: str = DEFAULT_MODEL  # the model every session starts with
     weights: str | None = None  # its weights file; None: checkpoints/ first, then the hub
     device: str | None = None  # None: CUDA when available, else CPU
+    model_file: str | None = None  # operator's hand-written model "FILE.py:FUNCTION" (then `model` is its name)
     cache_size: int = DEFAULT_CACHE_SIZE  # models held in memory at once
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
@@ -113,16 +119,22 @@ class View:
     @classmethod
     def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
                       discard_ratio, first_layer, last_layer, gradcam_layer) -> View:
-        """UI values (floats, None for an empty box) -> a View; slider values beyond this model are clamped."""
+        """Raw client values -> a View. Values beyond this model (±inf included) are clamped, an empty
+        box is 0; NaN and wrong types are refused with a sentence (`InputError`)."""
         layout = result.layout
-        clamp = (lambda value, top: min(max(int(round(float(value or 0))), 0), top))
-        first, last = sorted((clamp(first_layer, result.depth - 1), clamp(last_layer, result.depth - 1)))
-        return cls(layer=clamp(layer, result.depth - 1),
-                   head=None if mean_heads else clamp(head, result.num_heads - 1),
-                   patch=(clamp(row, layout.grid_h - 1), clamp(col, layout.grid_w - 1)) if query == PATCH else None,
-                   head_fusion=head_fusion if head_fusion in HEAD_FUSIONS else "mean",
-                   discard_ratio=float(discard_ratio or 0.0), first_layer=first, last_layer=last,
-                   gradcam_layer=clamp(gradcam_layer, result.depth - 1))
+        top = result.depth - 1
+
+        def clamp(value, what: str, hi: int) -> int:
+            return finite_int(value, what, 0, hi, default=0)
+
+        first, last = sorted((clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)))
+        return cls(layer=clamp(layer, "Layer", top),
+                   head=None if flag(mean_heads, "Mean of heads") else clamp(head, "Head", result.num_heads - 1),
+                   patch=((clamp(row, "Patch row", layout.grid_h - 1), clamp(col, "Patch column", layout.grid_w - 1))
+                          if query == PATCH else None),
+                   head_fusion=head_fusion if isinstance(head_fusion, str) and head_fusion in HEAD_FUSIONS else "mean",
+                   discard_ratio=finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0),
+                   first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top))
 
     def titles(self) -> dict[str, str]:
         heads = "mean of heads" if self.head is None else f"head {self.head}"
@@ -180,43 +192,68 @@ def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np
     return drawn
 
 
+def public_message(exc: VitInspectError) -> str:
+    """What a web user sees of a library error: its public sentence, with any server path cut to its
+    last component (the operator's console and the CLI keep `str(exc)`, the full detail)."""
+    return redact_paths(exc.public)
+
+
 def shows_errors(fn):
-    """Handlers turn the library's exceptions into a gr.Error with its message; no traceback reaches users."""
+    """Handlers turn the library's exceptions into a gr.Error with their public sentence. Anything
+    else is a bug: the user gets a sentence, the operator's console the traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (VitInspectError, ValueError) as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+        except gr.Error:
+            raise
+        except VitInspectError as exc:
+            log.info("%s refused: %s", fn.__name__, exc)
+            raise gr.Error(public_message(exc), print_exception=False) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise gr.Error(f"Something went wrong on the server while handling this request "
+                           f"({fn.__name__.replace('_', ' ')}); it has been logged. Please try again "
+                           "or with other settings.", print_exception=False) from None
     return wrapper
 
 
-def upload_source(payload: dict | None) -> tuple[str | bytes, str] | None:
+def upload_folders() -> list[str]:
+    """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
+    Gradio puts uploads and its copies of the example images."""
+    return [gradio_utils.get_upload_folder()]
+
+
+def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
     """(file path or bytes, file name) of a raw gr.Image value; None when the image was cleared.
 
     The image events skip Gradio's preprocessing so that `load_image`, not PIL inside Gradio,
-    reads the upload and explains what is wrong with it.
+    reads the upload and explains what is wrong with it. Gradio checks a path only when the payload
+    carries its `meta` field, so every shape goes through the one gate, `client_file`.
     """
-    if not payload:
-        return None
-    name = payload.get("orig_name") or Path(payload.get("path") or "image").name
-    if payload.get("path"):
-        return payload["path"], name
-    url = payload.get("url") or ""
-    if url.startswith("data:") and "," in url:
-        return base64.b64decode(url.split(",", 1)[1]), name
-    raise ImageError("The image arrived without its data; please upload it again.")
+    return client_file(payload, upload_folders(), max_bytes)
+
+
+def model_label(name: str) -> str:
+    """A model name as web users see it: a folder on this server (only the operator's --model can be
+    one) by its base name, anything else (timm name, hub id) as it is."""
+    return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
+
+
+def names_python_file(name: str) -> bool:
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
+    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
 
 
 def weights_label(handle: ViTHandle) -> str:
     """Where the weights came from, without revealing server folders."""
-    return Path(handle.weights).name if os.path.isabs(handle.weights) else handle.weights
+    return model_label(handle.weights)
 
 
 def describe(handle: ViTHandle) -> str:
     layout = handle.layout()
     prefix = ", ".join(layout.prefix_names()) or "none"
-    return (f"**Model** `{handle.name}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
+    return (f"**Model** `{model_label(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
             f"{handle.depth} layers × {handle.num_heads} heads · "
             f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
             f"prefix tokens: {prefix}"
@@ -249,44 +286,56 @@ class Inspector:
         self.config = config
         self.cache = cache
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
+        self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         # Model-level figures depend only on the model: drawn once, kept beside the cache.
         self.filter_figure_of = functools.lru_cache(maxsize=cache.max_size)(self._filter_figure)
         self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache.max_size)(self._similarity_figure)
 
     def handle(self, key: CacheKey) -> ViTHandle:
-        # Only the operator's own model (from the command line) may be a folder on this server.
-        return self.cache.get(key, allow_local_dirs=key == self.default_key)
+        # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
+        own = key == self.default_key
+        operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
+        return self.cache.get(key, allow_local_dirs=own, **operator_file)
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model, or in its place how to get its weights."""
         progress(0, desc="Loading the model")
         try:
             handle = self.handle(self.default_key)
-        except (VitInspectError, ValueError) as exc:
-            return (f"⚠️ **The model could not be loaded.** {exc}\n\nYou can still use the app: open "
+        except VitInspectError as exc:
+            log.warning("the default model could not be loaded: %s", exc)
+            return (f"⚠️ **The model could not be loaded.** {public_message(exc)}\n\nYou can still use the app: open "
                     "**Change model** below the image, upload a `.safetensors` weights file, type its timm "
                     "architecture name (e.g. `deit_tiny_patch16_224`) and press **Load model**.",
                     gr.update(open=True), *[gr.skip()] * 7)
         return describe(handle), gr.update(), *geometry_updates(handle)
 
     @shows_errors
-    def load_model(self, name: str | None, weights: str | None, progress=gr.Progress()):
-        name = (name or "").strip()
+    def load_model(self, name: object, weights: object, progress=gr.Progress()):
+        name = text(name, "The model name")
         if not name:
-            raise ValueError("Choose a model from the list or type a timm name or Hugging Face id.")
+            raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
+        upload = client_file(weights, upload_folders(), max_bytes=2**40)  # the file is already on disk
+        weights = None if upload is None else upload[0]
         if weights and Path(weights).suffix.lower() != ".safetensors":
-            raise ValueError("Only .safetensors weights files can be uploaded here.")
+            raise InputError("Only .safetensors weights files can be uploaded here.")
         if weights and "/" in name:
-            raise ValueError("An uploaded weights file goes with a timm architecture name (such as "
+            raise InputError("An uploaded weights file goes with a timm architecture name (such as "
                              "'deit_tiny_patch16_224'), not with a Hugging Face id.")
-        key = CacheKey.of(name, weights, self.config.device)
+        if name == self.default_label and weights is None:
+            key = self.default_key  # the operator's model, which the page names by its base name only
+        elif names_python_file(name):
+            raise InputError("Models defined in Python files cannot be loaded from this page; whoever runs the "
+                             "server chooses one when starting it (python app.py --model-file FILE.py:FUNCTION).")
+        else:
+            key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
         handle = self.handle(key)
         return key, describe(handle), gr.update(open=False), *geometry_updates(handle), None, None, None
 
     @shows_errors
     def analyze(self, image: dict | None, key: CacheKey, progress=gr.Progress(), **controls):
-        upload = upload_source(image)
+        upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS)
         source, name = upload
@@ -317,26 +366,30 @@ class Inspector:
         """A click on the attention map (x, y in the crop's pixels) makes that patch the query."""
         if session is None or evt.index is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        x, y = evt.index[:2]
-        row, col = session.result.layout.patch_at(float(y), float(x))
+        if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
+            raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
+        height, width = session.result.layout.input_size
+        x = finite_float(evt.index[0], "The clicked x", 0, width - 1)
+        y = finite_float(evt.index[1], "The clicked y", 0, height - 1)
+        row, col = session.result.layout.patch_at(y, x)
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
         return row, col, PATCH, *draw_panels(("attention",), session, view)
 
     @shows_errors
     def set_target(self, session: Session | None, target: str | None, progress=gr.Progress(), **controls):
         """Grad-CAM and relevance for another class: one new pass, or none if this class was seen before."""
-        if session is None or target in (None, ""):
+        target = text(target, "The target class", max_chars=40)
+        if session is None or not target:
             return gr.skip(), gr.skip(), gr.skip()
         try:
-            index = int(str(target).strip())
+            index = int(target)
         except ValueError:
-            raise ValueError(f"{str(target)[:40]!r} is not a class index; pick a class or type a whole "
-                             "number.") from None
+            raise InputError(f"{target!r} is not a class index; pick a class or type a whole number.") from None
         num_classes = session.result.probs.size
         if not num_classes:
-            raise ValueError("This model has no classification head, so there is no class to explain.")
+            raise InputError("This model has no classification head, so there is no class to explain.")
         if not 0 <= index < num_classes:
-            raise ValueError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+            raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
         results = dict(session.results)
         if index not in results:
             progress(0.3, desc=f"Gradients for class {index}")
@@ -350,11 +403,13 @@ class Inspector:
         return session, *draw_panels(("gradcam", "relevance"), session, view)
 
     @shows_errors
-    def dataset_distance(self, files: list[str] | None, key: CacheKey, progress=gr.Progress()):
-        if not files:
-            raise ValueError("Upload a few images first (they are averaged; the more, the steadier).")
-        if len(files) > MAX_DATASET_IMAGES:
-            raise ValueError(f"Please upload at most {MAX_DATASET_IMAGES} images at once ({len(files)} given).")
+    def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
+        uploads = client_files(files, upload_folders(), self.config.limits.max_bytes, MAX_DATASET_IMAGES)
+        if not uploads:
+            raise InputError("Upload a few images first (they are averaged; the more, the steadier).")
+        if any(isinstance(source, bytes) for source, _ in uploads):
+            raise InputError("Upload the images to average as files.")
+        files = [source for source, _ in uploads]
         progress(0, desc="Loading the model")
         handle = self.handle(key)
         stats = dataset_attention_distance(
@@ -363,7 +418,7 @@ class Inspector:
             stats.distances, image_width=handle.input_size[1], title=f"mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
-            note += " Skipped: " + "; ".join(f"{name}: {reason}" for name, reason in stats.skipped)
+            note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
         return image, note
 
     @shows_errors
@@ -382,15 +437,15 @@ class Inspector:
         return self.similarity_figure_of(key, self.handle(key).native_grid)
 
     @shows_errors
-    def pos_similarity(self, key: CacheKey, height: float | None, width: float | None, progress=gr.Progress()):
+    def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
         """Position-embedding similarity at another input size, interpolated as the model does it."""
-        if not height or not width:
-            raise ValueError("Give the input height and width in pixels.")
         handle = self.handle(key)
-        layout = handle.layout((int(height), int(width)))
+        ph, pw = handle.patch_size
+        height = finite_int(height, "The input height (pixels)", ph, MAX_INPUT_SIDE, clamp=False)
+        width = finite_int(width, "The input width (pixels)", pw, MAX_INPUT_SIDE, clamp=False)
+        layout = handle.layout((height, width))
         if max(layout.grid_h, layout.grid_w) > MAX_SIMILARITY_GRID:
-            ph, pw = handle.patch_size
-            raise ValueError(f"{int(height)}×{int(width)} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
+            raise InputError(f"{height}×{width} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
                              f"figure draws at most {MAX_SIMILARITY_GRID} patches per side "
                              f"(up to {MAX_SIMILARITY_GRID * ph}×{MAX_SIMILARITY_GRID * pw} pixels for this model).")
         progress(0, desc=f"Drawing a {layout.grid_h}×{layout.grid_w} grid")
@@ -400,7 +455,7 @@ class Inspector:
         handle = self.handle(key)
         similarity = pos_similarity_at(handle, grid)
         if similarity is None:
-            raise ValueError("This model has no learned position embeddings to compare.")
+            raise InputError("This model has no learned position embeddings to compare.")
         fig = plotting.pos_similarity_figure(
             similarity, title=f"Position-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
@@ -410,7 +465,7 @@ class Inspector:
     def downloads(self, session: Session | None, **controls) -> list[str]:
         """The current image's figures as PNG, its numbers as JSON (the CLI's record) and .npz."""
         if session is None:
-            raise ValueError("Analyse an image first; the downloads are its figures and numbers.")
+            raise InputError("Analyse an image first; the downloads are its figures and numbers.")
         result = session.result
         view = View.from_controls(result, **controls)
         cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
@@ -436,7 +491,7 @@ class Inspector:
 def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None) -> gr.Blocks:
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
     app = Inspector(config, cache if cache is not None else ModelCache(config.cache_size))
-    models = CURATED_MODELS if config.model in CURATED_MODELS else (config.model, *CURATED_MODELS)
+    models = CURATED_MODELS if config.model in CURATED_MODELS else (app.default_label, *CURATED_MODELS)
     map_out = dict(interactive=False, format="png", height=MAP_BOX_HEIGHT, buttons=["download", "fullscreen"])
     figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])
     panel: dict[str, gr.Image] = {}
@@ -456,7 +511,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             examples_per_page=len(EXAMPLES))
                 gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
                 with gr.Accordion("Change model", open=False) as model_box:
-                    model_name = gr.Dropdown(list(models), value=config.model, label="Model", allow_custom_value=True,
+                    model_name = gr.Dropdown(list(models), value=app.default_label, label="Model", allow_custom_value=True,
                                              info="Or type any timm ViT name, or a Hugging Face id such as "
                                                   "google/vit-base-patch16-224.")
                     weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
@@ -550,13 +605,16 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         geometry = [layer, head, first_layer, last_layer, gradcam_layer, row, col]
         model_outputs = [pca, similarity, similarity_other]
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
+        # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
+        # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
+        raw = dict(preprocess=False)
 
         gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
-              outputs=[key, status, model_box, *geometry, *model_outputs], api_name="load_model")
+              outputs=[key, status, model_box, *geometry, *model_outputs], api_name="load_model", **raw)
         gr.on([image.change, key.change], app.analyze, inputs=[image, key], inputs_kwargs=controls,
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS]],
-              preprocess=False, api_name="analyze", **model_pass)
+              api_name="analyze", **raw, **model_pass)
         # Each panel redraws when a control it shows changes; the last two panels have no controls of their
         # own (they show those of other tabs), so they redraw when their tab opens.
         redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, row.input, col.input],
@@ -567,21 +625,21 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
-                  concurrency_limit=DRAW_CONCURRENCY)
+                  concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
-              concurrency_limit=DRAW_CONCURRENCY)
+              concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([target.input], app.set_target, inputs=[session, target], inputs_kwargs=controls,
-              outputs=[session, panel["gradcam"], panel["relevance"]], api_name="set_target", **model_pass)
+              outputs=[session, panel["gradcam"], panel["relevance"]], api_name="set_target", **raw, **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
-              outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **model_pass)
+              outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
         gr.on([model_tab.select], app.native_similarity, inputs=[key], outputs=similarity,
               api_name="native_similarity")
         gr.on([similarity_button.click], app.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
-              api_name="pos_similarity")
+              api_name="pos_similarity", **raw)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
-              outputs=[download_files], api_name="downloads")
+              outputs=[download_files], api_name="downloads", **raw)
     return demo
 
 
@@ -599,6 +657,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
     parser.add_argument("--weights", help="weights file for --model (.safetensors preferred)")
+    parser.add_argument("--model-file", metavar="FILE.py:FUNCTION",
+                        help="serve a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
+                             "(model, ModuleSpec); replaces --model. Web users can never name a Python file.")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -612,7 +673,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
-    config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size,
+    try:
+        model = model_file_name(args.model_file) if args.model_file else args.model
+    except VitInspectError as exc:
+        parser.error(str(exc))
+    config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
+                       cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
                        max_sessions=args.max_sessions)
     return config, args
@@ -622,7 +688,7 @@ def main() -> None:
     config, args = parse_args()
     cache = ModelCache(config.cache_size)
     try:  # load the default model now so the first visitor does not wait; the page explains a failure
-        cache.get(CacheKey.of(config.model, config.weights, config.device))
+        Inspector(config, cache).handle(CacheKey.of(config.model, config.weights, config.device))
     except (VitInspectError, ValueError) as exc:
         print(f"warning: {exc}")
     build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,

@@ -3,6 +3,7 @@ from .attention_distance import (AttentionDistanceAccumulator, distance_as_fract
                                  mean_attention_distance)
 from .attention_maps import Query, attention_map, readout
 from .chefer import chefer_matrix, chefer_relevance
+from .entropy import attention_entropy
 from .filters import FilterPCA, filter_pca
 from .gradcam import gradcam_from_tokens
 from .pos_embed import pos_embed_similarity
@@ -12,6 +13,7 @@ __all__ = [
     "AttentionDistanceAccumulator",
     "FilterPCA",
     "Query",
+    "attention_entropy",
     "attention_map",
     "chefer_matrix",
     "chefer_relevance",
