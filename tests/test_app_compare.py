@@ -31,8 +31,9 @@ def test_compare_through_the_api(server, client, tiny_weights):
                           ("4000x4000", "more than 1024 patches")):
         with pytest.raises(AppError, match=message):
             client.predict(handle_file(str(CHELSEA)), size, 0.6, False, 0.5, api_name="/compare_models")
-    with pytest.raises(AppError, match="not a share between 0 and 1"):
-        client.predict(handle_file(str(CHELSEA)), "", 7.0, False, 0.5, api_name="/compare_models")
+    for mass, message in ((7.0, "must be between 0.05 and 1, not 7"), ("nan", "not NaN"), ([1], "not a list")):
+        with pytest.raises(AppError, match=message):
+            client.predict(handle_file(str(CHELSEA)), "", mass, False, 0.5, api_name="/compare_models")
     forwards = server.forwards
     outputs = client.predict(handle_file(str(CHELSEA)), "192x192", 0.6, True, 0.5, api_name="/compare_models")
     assert server.forwards == forwards + 1  # model A: one pass

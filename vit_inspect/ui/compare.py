@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import gradio as gr
 import numpy as np
+from gradio import utils as gradio_utils
 
 from .. import compare_plots, plotting
 from ..analysis.compare import matching_layer, relative_depth
@@ -17,9 +18,10 @@ from ..analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from ..cli import _parse_size
 from ..compare_cli import model_label
 from ..comparison import MAP_TITLES, Comparison, aligned_maps, compare_images, last_layer_heads, token_agreement
-from ..errors import VitInspectError
+from ..errors import InputError, VitInspectError
 from ..images import load_image
 from ..pipeline import analyze_image, model_report
+from .untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
 MAX_PATCHES = 1024  # patches of B's input at most (32x32): attention memory grows with its square
@@ -93,16 +95,21 @@ def dino_views(state: CompareSession, mass: float) -> list[np.ndarray]:
 
 def pca_views(state: CompareSession, remove_background: bool, threshold: float) -> list[np.ndarray]:
     """Each model's feature PCA of the session's images (fitted jointly over them)."""
-    return [_image(compare_plots.feature_pca_figure(
-        list(state.crops[index]), feature_pca(state.features[index], threshold if remove_background else None),
-        list(state.names), state.labels[index])) for index in range(2)]
+    try:
+        fits = [feature_pca(state.features[index], threshold if remove_background else None) for index in range(2)]
+    except ValueError as exc:  # e.g. fewer than two foreground patches at this threshold
+        raise InputError(f"{str(exc).capitalize()}.") from None
+    return [_image(compare_plots.feature_pca_figure(list(state.crops[index]), fits[index], list(state.names),
+                                                    state.labels[index])) for index in range(2)]
 
 
-def _fraction(value, default: float) -> float:
-    number = float(default if value is None else value)
-    if not 0.0 < number <= 1.0:
-        raise ValueError(f"{number:g} is not a share between 0 and 1.")
-    return number
+def _mass(value: object) -> float:
+    return finite_float(value, "The share of attention mass", 0.05, 1.0, default=DINO_MASS, clamp=False)
+
+
+def _background(remove: object, threshold: object) -> tuple[bool, float]:
+    return (flag(remove, "Remove the background"),
+            finite_float(threshold, "The background threshold", 0.0, 1.0, default=BACKGROUND_THRESHOLD))
 
 
 class Compare:
@@ -113,28 +120,32 @@ class Compare:
         self.upload_source = upload_source  # app.py's reading of a raw gr.Image value
 
     def load_second(self, name: str | None, weights: str | None, progress=gr.Progress()):
-        key, text = self.app.load_model(name, weights, progress)[:2]  # the first model's checks and messages
-        return key, text.replace("**Model**", "**Model B**", 1)
+        key, described = self.app.load_model(name, weights, progress)[:2]  # the first model's checks and messages
+        return key, described.replace("**Model**", "**Model B**", 1)
 
     def run(self, image: dict | None, key_a, key_b, size_b: str | None, mass, remove_background, threshold,
             progress=gr.Progress()):
-        upload = self.upload_source(image)
+        upload = self.upload_source(image, self.app.config.limits.max_bytes)
         if upload is None:
-            raise ValueError("Upload an image first (left), then press Compare.")
+            raise InputError("Upload an image first (left), then press Compare.")
         if key_b is None:
-            raise ValueError("Load model B first (above).")
+            raise InputError("Load model B first (above).")
         source, name = upload
-        picture = load_image(source, self.app.config.limits)
+        mass, (remove_background, threshold) = _mass(mass), _background(remove_background, threshold)
         try:
-            size = _parse_size(str(size_b or "").strip() or None)
+            size = _parse_size(text(size_b, "B's input size", 20) or None)
         except VitInspectError:
-            raise ValueError("B's input size must look like 224x320 (height × width in pixels).") from None
+            raise InputError("B's input size must look like 224x320 (height × width in pixels).") from None
+        picture = load_image(source, self.app.config.limits)
         progress(0.1, desc="Loading both models")
         handle_a, handle_b = self.app.handle(key_a), self.app.handle(key_b)
-        if size is not None and handle_b.layout(size).num_patches > MAX_PATCHES:  # layout: at least one patch
+        if size is not None:
             ph, pw = handle_b.patch_size
-            raise ValueError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
-                             "choose a smaller input size for B.")
+            if size[0] < ph or size[1] < pw:
+                raise InputError(f"B's input {size[0]}×{size[1]} is smaller than one {ph}×{pw} patch.")
+            if handle_b.layout(size).num_patches > MAX_PATCHES:
+                raise InputError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
+                                 "choose a smaller input size for B.")
         progress(0.3, desc="One pass per model (forward and backward)")
         comparison = compare_images(handle_a, handle_b, picture, None, size)
         labels = (model_label(handle_a, "A", None), model_label(handle_b, "B", size))
@@ -156,49 +167,53 @@ class Compare:
                                               for r, label in zip(reports, labels)])
         similarity = [_image(plotting.pos_similarity_figure(r.pos_similarity, f"{label}: position embedding similarity"))
                       for r, label in zip(reports, labels) if r.pos_similarity is not None]
-        heads = dino_views(state, _fraction(mass, DINO_MASS))
-        pca = pca_views(state, bool(remove_background), _fraction(threshold, BACKGROUND_THRESHOLD))
+        heads = dino_views(state, mass)
+        pca = pca_views(state, remove_background, threshold)
         return (state, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
                 compare_plots.side_by_side(similarity) if similarity else None, *heads, *pca)
 
     def relayer(self, state: CompareSession | None, layer):
         if state is None:
             return gr.skip(), gr.skip(), gr.skip()
-        layer = min(max(int(layer or 0), 0), state.comparison.a.depth - 1)
-        return layer_views(state, layer)
+        last = state.comparison.a.depth - 1
+        return layer_views(state, finite_int(layer, "A's layer", 0, last, default=last))
 
     def remask(self, state: CompareSession | None, mass):
         if state is None:
             return gr.skip(), gr.skip()
-        return dino_views(state, _fraction(mass, DINO_MASS))
+        return dino_views(state, _mass(mass))
 
     def repca(self, state: CompareSession | None, remove_background, threshold):
         if state is None:
             return gr.skip(), gr.skip()
-        return pca_views(state, bool(remove_background), _fraction(threshold, BACKGROUND_THRESHOLD))
+        return pca_views(state, *_background(remove_background, threshold))
 
     def joint_pca(self, state: CompareSession | None, files: list[str] | None, key_a, key_b, remove_background,
                   threshold, progress=gr.Progress()):
         """Add the uploaded images to both models' feature PCA (one forward pass each, no gradients)."""
         if state is None:
-            raise ValueError("Press Compare first; the joint PCA adds images to that comparison.")
-        files = list(files or [])
-        if not files or len(files) + 1 > MAX_PCA_IMAGES:
-            raise ValueError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
+            raise InputError("Press Compare first; the joint PCA adds images to that comparison.")
+        background = _background(remove_background, threshold)
+        if isinstance(files, (list, tuple)) and len(files) > MAX_PCA_IMAGES - 1:
+            raise InputError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
+        uploads = client_files(files, [gradio_utils.get_upload_folder()], self.app.config.limits.max_bytes,
+                               MAX_PCA_IMAGES - 1)
+        if not uploads:
+            raise InputError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
         handles = (self.app.handle(key_a), self.app.handle(key_b))
         sizes = (state.comparison.a.layout.input_size, state.comparison.b.layout.input_size)
         features, crops = [list(f[:1]) for f in state.features], [list(c[:1]) for c in state.crops]
         names = [state.names[0]]
-        for done, path in enumerate(files, 1):
-            progress((done, len(files)), unit="images")
-            picture = load_image(path, self.app.config.limits)
+        for done, (source, file_name) in enumerate(uploads, 1):
+            progress((done, len(uploads)), unit="images")
+            picture = load_image(source, self.app.config.limits)
             for index in range(2):
                 result = analyze_image(handles[index], picture, input_size=sizes[index], gradients=False)
                 features[index].append(result.patch_features.astype(np.float32))
                 crops[index].append(result.rgb)
-            names.append(str(path).replace("\\", "/").rsplit("/", 1)[-1])
+            names.append(file_name)
         state = replace(state, features=tuple(map(tuple, features)), crops=tuple(map(tuple, crops)), names=tuple(names))
-        return state, *pca_views(state, bool(remove_background), _fraction(threshold, BACKGROUND_THRESHOLD))
+        return state, *pca_views(state, *background)
 
 
 def _titled(fig, label: str):
@@ -260,16 +275,17 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
             pca_b = gr.Image(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
 
     gr.on([load_b.click], shows_errors(handlers.load_second), inputs=[name_b, weights_b], outputs=[key_b, status_b],
-          api_name="compare_load_model")
+          api_name="compare_load_model", preprocess=False)
     gr.on([run.click], shows_errors(handlers.run), inputs=[image, key, key_b, size_b, mass, remove_background, threshold],
           outputs=[state, layer, note, top_a, top_b, maps, table, distance, filters, similarity, heads_a, heads_b,
                    pca_a, pca_b], preprocess=False, api_name="compare_models", **model_pass)
     gr.on([layer.input], shows_errors(handlers.relayer), inputs=[state, layer], outputs=[maps, table, note],
-          api_name="compare_layer", trigger_mode="always_last", show_progress="hidden")
+          api_name="compare_layer", trigger_mode="always_last", show_progress="hidden", preprocess=False)
     gr.on([mass.input], shows_errors(handlers.remask), inputs=[state, mass], outputs=[heads_a, heads_b], api_name="compare_mass",
-          trigger_mode="always_last", show_progress="hidden")
+          trigger_mode="always_last", show_progress="hidden", preprocess=False)
     gr.on([remove_background.input, threshold.input], shows_errors(handlers.repca), inputs=[state, remove_background, threshold],
-          outputs=[pca_a, pca_b], api_name="compare_pca", trigger_mode="always_last", show_progress="hidden")
+          outputs=[pca_a, pca_b], api_name="compare_pca", trigger_mode="always_last", show_progress="hidden",
+          preprocess=False)
     gr.on([pca_button.click], shows_errors(handlers.joint_pca),
           inputs=[state, pca_files, key, key_b, remove_background, threshold], outputs=[state, pca_a, pca_b],
-          api_name="compare_joint_pca", **model_pass)
+          api_name="compare_joint_pca", preprocess=False, **model_pass)
