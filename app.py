@@ -31,6 +31,7 @@ from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.ui import compare as compare_ui
+from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 
 log = logging.getLogger("vit_inspect.app")
@@ -183,6 +184,7 @@ def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np
             drawn.append(session.distance.draw((view.layer, view.head)))
         elif name == "compare":
             shown = {titles[k]: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
+            shown |= {k: v for k, v in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)) if v is not None}
             drawn.append(figure_image(plotting.maps_figure(result.rgb, shown, relu_names=(titles["gradcam"],))))
         elif grid_map(name) is None:
             drawn.append(None)
@@ -481,7 +483,8 @@ class Inspector:
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = {"attention": result.attention, "mean_distance": result.mean_distance, "probs": result.probs,
-                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer}
+                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
+                  "attnlrp": result.attnlrp}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
@@ -564,6 +567,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                     "layer, head and query under **Attention**, fusion and layers under **Rollout**, "
                                     "class and block under **Grad-CAM**.")
                         panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
+                    with gr.Tab("Faithfulness"):
+                        faithfulness = FaithfulnessTab()
                     with gr.Tab("Attention distance") as distance_tab:
                         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
@@ -631,6 +636,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([target.input], app.set_target, inputs=[session, target], inputs_kwargs=controls,
               outputs=[session, panel["gradcam"], panel["relevance"]], api_name="set_target", **raw, **model_pass)
+        faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")

@@ -13,7 +13,7 @@ from conftest import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
 from vit_inspect.cli import main
 
 ANALYZE_KEYS = {"image", "model", "input_size", "patch_size", "grid", "num_prefix_tokens", "topk",
-                "mean_attention_distance", "rollout", "gradcam", "chefer"}
+                "mean_attention_distance", "rollout", "gradcam", "chefer", "legrad", "attnlrp"}
 
 
 def _run(capsys, *argv):
@@ -41,7 +41,7 @@ def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
     assert len(record["topk"]) == 5 and set(record["topk"][0]) == {"index", "label", "prob"}
     assert record["topk"][0]["label"].split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
     assert np.array(record["mean_attention_distance"]).shape == (12, 3)
-    for key in ("rollout", "gradcam", "chefer"):
+    for key in ("rollout", "gradcam", "chefer", "legrad", "attnlrp"):
         assert np.array(record[key]).shape == (14, 14), key
     assert abs(np.sum(record["rollout"]) - 1) < 0.2  # class row of a row-stochastic matrix, minus prefix keys
     for name in ("chelsea_maps.png", "chelsea_distance.png"):

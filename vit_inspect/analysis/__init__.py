@@ -6,6 +6,7 @@ from .chefer import chefer_matrix, chefer_relevance
 from .entropy import attention_entropy
 from .filters import FilterPCA, filter_pca
 from .gradcam import gradcam_from_tokens
+from .legrad import legrad_map, patch_relevance
 from .pos_embed import pos_embed_similarity
 from .rollout import rollout, rollout_matrix
 
@@ -21,7 +22,9 @@ __all__ = [
     "distances_per_image",
     "filter_pca",
     "gradcam_from_tokens",
+    "legrad_map",
     "mean_attention_distance",
+    "patch_relevance",
     "pos_embed_similarity",
     "readout",
     "rollout",

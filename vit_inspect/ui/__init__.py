@@ -1,1 +1,2 @@
-"""Helpers for user interfaces that serve untrusted clients. No dependency on any UI toolkit."""
+"""Helpers for user interfaces that serve untrusted clients (no dependency on any UI toolkit), and the
+app's Gradio tabs, one module each (`faithfulness`), which only app.py imports."""
