@@ -32,7 +32,8 @@ def _dense(handle, result):
 
 
 def _queries(layout):
-    return [None, "mean", (0, 0), (layout.grid_h - 1, layout.grid_w - 1)] + (["class"] if layout.has_class_token else [])
+    return ([None, "mean", (0, 0), (layout.grid_h - 1, layout.grid_w - 1)] + (["class"] if layout.has_class_token else [])
+            + (["distillation"] if layout.num_dist_tokens else []))
 
 
 def _compare(handle, result):
@@ -206,12 +207,13 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     assert result.heads.entropy.shape == (handle.depth, handle.num_heads) and result.heads.entropy.dtype == np.float32
 
 
-def test_nbytes_counts_the_store_legrad_attnlrp_and_heads():
+def test_nbytes_counts_the_store_legrad_attnlrp_features_and_heads():
     handle = tiny_handle("cls")
     result = analyze_image(handle, _image())
     assert result.legrad is not None and result.attnlrp is not None and result.heads is not None
+    assert result.patch_features is not None
     arrays = (result.rgb, result.probs, result.mean_distance, result.gradcam, result.chefer, result.legrad,
-              result.attnlrp)
+              result.attnlrp, result.patch_features)
     expected = result.attention_store.nbytes() + sum(a.nbytes for a in arrays) + result.heads.nbytes()
     assert result.heads.nbytes() > 0 and result.nbytes() == expected
     cached = result.rollout(head_fusion="max")  # a cached rollout counts too

@@ -114,15 +114,19 @@ class AttentionStore:
 
 def query_vector(layout: TokenLayout, query: Query) -> np.ndarray:
     """(N,) float64 weights of the query rows a readout takes (see `attention_maps.readout`): one-hot for
-    the class token or a patch, uniform 1/P over the patch tokens for "mean"."""
+    the class token, the distillation token or a patch, uniform 1/P over the patch tokens for "mean"."""
     if query is None:
         query = "class" if layout.has_class_token else "mean"
     weights = np.zeros(layout.num_tokens)
     if query == "mean":
         weights[layout.patch_slice] = 1.0 / layout.num_patches
+    elif query == "distillation":
+        if not layout.num_dist_tokens:
+            raise ValueError("query='distillation' but this model has no distillation token")
+        weights[int(layout.has_class_token)] = 1.0  # right after the class token, as `readout` reads it
     elif isinstance(query, str):
         if query != "class":
-            raise ValueError(f"unknown query {query!r}; use None, 'class', 'mean' or a (row, col) patch")
+            raise ValueError(f"unknown query {query!r}; use None, 'class', 'distillation', 'mean' or a (row, col) patch")
         if not layout.has_class_token:
             raise ValueError("query='class' but this model has no class token; use None or a (row, col) patch")
         weights[layout.class_token_index] = 1.0

@@ -60,6 +60,7 @@ class ImageAnalysis:
     heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
     legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
     attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
+    patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property
@@ -111,10 +112,10 @@ class ImageAnalysis:
         return {"attention_queries": store.queries, "attention_keys": store.keys, "attention_scale": store.scale}
 
     def nbytes(self) -> int:
-        """Memory held by the arrays of this result: its attention store, LeGrad, AttnLRP, the head
-        statistics and the cached rollouts included."""
+        """Memory held by the arrays of this result: its attention store, LeGrad, AttnLRP, the patch
+        features, the head statistics and the cached rollouts included."""
         arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
-                  *self._rollouts.values())
+                  self.patch_features, *self._rollouts.values())
         return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
                 + (self.heads.nbytes() if self.heads is not None else 0))
 
@@ -146,6 +147,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
+    The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     pixels, rgb = handle.preprocess.apply(picture, input_size)
@@ -168,6 +170,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
           relevance_rules(handle) as lrp,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
+    features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
     chosen = gradcam = chefer = first_order = legrad = attnlrp = None
@@ -196,7 +199,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention_store=stream.store(), mean_distance=stream.mean_distance(),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
+        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16))
 
 
 def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:
