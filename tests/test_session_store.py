@@ -30,6 +30,19 @@ def test_least_recently_used_is_dropped_first():
     assert isinstance(ResultDropped(), VitInspectError) and str(ResultDropped()) == DROPPED
 
 
+def test_an_eviction_hands_freed_memory_back(monkeypatch):
+    from vit_inspect import session_store
+
+    assert session_store.release_freed_memory() is (session_store._malloc_trim() is not None)  # glibc: True
+    calls = []
+    monkeypatch.setattr(session_store, "release_freed_memory", lambda: calls.append(1) or True)
+    store = SessionStore(budget=100)
+    store.put("a", 60)
+    assert calls == []  # nothing dropped, nothing to hand back
+    store.put("b", 60)
+    assert calls == [1] and store.evictions == 1
+
+
 def test_growing_a_slot_recounts_it_and_evicts_others():
     store = SessionStore(budget=100)
     a, b = store.put("a", 30), store.put("b", 30)

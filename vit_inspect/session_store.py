@@ -9,6 +9,8 @@ data. A single result larger than the whole budget is refused with a sentence.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any, Callable
@@ -35,6 +37,27 @@ class ResultTooLarge(VitInspectError):
 def module_nbytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and buffers (what a loaded model holds)."""
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim`` or None (another C library, or no C library to load)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the operating system (glibc ``malloc_trim(0)``); False where
+    that is not available. Dropped results are freed to the heap, but glibc raises its mmap threshold
+    after large frees, so the arrays of later passes come from the heap and its free pages stay in the
+    process's RSS: without this a full store's RSS grows by tens of MB beyond its byte count."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
 
 
 class Slot:
@@ -104,16 +127,21 @@ class SessionStore:
             raise ResultTooLarge(
                 f"This result needs {nbytes / 1e6:.0f} MB but the server keeps at most {max(room, 0) / 1e6:.0f} MB "
                 "of results; try a smaller input size or a smaller model.")
+        dropped = []  # released outside the lock, then their memory handed back
         with self._lock:
             self._slots.pop(id(slot), None)
             held = sum(s.nbytes for s in self._slots.values())
             while self._slots and held + nbytes > room:
                 _, oldest = self._slots.popitem(last=False)
                 held -= oldest.nbytes
+                dropped.append(oldest._value)
                 oldest._value, oldest.nbytes = None, 0
                 self.evictions += 1
             slot._value, slot.nbytes = value, int(nbytes)
             self._slots[id(slot)] = slot
+        if dropped:
+            dropped.clear()
+            release_freed_memory()
 
     def drop(self, slot: Slot) -> None:
         """Let one slot's value go (e.g. the session ended)."""
