@@ -6,6 +6,7 @@ Weights files are read without unpickling code: safetensors, or `torch.load(weig
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import hub
 from .errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
 from .images import Preprocess
 from .tokens import TokenLayout
@@ -286,21 +288,23 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
 
 def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
     wanted = checkpoint_dir / f"{name}.safetensors"
-    probe = _create_timm(name, pretrained=False)
-    cfg = probe.pretrained_cfg or {}
-    if not (cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("file")):
-        raise WeightsNotFoundError(
-            f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
-            "or pass one with --weights.")
-    try:
-        return _create_timm(name, pretrained=True)
-    except UnsupportedModelError:
-        raise
-    except Exception as exc:  # network, cache and hub errors come in many types
-        raise WeightsNotFoundError(
-            f"Could not get weights for {name!r} from the Hugging Face hub ({type(exc).__name__}). "
-            f"Without network access, put the weights file at {wanted} "
-            f"(or pass --weights FILE).") from None
+    with hub.hub_access(name) as online:  # a recent failure is raised here at once, before building anything
+        probe = _create_timm(name, pretrained=False)
+        cfg = probe.pretrained_cfg or {}
+        if not (cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("file")):
+            raise WeightsNotFoundError(
+                f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
+                "or pass one with --weights.")
+        try:
+            return _create_timm(name, pretrained=True)
+        except UnsupportedModelError:
+            raise
+        except Exception as exc:  # network, cache and hub errors come in many types
+            why = (f"from the Hugging Face hub ({type(exc).__name__})" if online else
+                   "in the local hub cache, and the hub is offline (HF_HUB_OFFLINE=1) or does not answer")
+            raise WeightsNotFoundError(
+                f"Could not get weights for {name!r} {why}. Without network access, put the weights file at "
+                f"{wanted} (or pass --weights FILE).") from None
 
 
 def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
@@ -369,12 +373,15 @@ def handle_from_timm(model: nn.Module, name: str = "custom", device: str | torch
 def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None) -> ViTHandle:
     from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-    except Exception as exc:  # missing folder, no network, not a model repo
-        raise ModelNotFoundError(
-            f"Could not read a Hugging Face model config for {source!r} ({type(exc).__name__}). Give a local "
-            "folder with config.json, or a hub id such as 'google/vit-base-patch16-224' (needs network).") from None
+    local = Path(source).is_dir()
+    with (contextlib.nullcontext(True) if local else hub.hub_access(source)) as online:
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        except Exception as exc:  # missing folder, no network, not a model repo
+            why = type(exc).__name__ if online else "the hub is offline or does not answer"
+            raise ModelNotFoundError(
+                f"Could not read a Hugging Face model config for {source!r} ({why}). Give a local folder with "
+                "config.json, or a hub id such as 'google/vit-base-patch16-224' (needs network).") from None
     if config.model_type not in HF_MODEL_TYPES:
         raise UnsupportedModelError(
             f"{source!r} is a {config.model_type!r} model; vit_inspect supports these Hugging Face "
