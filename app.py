@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from gradio import utils as gradio_utils
 from PIL import Image
 
 from vit_inspect import plotting
-from vit_inspect.analysis import filter_pca
-from vit_inspect.cli import analysis_record
+from vit_inspect.analysis import class_name, filter_pca, mass_mask, search_classes
+from vit_inspect.cli import analysis_record, class_record
 from vit_inspect.errors import ImageError, VitInspectError
+from vit_inspect.geometry import InputGeometry
 from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
@@ -52,6 +54,14 @@ EXAMPLES = (  # (file in assets/, caption with the credit and licence from asset
 )
 READOUT, PATCH = "class / readout token", "clicked patch"  # choices of the attention query
 HEAD_FUSIONS = ("mean", "max", "min")
+GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
+SCALES = {"each map its own range": "own", "shared across layers and heads": "shared", "absolute (0 to 1)": "absolute"}
+ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollout for the class (vit-explain)": "gradient"}
+DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
+UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
+         "gradcam": "Grad-CAM (activation × gradient)", "relevance": "relevance (logit units)",
+         "heads": "attention weight (probability)"}
+CLASS_CHOICES = 30  # classes listed in the target picker: the top 5, then search results
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
@@ -59,7 +69,7 @@ DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time 
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 MAP_BOX_HEIGHT = 290  # CSS pixels: a 224-pixel map sits centred below the image label, never scaled up
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
-IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare")  # per-image outputs
+IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")  # per-image outputs
 
 
 @dataclass(frozen=True)
@@ -87,13 +97,19 @@ class Session:
     model: CacheKey  # the model the passes ran on
     source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
     name: str  # the upload's file name, for the downloads
-    results: dict[int | None, ImageAnalysis]  # one pass per target class (None: a model without a head)
-    target: int | None  # the pass shown now
+    results: dict[tuple[int | None, int | None], ImageAnalysis]  # one pass per (target, contrast) class pair
+    target: tuple[int | None, int | None]  # the pass shown now
     distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
+    labels: tuple[str, ...] = ()  # the model's class names
+    model_label: str = ""  # model name and weights, for every caption
+    geometry: InputGeometry = InputGeometry()  # how the upload became the input
 
     @property
     def result(self) -> ImageAnalysis:
         return self.results[self.target]
+
+    def class_text(self, index: int | None) -> str:
+        return "" if index is None else class_name(self.labels, index)
 
 
 @dataclass(frozen=True)
@@ -104,44 +120,106 @@ class View:
     head: int | None  # None: mean of heads
     patch: tuple[int, int] | None  # query patch (row, col); None: the readout token
     head_fusion: str  # rollout: how heads are fused
-    discard_ratio: float  # rollout: fraction of the lowest attention dropped per row
+    discard_ratio: float  # rollout: fraction of the lowest attention dropped
     first_layer: int  # rollout: first and last layer, both included
     last_layer: int
     gradcam_layer: int
+    scale: str = "own"  # colour range: "own" (each map), "shared" (across layers/heads), "absolute" (0 to 1)
+    rollout_method: str = "attention"  # "attention" (Abnar & Zuidema) or "gradient" (vit-explain, class-specific)
+    discard: str = "row"  # "row" (ours) or "matrix" (vit-explain's whole-matrix discard)
+    threshold: float | None = None  # heads grid: keep the patches holding this fraction of the mass; None: off
 
     @classmethod
     def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
-                      discard_ratio, first_layer, last_layer, gradcam_layer) -> View:
-        """UI values (floats, None for an empty box) -> a View; slider values beyond this model are clamped."""
+                      discard_ratio, first_layer, last_layer, gradcam_layer, scale=None, rollout_method=None,
+                      discard=None, threshold_on=False, threshold=60) -> View:
+        """UI values (floats, None for an empty box) -> a View; slider values beyond this model are clamped.
+        An inverted rollout range is refused (ValueError), never silently swapped."""
         layout = result.layout
         clamp = (lambda value, top: min(max(int(round(float(value or 0))), 0), top))
-        first, last = sorted((clamp(first_layer, result.depth - 1), clamp(last_layer, result.depth - 1)))
+        first, last = clamp(first_layer, result.depth - 1), clamp(last_layer, result.depth - 1)
+        if first > last:
+            raise ValueError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
+                             "'From layer' must not be after 'To layer'.")
+        fraction = min(max(float(threshold or 0) / 100.0, 0.01), 1.0)
         return cls(layer=clamp(layer, result.depth - 1),
                    head=None if mean_heads else clamp(head, result.num_heads - 1),
                    patch=(clamp(row, layout.grid_h - 1), clamp(col, layout.grid_w - 1)) if query == PATCH else None,
                    head_fusion=head_fusion if head_fusion in HEAD_FUSIONS else "mean",
-                   discard_ratio=float(discard_ratio or 0.0), first_layer=first, last_layer=last,
-                   gradcam_layer=clamp(gradcam_layer, result.depth - 1))
+                   discard_ratio=min(max(float(discard_ratio or 0.0), 0.0), 0.99), first_layer=first, last_layer=last,
+                   gradcam_layer=clamp(gradcam_layer, result.depth - 1), scale=SCALES.get(scale, "own"),
+                   rollout_method=ROLLOUTS.get(rollout_method, "attention"), discard=DISCARDS.get(discard, "row"),
+                   threshold=fraction if threshold_on else None)
+
+    def query_text(self) -> str:
+        return "the class / readout token" if self.patch is None else f"patch (row {self.patch[0]}, col {self.patch[1]})"
 
     def titles(self) -> dict[str, str]:
         heads = "mean of heads" if self.head is None else f"head {self.head}"
-        source = "" if self.patch is None else f", from patch {self.patch}"
-        return {"attention": f"attention, layer {self.layer}, {heads}{source}",
-                "rollout": f"rollout ({self.head_fusion}), layers {self.first_layer}-{self.last_layer}",
-                "gradcam": f"Grad-CAM, block {self.gradcam_layer}",
-                "relevance": "gradient-weighted attention"}
+        discard = f", discard {self.discard_ratio:.0%} {'per row' if self.discard == 'row' else 'of the whole matrix'}"
+        rollout = ("gradient rollout for the class (vit-explain)" if self.rollout_method == "gradient"
+                   else f"rollout ({self.head_fusion} of heads)")
+        return {"attention": f"attention, layer {self.layer}, {heads}, from {self.query_text()}",
+                "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
+                           + (discard if self.discard_ratio > 0 else ""),
+                "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
+                "relevance": "gradient-weighted attention (Chefer et al.)"}
+
+    def record(self) -> dict:
+        """These settings for the downloads."""
+        return {"attention": {"layer": self.layer, "head": "mean of heads" if self.head is None else self.head,
+                              "query": "class / readout token" if self.patch is None else list(self.patch)},
+                "rollout": {"method": self.rollout_method, "head_fusion": self.head_fusion,
+                            "discard_ratio": self.discard_ratio, "discard": self.discard,
+                            "first_layer": self.first_layer, "last_layer": self.last_layer},
+                "gradcam_block": self.gradcam_layer, "colour_scale": self.scale,
+                "threshold_mass": self.threshold}
 
 
 def view_map(result: ImageAnalysis, view: View, name: str) -> np.ndarray | None:
-    """One raw (grid_h, grid_w) map of MAP_NAMES; None for Grad-CAM and relevance of a model without a head."""
+    """One raw (grid_h, grid_w) map of MAP_NAMES; None for the gradient maps of a model without a head."""
     if name == "attention":
         return result.attention_map(view.layer, view.head, view.patch)
     if name == "rollout":
+        if view.rollout_method == "gradient":
+            return result.gradient_rollout(view.discard_ratio, start_layer=view.first_layer,
+                                           end_layer=view.last_layer + 1, discard=view.discard)
         return result.rollout(view.head_fusion, view.discard_ratio, start_layer=view.first_layer,
-                              end_layer=view.last_layer + 1)
+                              end_layer=view.last_layer + 1, discard=view.discard)
     if result.gradcam is None:
         return None
     return result.gradcam[view.gradcam_layer] if name == "gradcam" else result.chefer
+
+
+def colour_range(result: ImageAnalysis, view: View, name: str, grid_map: np.ndarray) -> tuple[tuple[float, float], str]:
+    """((low, high), words) of a map's colour range under the view's scale; scales that do not apply
+    to a map fall back to its own range, and the words say which range was used."""
+    if view.scale == "absolute" and name in ("attention", "rollout", "heads"):
+        return (0.0, 1.0), "colour 0 to 1"
+    if view.scale == "shared" and name in ("attention", "heads"):
+        top = max(float(result.head_maps(layer, view.patch).max()) for layer in range(result.depth))
+        return (0.0, top), "colour shared over all layers and heads"
+    if view.scale == "shared" and name == "gradcam":
+        return (0.0, float(np.maximum(result.gradcam, 0).max())), "colour shared over all blocks"
+    return plotting.map_range(grid_map, relu=name == "gradcam"), "colour: this map's own range"
+
+
+def share_text(shares: dict[str, float]) -> str:
+    return ("prefix tokens: " + ", ".join(f"{name} {value:.1%}" for name, value in shares.items())) if shares else ""
+
+
+def caption(session: Session, view: View, name: str, range_words: str) -> str:
+    """What a map shows: model, map and settings, class, colour range (and the prefix share for attention)."""
+    result = session.result
+    lines = [f"{session.model_label} · {view.titles()[name]}"]
+    if name in ("gradcam", "relevance") or (name == "rollout" and view.rollout_method == "gradient"):
+        target, contrast = session.target
+        lines.append(f"class {session.class_text(target)}"
+                     + (f" versus {session.class_text(contrast)}" if contrast is not None else ""))
+    if name == "attention":
+        lines.append(share_text(result.prefix_share(view.layer, view.head, view.patch)))
+    lines.append(range_words)
+    return "\n".join(line for line in lines if line)
 
 
 def figure_image(fig) -> np.ndarray:
@@ -150,6 +228,22 @@ def figure_image(fig) -> np.ndarray:
         return plotting.figure_to_rgb(fig)
     finally:
         fig.clear()
+
+
+def heads_figure(session: Session, view: View) -> np.ndarray:
+    """Every head of the view's layer from its query, shared colour range, optional DINO threshold masks."""
+    result = session.result
+    maps = result.head_maps(view.layer, view.patch)  # (heads, grid_h, grid_w)
+    (low, high), words = colour_range(result, view, "heads", maps)
+    if view.scale == "own":
+        low, high, words = float(maps.min()), float(maps.max()), "colour shared over the heads of this layer"
+    titles = [f"head {h} · " + share_text(result.prefix_share(view.layer, h, view.patch)).replace("prefix tokens: ", "")
+              for h in range(result.num_heads)]
+    masks = None if view.threshold is None else mass_mask(maps, view.threshold)
+    mask_words = "" if masks is None else f" · bright: the patches holding {view.threshold:.0%} of each head's attention"
+    title = (f"{session.model_label} · layer {view.layer}, every head, from {view.query_text()}{mask_words}\n{words}")
+    return figure_image(plotting.heads_grid_figure(result.rgb, maps, titles, UNITS["heads"], title=title,
+                                                   vmin=low, vmax=high, masks=masks))
 
 
 def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np.ndarray | None]:
@@ -168,14 +262,25 @@ def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np
     for name in names:
         if name == "distance":
             drawn.append(session.distance.draw((view.layer, view.head)))
+        elif name == "heads":
+            drawn.append(heads_figure(session, view))
         elif name == "compare":
-            shown = {titles[k]: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
-            drawn.append(figure_image(plotting.maps_figure(result.rgb, shown, relu_names=(titles["gradcam"],))))
+            shown = {k: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
+            ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
+            target, contrast = session.target
+            title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
+            title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
+            drawn.append(figure_image(plotting.maps_figure(
+                result.rgb, {titles[k]: v for k, v in shown.items()}, relu_names=(titles["gradcam"],),
+                units={titles[k]: UNITS[k] for k in shown}, ranges={titles[k]: r for k, r in ranges.items()},
+                title=title)))
         elif grid_map(name) is None:
             drawn.append(None)
         else:
-            drawn.append(plotting.overlay(result.rgb, grid_map(name), relu=name == "gradcam",
-                                          marker=view.patch if name == "attention" else None))
+            (low, high), words = colour_range(result, view, name, grid_map(name))
+            drawn.append(plotting.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
+                                            UNITS[name], vmin=low, vmax=high, relu=name == "gradcam",
+                                            marker=view.patch if name == "attention" else None))
     return drawn
 
 
@@ -231,14 +336,36 @@ def geometry_updates(handle: ViTHandle) -> list[dict]:
             gr.update(maximum=layout.grid_h - 1), gr.update(maximum=layout.grid_w - 1)]
 
 
-def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> tuple[dict | None, dict]:
-    """(gr.Label value, target dropdown update) for a result."""
+def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
+    """The gr.Label value of a result's top 5."""
     if not result.probs.size:
-        return None, gr.update(choices=[], value=None, interactive=False)
-    top = handle.top_labels(result.probs, 5)
-    choices = [(f"{t['label']} (#{t['index']}) · {t['prob']:.1%}", str(t["index"])) for t in top]
-    return ({f"{t['label']} (#{t['index']})": t["prob"] for t in top},
-            gr.update(choices=choices, value=str(result.target), interactive=True))
+        return None
+    return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(result.probs, 5)}
+
+
+def class_choices(labels: tuple[str, ...], probs: np.ndarray, indices: list[int]) -> list[tuple[str, str]]:
+    """Dropdown choices "label (#index) · p" for these classes, after the top 5 (each listed once)."""
+    top = [int(i) for i in np.argsort(-probs)[:5]] if probs.size else []
+    shown = list(dict.fromkeys(top + list(indices)))[:CLASS_CHOICES]
+    return [(f"{class_name(labels, i)} · {probs[i]:.1%}", str(i)) for i in shown]
+
+
+def find_class(labels: tuple[str, ...], probs: np.ndarray, text: str | None, role: str) -> int | None:
+    """The best class for what was typed (an index or a name); None for an empty box."""
+    text = (text or "").strip()[:100]
+    if not text:
+        return None
+    if not labels:
+        raise ValueError("This model has no classification head, so there is no class to explain.")
+    found = search_classes(labels, text, probs, limit=1)
+    if not found:
+        raise ValueError(f"No class matches {text!r} for the {role}; type a name (e.g. 'beagle') or an index "
+                         f"from 0 to {len(labels) - 1}.")
+    return found[0]
+
+
+def model_label(handle: ViTHandle) -> str:
+    return f"{handle.name} ({weights_label(handle)})"
 
 
 class Inspector:
@@ -257,8 +384,9 @@ class Inspector:
         return self.cache.get(key, allow_local_dirs=key == self.default_key)
 
     def startup(self, progress=gr.Progress()):
-        """Page load: the default model, or in its place how to get its weights."""
-        progress(0, desc="Loading the model")
+        """Page load: the default model (the server loads it in the background; this waits for it with a
+        progress bar), or in its place how to get its weights."""
+        progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
         try:
             handle = self.handle(self.default_key)
         except (VitInspectError, ValueError) as exc:
@@ -270,6 +398,8 @@ class Inspector:
 
     @shows_errors
     def load_model(self, name: str | None, weights: str | None, progress=gr.Progress()):
+        """Another model: everything shown for the previous one is cleared (the image is rerun through
+        `key.change`). On failure the picker goes back to the model in use (the event's .failure)."""
         name = (name or "").strip()
         if not name:
             raise ValueError("Choose a model from the list or type a timm name or Hugging Face id.")
@@ -281,26 +411,53 @@ class Inspector:
         key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
         handle = self.handle(key)
-        return key, describe(handle), gr.update(open=False), *geometry_updates(handle), None, None, None
+        return (key, describe(handle), gr.update(open=False), *geometry_updates(handle),
+                *[None] * 3, None, "", None, None)
+
+    @staticmethod
+    def picker_name(key: CacheKey) -> str:
+        """The model in use, put back in the picker after a failed load."""
+        return key.name
+
+    def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None) -> ImageAnalysis:
+        return analyze_image(handle, source, target=target, contrast=contrast, limits=self.config.limits,
+                             geometry=geometry)
+
+    @staticmethod
+    def geometry_of(mode: str | None, size: float | None) -> InputGeometry:
+        side = None if size in (None, "") else int(round(float(size)))
+        if side is not None and not 16 <= side <= 1024:
+            raise ValueError(f"The shorter side must be between 16 and 1024 pixels, not {side}.")
+        return InputGeometry(GEOMETRIES.get(mode, "crop"), side)
 
     @shows_errors
-    def analyze(self, image: dict | None, key: CacheKey, progress=gr.Progress(), **controls):
+    def analyze(self, image: dict | None, key: CacheKey, geometry_mode: str | None, shorter_side: float | None,
+                progress=gr.Progress(), **controls):
         upload = upload_source(image)
         if upload is None:
-            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS)
+            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None
         source, name = upload
+        geometry = self.geometry_of(geometry_mode, shorter_side)
+        view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
         progress(0.1, desc="Loading the model")
         handle = self.handle(key)
         progress(0.4, desc="Running the model (one forward and one backward pass)")
-        result = analyze_image(handle, source, limits=self.config.limits)
+        result = self._pass(handle, source, geometry)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
-                                            title="this image")
-        session = Session(model=key, source=source, name=name, results={result.target: result}, target=result.target,
-                          distance=scatter)
-        predictions, target = prediction_labels(handle, result)
-        panels = draw_panels(IMAGE_PANELS, session, View.from_controls(result, **controls))
-        return session, predictions, result.rgb, target, *panels
+                                            title=f"{handle.name} · this image")
+        session = Session(model=key, source=source, name=name, results={(result.target, None): result},
+                          target=(result.target, None), distance=scatter, labels=handle.labels,
+                          model_label=model_label(handle), geometry=geometry)
+        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
+                            interactive=True) if result.probs.size else gr.update(choices=[], value=None))
+        try:
+            view = View.from_controls(result, **controls)
+        except ValueError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
+            view = View.from_controls(result, **view_controls)
+        panels = draw_panels(IMAGE_PANELS, session, view)
+        seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
+        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen
 
     def redraw(self, name: str):
         """A handler that redraws one panel from the session's cached pass; never calls the model."""
@@ -313,40 +470,87 @@ class Inspector:
 
     @shows_errors
     def pick_patch(self, evt: gr.SelectData, session: Session | None, **controls):
-        """A click on the attention map (x, y in the crop's pixels) makes that patch the query."""
+        """A click on the attention map (x, y in the crop's pixels) makes that patch the query; a click
+        on the colour bar or the caption beside the map does nothing."""
         if session is None or evt.index is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         x, y = evt.index[:2]
+        height, width = session.result.rgb.shape[:2]
+        if not (0 <= x < width and 0 <= y < height):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         row, col = session.result.layout.patch_at(float(y), float(x))
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
         return row, col, PATCH, *draw_panels(("attention",), session, view)
 
     @shows_errors
-    def set_target(self, session: Session | None, target: str | None, progress=gr.Progress(), **controls):
-        """Grad-CAM and relevance for another class: one new pass, or none if this class was seen before."""
-        if session is None or target in (None, ""):
-            return gr.skip(), gr.skip(), gr.skip()
-        try:
-            index = int(str(target).strip())
-        except ValueError:
-            raise ValueError(f"{str(target)[:40]!r} is not a class index; pick a class or type a whole "
-                             "number.") from None
+    def type_patch(self, session: Session | None, **controls):
+        """Typing a patch row or column makes that patch the query."""
+        if session is None:
+            return PATCH, gr.skip()
+        view = View.from_controls(session.result, **(controls | dict(query=PATCH)))
+        return PATCH, *draw_panels(("attention",), session, view)
+
+    def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
+        """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
         num_classes = session.result.probs.size
         if not num_classes:
             raise ValueError("This model has no classification head, so there is no class to explain.")
-        if not 0 <= index < num_classes:
-            raise ValueError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+        for index in (target, contrast):
+            if index is not None and not 0 <= index < num_classes:
+                raise ValueError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+        if contrast == target:
+            raise ValueError("The class to compare with is the class itself; choose another one.")
         results = dict(session.results)
-        if index not in results:
-            progress(0.3, desc=f"Gradients for class {index}")
-            fresh = analyze_image(self.handle(session.model), session.source, target=index, limits=self.config.limits)
+        if (target, contrast) not in results:
+            progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
+            fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast)
             # same image, same model: the attention is the same, so every target shares one copy
-            results[index] = replace(fresh, attention=session.result.attention)
+            results[(target, contrast)] = replace(fresh, attention=session.result.attention)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
-        session = replace(session, results=results, target=index)
+        return replace(session, results=results, target=(target, contrast))
+
+    def set_target(self, session: Session | None, target: str | None, versus: str | None, progress=gr.Progress(),
+                   **controls):
+        """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
+        choice is a warning and leaves every panel as it was."""
+        if session is None or target in (None, ""):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        try:
+            try:
+                index = int(str(target).strip())
+            except ValueError:
+                raise ValueError(f"{str(target)[:40]!r} is not a class; pick one from the list or type a name "
+                                 "or an index in the search box.") from None
+            contrast = find_class(session.labels, session.result.probs, versus, "comparison")
+            return self._show_class(session, index, contrast, [index], progress, controls)
+        except (VitInspectError, ValueError) as exc:
+            gr.Warning(str(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def search_class(self, session: Session | None, text: str | None, versus: str | None, progress=gr.Progress(),
+                     **controls):
+        """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
+        list shows the top 5, then the other matches. A search that finds nothing is a warning."""
+        if session is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        try:
+            index = find_class(session.labels, session.result.probs, text, "class to explain")
+            if index is None:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            contrast = find_class(session.labels, session.result.probs, versus, "comparison")
+            found = search_classes(session.labels, text or "", session.result.probs, limit=CLASS_CHOICES)
+            return self._show_class(session, index, contrast, found, progress, controls)
+        except (VitInspectError, ValueError) as exc:
+            gr.Warning(str(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls):
+        session = self._switch(session, index, contrast, progress)
         view = View.from_controls(session.result, **controls)
-        return session, *draw_panels(("gradcam", "relevance"), session, view)
+        choices = class_choices(session.labels, session.result.probs, found)
+        return (session, gr.update(choices=choices, value=str(index)),
+                *draw_panels(("gradcam", "relevance", "rollout"), session, view))
 
     @shows_errors
     def dataset_distance(self, files: list[str] | None, key: CacheKey, progress=gr.Progress()):
@@ -359,7 +563,8 @@ class Inspector:
         stats = dataset_attention_distance(
             handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
         image = figure_image(plotting.attention_distance_figure(
-            stats.distances, image_width=handle.input_size[1], title=f"mean over {stats.num_images} images"))
+            stats.distances, image_width=handle.input_size[1],
+            title=f"{model_label(handle)} · mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
             note += " Skipped: " + "; ".join(f"{name}: {reason}" for name, reason in stats.skipped)
@@ -372,7 +577,10 @@ class Inspector:
         return self.filter_figure_of(key)
 
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
-        return figure_image(plotting.filter_pca_figure(filter_pca(self.handle(key).patch_embed_weight())))
+        handle = self.handle(key)
+        fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
+        fig.suptitle(f"{model_label(handle)}\n{fig.get_suptitle()}")
+        return figure_image(fig)
 
     @shows_errors
     def native_similarity(self, key: CacheKey, progress=gr.Progress()):
@@ -401,34 +609,67 @@ class Inspector:
         if similarity is None:
             raise ValueError("This model has no learned position embeddings to compare.")
         fig = plotting.pos_similarity_figure(
-            similarity, title=f"Position-embedding similarity, {grid[0]}×{grid[1]} patches "
+            similarity, title=f"{model_label(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
         return figure_image(fig)
 
+    @staticmethod
+    def _download_folder() -> Path:
+        cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
+
     @shows_errors
     def downloads(self, session: Session | None, **controls) -> list[str]:
-        """The current image's figures as PNG, its numbers as JSON (the CLI's record) and .npz."""
+        """The current image's figures as PNG (each captioned with its model, class and settings), its
+        numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
         if session is None:
             raise ValueError("Analyse an image first; the downloads are its figures and numbers.")
         result = session.result
         view = View.from_controls(result, **controls)
-        cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
+        handle = self.handle(session.model)
+        folder = self._download_folder()
         stem = Path(session.name).stem or "image"
         paths = []
         for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, session, view)):
             if image is not None:
                 paths.append(folder / f"{stem}_{name}.png")
                 Image.fromarray(image).save(paths[-1])
-        record = analysis_record(self.handle(session.model), result, session.name) | {"target": result.target}
+        settings = {"model": handle.name, "weights": weights_label(handle),
+                    "input_geometry": session.geometry.describe(result.layout.input_size),
+                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast)}
+        settings |= view.record()
+        record = analysis_record(handle, result, session.name) | {"settings": settings}
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = {"attention": result.attention, "mean_distance": result.mean_distance, "probs": result.probs,
-                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer}
+                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer,
+                  "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
+        return [str(p) for p in paths]
+
+    @shows_errors
+    def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
+        """The Model tab's figures as PNG and its numbers as .npz: filter components and explained
+        variance, position-embedding similarity at the model's own grid."""
+        handle = self.handle(key)
+        folder = self._download_folder()
+        stem = handle.name.replace("/", "_")
+        pca = filter_pca(handle.patch_embed_weight())
+        paths = [folder / f"{stem}_filters.png"]
+        Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
+        arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
+                  "settings_json": np.array(json.dumps({"model": handle.name, "weights": weights_label(handle),
+                                                        "grid": list(handle.native_grid)}))}
+        similarity = pos_similarity_at(handle, handle.native_grid)
+        if similarity is not None:
+            paths.append(folder / f"{stem}_position_similarity.png")
+            Image.fromarray(self.similarity_figure_of(key, handle.native_grid)).save(paths[-1])
+            arrays["pos_similarity"] = similarity
+        paths.append(folder / f"{stem}_model.npz")
+        np.savez_compressed(paths[-1], **arrays)
         return [str(p) for p in paths]
 
 
@@ -436,76 +677,114 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
     app = Inspector(config, cache if cache is not None else ModelCache(config.cache_size))
     models = CURATED_MODELS if config.model in CURATED_MODELS else (config.model, *CURATED_MODELS)
-    map_out = dict(interactive=False, format="png", height=MAP_BOX_HEIGHT, buttons=["download", "fullscreen"])
-    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])
+    map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
+    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
     panel: dict[str, gr.Image] = {}
     with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS) as demo:
         key = gr.State(app.default_key)
         session = gr.State(None, time_to_live=config.session_ttl_s)
         gr.Markdown("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and "
                     "how it sees. Upload an image or pick an example; every slider and click redraws instantly "
-                    "from one pass of the model. In the maps, brighter means more (each map is scaled to its own "
-                    "range).")
-        status = gr.Markdown("Loading the model…")
+                    "from one pass of the model. Every map has a colour bar with its unit; **Colour scale** "
+                    "chooses each map's own range or one shared range.")
+        status = gr.Markdown("⏳ Loading the model…", elem_id="status")
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
                 image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=320,
                                  sources=["upload", "clipboard", "webcam"], elem_id="input-image")
+                geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
+                                         elem_id="geometry", info="The model's own centre crop, the whole image "
+                                         "squashed to its input size, or the whole image with its aspect ratio "
+                                         "kept (a non-square patch grid; position embeddings interpolated).")
+                shorter_side = gr.Number(224, label="Shorter side for 'aspect kept' (pixels)", precision=0,
+                                         minimum=16, maximum=1024, elem_id="shorter-side")
                 gr.Examples([[str(ASSETS / name)] for name, _ in EXAMPLES], inputs=image, label="Examples",
                             examples_per_page=len(EXAMPLES))
                 gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
                 with gr.Accordion("Change model", open=False) as model_box:
                     model_name = gr.Dropdown(list(models), value=config.model, label="Model", allow_custom_value=True,
+                                             elem_id="model-name",
                                              info="Or type any timm ViT name, or a Hugging Face id such as "
                                                   "google/vit-base-patch16-224.")
                     weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
-                                      file_types=[".safetensors"], type="filepath", height=100)
-                    load_button = gr.Button("Load model", variant="primary")
+                                      file_types=[".safetensors"], type="filepath", elem_id="weights-file")
+                    load_button = gr.Button("Load model", variant="primary", elem_id="load-model")
             with gr.Column(scale=2):
+                scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
+                                 info="Shared: one range over every layer and head (attention) or block "
+                                      "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
                 with gr.Tabs():
                     with gr.Tab("Predictions"):
                         with gr.Row():
                             predictions = gr.Label(num_top_classes=5, label="Top-5 classes", elem_id="predictions")
-                            crop = gr.Image(label="What the model sees (its input crop)", **map_out)
+                            crop = gr.Image(label="What the model sees (its input)", elem_id="crop", **map_out)
+                        seen = gr.Image(label="Your upload: the outlined region is what the model saw",
+                                        elem_id="seen-region", height=340, **map_out)
                     with gr.Tab("Attention"):
                         with gr.Row():
                             panel["attention"] = gr.Image(label="Attention map: click a patch to query from it",
                                                           elem_id="attention-map", **map_out)
                             with gr.Column():
                                 layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
-                                head = gr.Slider(0, 2, value=0, step=1, label="Head")
-                                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)")
+                                head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
+                                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)",
+                                                         elem_id="mean-heads")
                                 query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
-                                                 info="Whose attention: the token the classifier reads, or the "
-                                                      "patch you click on the map.")
+                                                 info="Whose attention: the token the classifier reads, or a "
+                                                      "patch (click the map, or type its row and column).")
                                 with gr.Row():
                                     row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13,
                                                     elem_id="patch-row")
                                     col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13,
                                                     elem_id="patch-col")
+                    with gr.Tab("All heads") as heads_tab:
+                        gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
+                                    "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
+                                    "of the head's attention that goes to the prefix tokens, which the maps leave out.")
+                        with gr.Row():
+                            threshold_on = gr.Checkbox(False, label="Threshold mask", elem_id="threshold-on",
+                                                       info="Keep bright only the smallest set of patches holding "
+                                                            "the chosen share of each head's attention.")
+                            threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
+                                                  elem_id="threshold")
+                        panel["heads"] = gr.Image(label="All heads", elem_id="heads-grid", **figure_out)
                     with gr.Tab("Rollout"):
                         with gr.Row():
-                            panel["rollout"] = gr.Image(label="Attention rollout (Abnar & Zuidema 2020)",
-                                                        elem_id="rollout-map", **map_out)
+                            panel["rollout"] = gr.Image(label="Rollout", elem_id="rollout-map", **map_out)
                             with gr.Column():
-                                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
+                                rollout_method = gr.Radio(list(ROLLOUTS), value=list(ROLLOUTS)[0], label="Method",
+                                                          elem_id="rollout-method",
+                                                          info="Gradient rollout weighs each layer's attention by "
+                                                               "its gradient for the class (Grad-CAM tab's class).")
+                                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion",
+                                                       info="Attention rollout only; gradient rollout averages.")
                                 discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
-                                                          info="Lowest attention dropped per row before rolling out.",
-                                                          elem_id="discard-slider")
-                                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer")
-                                last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)")
+                                                          info="Fraction of the lowest attention dropped before "
+                                                               "rolling out.", elem_id="discard-slider")
+                                discard = gr.Radio(list(DISCARDS), value=list(DISCARDS)[0], label="Discard where",
+                                                   elem_id="discard-where")
+                                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer",
+                                                        elem_id="first-layer")
+                                last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)",
+                                                       elem_id="last-layer")
                     with gr.Tab("Grad-CAM"):
                         with gr.Row():
-                            target = gr.Dropdown([], label="Target class", allow_custom_value=True, scale=2,
-                                                 info="One of the top 5, or type any class index and press Enter.")
+                            class_search = gr.Textbox(label="Find a class: name or index, then Enter",
+                                                      placeholder="e.g. 1 (goldfish) or beagle", elem_id="class-search",
+                                                      max_lines=1, scale=2)
+                            target = gr.Dropdown([], label="Class to explain", scale=2, elem_id="target",
+                                                 info="The top 5 first, then what the search found.")
+                            versus = gr.Textbox(label="Versus class (optional): name or index, then Enter",
+                                                placeholder="e.g. tabby", elem_id="versus", max_lines=1, scale=2,
+                                                info="Gradients of logit A − logit B: why A and not B?")
                             gradcam_layer = gr.Slider(0, 11, value=11, step=1, label="Grad-CAM block", scale=1)
                         with gr.Row():
-                            panel["gradcam"] = gr.Image(label="Grad-CAM (ReLU)", **map_out)
+                            panel["gradcam"] = gr.Image(label="Grad-CAM", elem_id="gradcam-map", **map_out)
                             panel["relevance"] = gr.Image(label="Gradient-weighted attention (Chefer et al. 2021)",
-                                                          **map_out)
+                                                          elem_id="relevance-map", **map_out)
                     with gr.Tab("All maps") as compare_tab:
-                        gr.Markdown("Every map on the same input crop, each with the options set in its own tab: "
-                                    "layer, head and query under **Attention**, fusion and layers under **Rollout**, "
+                        gr.Markdown("Every map on the same input, each with the options set in its own tab: "
+                                    "layer, head and query under **Attention**, method and layers under **Rollout**, "
                                     "class and block under **Grad-CAM**.")
                         panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
                     with gr.Tab("Attention distance") as distance_tab:
@@ -513,7 +792,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
                         with gr.Row():
                             panel["distance"] = gr.Image(label="This image", elem_id="distance-plot", **figure_out)
-                            dataset_plot = gr.Image(label="Averaged over your images", **figure_out)
+                            dataset_plot = gr.Image(label="Averaged over your images", elem_id="dataset-plot",
+                                                    **figure_out)
                         with gr.Row():
                             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
                                                     file_count="multiple", file_types=["image"], type="filepath",
@@ -522,54 +802,76 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         dataset_note = gr.Markdown()
                     with gr.Tab("Model") as model_tab:
                         gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
-                        pca = gr.Image(label="Patch-embedding filters: principal components", **figure_out)
-                        gr.Markdown("Position-embedding similarity at the model's own input size (left) and, "
-                                    "resampled as the model does it, at another input size (right):")
+                        pca = gr.Image(label="Patch-embedding filters: principal components", elem_id="filters",
+                                       **figure_out)
+                        gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
+                                    "as the model does it, at another input size (each full width; use the "
+                                    "fullscreen button to zoom):")
+                        similarity = gr.Image(label="Position-embedding similarity at the model's own size",
+                                              elem_id="similarity", **figure_out)
                         with gr.Row(equal_height=True):
                             height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
                             width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
                             similarity_button = gr.Button("Compare at this input size")
-                        with gr.Row():
-                            similarity = gr.Image(label="Position-embedding similarity at the model's own size",
-                                                  **figure_out)
-                            similarity_other = gr.Image(label="Position-embedding similarity at the other size",
-                                                        **figure_out)
+                        similarity_other = gr.Image(label="Position-embedding similarity at the other size",
+                                                    elem_id="similarity-other", **figure_out)
+                        model_download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
+                                                          elem_id="model-downloads-button")
+                        model_files = gr.File(label="Model files", file_count="multiple", interactive=False,
+                                              elem_id="model-files")
                     with gr.Tab("Downloads"):
                         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
-                                    "record) and NumPy `.npz` (attention, Grad-CAM, relevance, mean distance, and "
-                                    "the maps as shown). Each image above also has its own download button.")
-                        download_button = gr.Button("Prepare downloads", variant="primary")
-                        download_files = gr.File(label="Files", file_count="multiple", interactive=False)
+                                    "record plus every setting: model, weights, input geometry, layer, head, query, "
+                                    "rollout options, class) and NumPy `.npz` (attention, Grad-CAM, relevance, mean "
+                                    "distance, the maps as shown, and the same settings as `settings_json`).")
+                        download_button = gr.Button("Prepare downloads", variant="primary", elem_id="downloads-button")
+                        download_files = gr.File(label="Files", file_count="multiple", interactive=False,
+                                                 elem_id="download-files")
 
         controls = dict(layer=layer, head=head, mean_heads=mean_heads, query=query, row=row, col=col,
                         head_fusion=head_fusion, discard_ratio=discard_ratio, first_layer=first_layer,
-                        last_layer=last_layer, gradcam_layer=gradcam_layer)
+                        last_layer=last_layer, gradcam_layer=gradcam_layer, scale=scale, rollout_method=rollout_method,
+                        discard=discard, threshold_on=threshold_on, threshold=threshold)
         geometry = [layer, head, first_layer, last_layer, gradcam_layer, row, col]
         model_outputs = [pca, similarity, similarity_other]
+        cleared = [dataset_plot, dataset_note, download_files, model_files]  # shown for the previous model
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
+        class_outputs = [session, target, panel["gradcam"], panel["relevance"], panel["rollout"]]
 
         gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
-              outputs=[key, status, model_box, *geometry, *model_outputs], api_name="load_model")
-        gr.on([image.change, key.change], app.analyze, inputs=[image, key], inputs_kwargs=controls,
-              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS]],
+              outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model",
+              ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
+        gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
+              inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls,
+              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
               preprocess=False, api_name="analyze", **model_pass)
-        # Each panel redraws when a control it shows changes; the last two panels have no controls of their
-        # own (they show those of other tabs), so they redraw when their tab opens.
-        redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, row.input, col.input],
-                   "rollout": [head_fusion.input, discard_ratio.input, first_layer.input, last_layer.input],
-                   "gradcam": [gradcam_layer.input],
+        # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
+        # when their tab opens.
+        scale_change = [scale.input]
+        redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, *scale_change],
+                   "rollout": [head_fusion.input, discard_ratio.input, first_layer.input, last_layer.input,
+                               rollout_method.input, discard.input, *scale_change],
+                   "gradcam": [gradcam_layer.input, *scale_change],
+                   "heads": [heads_tab.select, threshold_on.input, threshold.release, *scale_change],
                    "distance": [distance_tab.select],
                    "compare": [compare_tab.select]}
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY)
+        gr.on([mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[mean_heads],
+              outputs=[head], api_name="head_enabled", show_progress="hidden")
         gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
               concurrency_limit=DRAW_CONCURRENCY)
-        gr.on([target.input], app.set_target, inputs=[session, target], inputs_kwargs=controls,
-              outputs=[session, panel["gradcam"], panel["relevance"]], api_name="set_target", **model_pass)
+        gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
+              outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
+              trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY)
+        gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
+              outputs=class_outputs, api_name="set_target", **model_pass)
+        gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
+              inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
@@ -577,6 +879,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               api_name="native_similarity")
         gr.on([similarity_button.click], app.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
               api_name="pos_similarity")
+        gr.on([model_download_button.click], app.model_downloads, inputs=[key, height, width], outputs=[model_files],
+              api_name="model_downloads")
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
               outputs=[download_files], api_name="downloads")
     return demo
@@ -615,13 +919,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     return config, args
 
 
+def preload(cache: ModelCache, config: AppConfig) -> None:
+    """Load the default model in the background while the server starts; a page opened meanwhile waits
+    for it with a progress bar, and a failure is explained on the page (and printed here)."""
+    try:
+        cache.get(CacheKey.of(config.model, config.weights, config.device), allow_local_dirs=True)
+    except (VitInspectError, ValueError) as exc:
+        print(f"warning: {exc}")
+
+
 def main() -> None:
     config, args = parse_args()
     cache = ModelCache(config.cache_size)
-    try:  # load the default model now so the first visitor does not wait; the page explains a failure
-        cache.get(CacheKey.of(config.model, config.weights, config.device))
-    except (VitInspectError, ValueError) as exc:
-        print(f"warning: {exc}")
+    threading.Thread(target=preload, args=(cache, config), daemon=True).start()  # the port opens at once
     build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,
                                      **launch_limits(config))
 

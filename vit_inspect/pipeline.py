@@ -48,6 +48,7 @@ class ImageAnalysis:
     geometry: str = "crop"  # `InputGeometry.mode` the input was made with
     seen_box: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of the upload seen, pixels
     preview: np.ndarray | None = None  # (h, w, 3) uint8 the whole upload, longer side at most PREVIEW_SIDE
+    source_size: tuple[int, int] | None = None  # (width, height) of the upload, pixels
 
     @property
     def depth(self) -> int:
@@ -63,11 +64,12 @@ class ImageAnalysis:
                              self.readout if query is None else query)
 
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
-                start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
-        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options."""
+                start_layer: int = 0, end_layer: int | None = None, query=None, discard: str = "row") -> np.ndarray:
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options
+        (``discard``: "row" ours, "matrix" vit-explain's; see `analysis.rollout_matrix`)."""
         return rollout(self.attention, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        residual=residual, start_layer=start_layer, end_layer=end_layer,
-                       query=self.readout if query is None else query)
+                       query=self.readout if query is None else query, discard=discard)
 
     def gradient_rollout(self, discard_ratio: float = 0.9, start_layer: int = 0, end_layer: int | None = None,
                          query=None, discard: str = "matrix") -> np.ndarray | None:
@@ -163,7 +165,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query,
         contrast=contrast if use_grad else None, grad_attention=grad_attention,
-        geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture))
+        geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
+        source_size=picture.size)
 
 
 PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result

@@ -28,17 +28,30 @@ HIGHLIGHT_COLOR = "tab:red"
 HEAD_COLOR = "tab:blue"
 HIGHLIGHT_AREA = 60  # scatter marker area of a highlighted head, points²
 TITLE_CHARS = 30  # panel titles in maps_figure wrap at this many characters
+MASK_DIM = 0.3  # brightness kept outside a threshold mask
+PANEL_DPI = 100  # map_panel draws at this many pixels per inch, so the map keeps its pixels
+COLORBAR_PIXELS = 110  # width of map_panel's colour bar column, tick labels and unit included
+CAPTION_LINE_PIXELS = 13  # height of one caption line under a map_panel
+OUTLINE_COLOR = (0, 255, 255)  # the seen region on the upload preview
 
 
-def _normalized(grid_map: np.ndarray, relu: bool) -> np.ndarray:
-    """Optional ReLU, then min-max to [0, 1]; a constant map becomes all zeros."""
+def _normalized(grid_map: np.ndarray, relu: bool, vmin: float | None = None, vmax: float | None = None) -> np.ndarray:
+    """Optional ReLU, then [vmin, vmax] (default: the map's own min and max) to [0, 1], clipped;
+    an empty range maps everything to 0."""
     values = grid_map.astype(np.float64)
     if relu:
         values = np.maximum(values, 0.0)
-    low, high = values.min(), values.max()
+    low = values.min() if vmin is None else vmin
+    high = values.max() if vmax is None else vmax
     if not high > low:
         return np.zeros_like(values)
-    return (values - low) / (high - low)
+    return np.clip((values - low) / (high - low), 0.0, 1.0)
+
+
+def map_range(grid_map: np.ndarray, relu: bool = False) -> tuple[float, float]:
+    """(min, max) of a map after the optional ReLU: the per-map colour range."""
+    values = np.maximum(grid_map, 0.0) if relu else grid_map
+    return float(values.min()), float(values.max())
 
 
 def _upsample(grid_values: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -65,39 +78,140 @@ def _draw_marker(rgb: np.ndarray, grid_shape: tuple[int, int], marker: tuple[int
 
 
 def overlay(rgb: np.ndarray, grid_map: np.ndarray, cmap: str = "inferno", alpha: float = 0.55,
-            relu: bool = False, marker: tuple[int, int] | None = None) -> np.ndarray:
+            relu: bool = False, marker: tuple[int, int] | None = None, vmin: float | None = None,
+            vmax: float | None = None, mask: np.ndarray | None = None) -> np.ndarray:
     """Blend a (grid_h, grid_w) map over an (H, W, 3) uint8 image; returns (H, W, 3) uint8.
 
     The map is optionally ReLU'd, min-max normalised (a constant map shows as the colormap's low end),
     bilinearly upsampled to (H, W), coloured with ``cmap`` and alpha-blended (``alpha`` = weight of the
-    map). ``marker`` = (row, col) outlines that patch, patch size (H / grid_h, W / grid_w) pixels.
+    map). ``vmin``/``vmax`` fix the colour range (values outside are clipped). ``marker`` = (row, col)
+    outlines that patch, patch size (H / grid_h, W / grid_w) pixels. ``mask`` (grid_h, grid_w) bool
+    darkens the patches outside it (DINO-style thresholded maps).
     """
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
         raise ValueError(f"expected an (H, W, 3) uint8 image, got shape {rgb.shape} dtype {rgb.dtype}")
     if grid_map.ndim != 2:
         raise ValueError(f"expected a (grid_h, grid_w) map, got shape {grid_map.shape}")
     height, width = rgb.shape[:2]
-    upsampled = _upsample(_normalized(grid_map, relu), height, width)  # (H, W) in [0, 1]
+    upsampled = _upsample(_normalized(grid_map, relu, vmin, vmax), height, width)  # (H, W) in [0, 1]
     colors = matplotlib.colormaps[cmap](upsampled)[..., :3]  # (H, W, 3) in [0, 1]
     blended = (1.0 - alpha) * (rgb / 255.0) + alpha * colors
+    if mask is not None:
+        if mask.shape != grid_map.shape:
+            raise ValueError(f"mask {mask.shape} does not match the map {grid_map.shape}")
+        rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
+        cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
+        blended = np.where(mask[rows][:, cols][..., None], blended, MASK_DIM * blended)
     out = np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
     if marker is not None:
         _draw_marker(out, grid_map.shape, marker)
     return out
 
 
+def _colorbar(fig: Figure, low: float, high: float, unit: str, cmap: str = "inferno", **where):
+    mappable = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(low, high if high > low else low + 1e-12),
+                                            cmap=cmap)
+    bar = fig.colorbar(mappable, **where)
+    bar.set_label(unit, fontsize="small")
+    bar.ax.tick_params(labelsize="x-small")
+    return bar
+
+
 def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
-                marker: tuple[int, int] | None = None) -> Figure:
-    """One row of overlays, one per named (grid_h, grid_w) map; maps named in ``relu_names`` are ReLU'd."""
+                marker: tuple[int, int] | None = None, units: dict[str, str] | None = None,
+                ranges: dict[str, tuple[float, float]] | None = None, title: str = "") -> Figure:
+    """One row of overlays, one per named (grid_h, grid_w) map, each with a colour bar labelled with its
+    unit (``units``, default "value"). Maps named in ``relu_names`` are ReLU'd; ``ranges`` fixes a map's
+    colour range (default: its own min-max)."""
     if not maps:
         raise ValueError("no maps to show")
-    fig = Figure(figsize=(PANEL_INCHES * len(maps), PANEL_INCHES), layout="constrained")
+    height, width = rgb.shape[:2]
+    panel_w = PANEL_INCHES * max(1.0, width / height)
+    fig = Figure(figsize=((panel_w + 1.0) * len(maps), PANEL_INCHES + (0.4 if title else 0.0)), layout="constrained")
     for position, (name, grid_map) in enumerate(maps.items(), start=1):
+        relu = name in relu_names
+        low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
         ax = fig.add_subplot(1, len(maps), position)
-        ax.imshow(overlay(rgb, grid_map, relu=name in relu_names, marker=marker))
+        ax.imshow(overlay(rgb, grid_map, relu=relu, marker=marker, vmin=low, vmax=high))
         ax.set_title(textwrap.fill(name, TITLE_CHARS), fontsize="medium")
         ax.set_axis_off()
+        _colorbar(fig, low, high, (units or {}).get(name, "value"), ax=ax, fraction=0.046, pad=0.02)
+    if title:
+        chars = int(fig.get_figwidth() * 11)
+        fig.suptitle("\n".join(textwrap.fill(part, chars) for part in title.split("\n")), fontsize="medium")
     return fig
+
+
+def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vmin: float | None = None,
+              vmax: float | None = None, relu: bool = False, marker: tuple[int, int] | None = None,
+              mask: np.ndarray | None = None, cmap: str = "inferno") -> np.ndarray:
+    """One map as an (H', W', 3) uint8 picture: the overlay (`overlay`) at its own pixels in the top-left
+    corner, so that pixel (x, y) of the panel is pixel (x, y) of the crop; a colour bar labelled with
+    ``unit`` and its range to the right; the ``caption`` (what the map is: model, layer, head, class,
+    settings) wrapped underneath."""
+    low, high = map_range(grid_map, relu) if vmin is None or vmax is None else (vmin, vmax)
+    image = overlay(rgb, grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
+    height, width = image.shape[:2]
+    total_w = width + COLORBAR_PIXELS
+    lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, max(20, total_w // 6))]
+    caption_h = CAPTION_LINE_PIXELS * len(lines) + 8
+    total_h = height + caption_h
+    fig = Figure(figsize=(total_w / PANEL_DPI, total_h / PANEL_DPI), dpi=PANEL_DPI)
+    fig.figimage(image, xo=0, yo=caption_h, origin="upper")
+    cax = fig.add_axes((((width + 8) / total_w), (caption_h + 6) / total_h, 12 / total_w, (height - 12) / total_h))
+    _colorbar(fig, low, high, unit, cmap, cax=cax)
+    fig.text(4 / total_w, (caption_h - 4) / total_h, "\n".join(lines), va="top", ha="left", fontsize=7.5,
+             linespacing=1.25)
+    try:
+        return figure_to_rgb(fig)
+    finally:
+        fig.clear()
+
+
+def heads_grid_figure(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
+                      vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
+                      ncols: int = 6) -> Figure:
+    """Every head of one layer (``maps`` (heads, grid_h, grid_w)) as overlays on one shared colour range
+    (default: the min-max over all heads) with one colour bar; ``masks`` (heads, grid_h, grid_w) bool
+    darkens what lies outside each head's threshold mask (Caron et al. 2021, DINO, Fig. 3)."""
+    heads = maps.shape[0]
+    if len(titles) != heads:
+        raise ValueError(f"{heads} maps but {len(titles)} titles")
+    low = float(maps.min()) if vmin is None else vmin
+    high = float(maps.max()) if vmax is None else vmax
+    ncols = min(ncols, heads)
+    nrows = math.ceil(heads / ncols)
+    height, width = rgb.shape[:2]
+    tile_w, tile_h = 2.2 * math.sqrt(width / height), 2.2 * math.sqrt(height / width)
+    fig = Figure(figsize=(tile_w * ncols + 1.2, (tile_h + 0.35) * nrows + 0.5), layout="constrained")
+    axes = []
+    for index in range(heads):
+        ax = fig.add_subplot(nrows, ncols, index + 1)
+        ax.imshow(overlay(rgb, maps[index], vmin=low, vmax=high, mask=None if masks is None else masks[index]))
+        ax.set_title(titles[index], fontsize="small")
+        ax.set_axis_off()
+        axes.append(ax)
+    _colorbar(fig, low, high, unit, ax=axes, fraction=0.03, pad=0.01)
+    if title:
+        chars = int(fig.get_figwidth() * 11)  # about 11 medium-size characters per inch
+        fig.suptitle("\n".join(textwrap.fill(part, chars) for part in title.split("\n")), fontsize="medium")
+    return fig
+
+
+def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
+                   source_size: tuple[int, int]) -> np.ndarray:
+    """The preview of a whole upload (h, w, 3) uint8 with ``box`` = (left, top, right, bottom), in the
+    pixels of the upload of (width, height) = ``source_size``, outlined; everything outside it dimmed."""
+    height, width = preview.shape[:2]
+    scale_x, scale_y = width / source_size[0], height / source_size[1]
+    left, top = int(round(box[0] * scale_x)), int(round(box[1] * scale_y))
+    right, bottom = int(round(box[2] * scale_x)), int(round(box[3] * scale_y))
+    out = (preview.astype(np.float32) * 0.45).astype(np.uint8)
+    out[top:bottom, left:right] = preview[top:bottom, left:right]
+    image = Image.fromarray(out)
+    ImageDraw.Draw(image).rectangle((left, top, max(left, right - 1), max(top, bottom - 1)), outline=OUTLINE_COLOR,
+                                    width=max(2, round(min(width, height) / 100)))
+    return np.asarray(image)
 
 
 def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
@@ -189,7 +303,7 @@ def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int |
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(np.arange(depth))
-    ax.set_ylim(bottom=0.0)
+    ax.set_ylim(0.0, 1.08 * float(distances.max()) + 1.0)  # room above the highest dot: nothing clips
     if image_width is not None:
         secondary = ax.secondary_yaxis("right", functions=(lambda d: d / image_width, lambda f: f * image_width))
         secondary.set_ylabel("fraction of image width")
