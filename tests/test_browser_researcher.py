@@ -204,6 +204,7 @@ def test_researcher_workflow(server, page, tmp_path):
     expect(page.locator("#download-files")).not_to_contain_text(re.compile(r"chelsea\s*\.json"))
     expect(page.locator("#status")).to_contain_text("deit_tiny_patch16_224.safetensors")
     open_tab(page, "Predictions")
-    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby"))  # recomputed
+    expect(page.get_by_text(re.compile("Loading the model|Running the model|Drawing"))).to_have_count(0)  # recomputed
+    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby"))
     shot(page, "14_after_model_switch", full=True)
     expect(page.locator("[data-testid='toast-body'].error")).to_have_count(0)

@@ -5,16 +5,19 @@ upsampling to the image and the colormap.
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import textwrap
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
+from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from .analysis.filters import FilterPCA
 
@@ -29,7 +32,6 @@ HEAD_COLOR = "tab:blue"
 HIGHLIGHT_AREA = 60  # scatter marker area of a highlighted head, points²
 TITLE_CHARS = 30  # panel titles in maps_figure wrap at this many characters
 MASK_DIM = 0.3  # brightness kept outside a threshold mask
-PANEL_DPI = 100  # map_panel draws at this many pixels per inch, so the map keeps its pixels
 COLORBAR_PIXELS = 110  # width of map_panel's colour bar column, tick labels and unit included
 CAPTION_LINE_PIXELS = 13  # height of one caption line under a map_panel
 OUTLINE_COLOR = (0, 255, 255)  # the seen region on the upload preview
@@ -142,30 +144,49 @@ def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
     return fig
 
 
+@functools.lru_cache(maxsize=4)
+def _font(size: int) -> ImageFont.FreeTypeFont:
+    """Matplotlib's own DejaVu Sans at ``size`` pixels, for text drawn with PIL."""
+    return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+
+
 def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vmin: float | None = None,
               vmax: float | None = None, relu: bool = False, marker: tuple[int, int] | None = None,
               mask: np.ndarray | None = None, cmap: str = "inferno") -> np.ndarray:
     """One map as an (H', W', 3) uint8 picture: the overlay (`overlay`) at its own pixels in the top-left
-    corner, so that pixel (x, y) of the panel is pixel (x, y) of the crop; a colour bar labelled with
-    ``unit`` and its range to the right; the ``caption`` (what the map is: model, layer, head, class,
-    settings) wrapped underneath."""
+    corner, so that pixel (x, y) of the panel is pixel (x, y) of the crop; a colour bar with its range
+    and ``unit`` to the right; the ``caption`` (what the map is: model, layer, head, class, settings)
+    wrapped underneath. Drawn with PIL, not a matplotlib figure, so a slider redraw stays fast."""
     low, high = map_range(grid_map, relu) if vmin is None or vmax is None else (vmin, vmax)
     image = overlay(rgb, grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
     height, width = image.shape[:2]
+    small, text = _font(10), _font(11)
     total_w = width + COLORBAR_PIXELS
-    lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, max(20, total_w // 6))]
+    chars = max(20, total_w // 6)
+    lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, chars)]
     caption_h = CAPTION_LINE_PIXELS * len(lines) + 8
-    total_h = height + caption_h
-    fig = Figure(figsize=(total_w / PANEL_DPI, total_h / PANEL_DPI), dpi=PANEL_DPI)
-    fig.figimage(image, xo=0, yo=caption_h, origin="upper")
-    cax = fig.add_axes((((width + 8) / total_w), (caption_h + 6) / total_h, 12 / total_w, (height - 12) / total_h))
-    _colorbar(fig, low, high, unit, cmap, cax=cax)
-    fig.text(4 / total_w, (caption_h - 4) / total_h, "\n".join(lines), va="top", ha="left", fontsize=7.5,
-             linespacing=1.25)
-    try:
-        return figure_to_rgb(fig)
-    finally:
-        fig.clear()
+    panel = Image.new("RGB", (total_w, height + caption_h), (255, 255, 255))
+    panel.paste(Image.fromarray(image), (0, 0))
+    pen = ImageDraw.Draw(panel)
+    top, bottom, left = 6, max(7, height - 6), width + 8
+    ramp = matplotlib.colormaps[cmap](np.linspace(1.0, 0.0, bottom - top))[:, :3]  # (rows, 3), high at the top
+    bar = np.repeat((ramp * 255).astype(np.uint8)[:, None], 12, axis=1)  # (rows, 12, 3)
+    panel.paste(Image.fromarray(bar), (left, top))
+    pen.rectangle((left, top, left + 11, bottom - 1), outline=(0, 0, 0))
+    if high > low:
+        for value in matplotlib.ticker.MaxNLocator(5).tick_values(low, high):
+            if low - 1e-12 <= value <= high + 1e-12:
+                y = bottom - 1 - (value - low) / (high - low) * (bottom - top - 1)
+                pen.line((left + 12, y, left + 15, y), fill=(0, 0, 0))
+                pen.text((left + 18, y), f"{value:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
+    else:
+        pen.text((left + 18, bottom - 1), f"{low:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
+    label = Image.new("RGB", (max(1, bottom - top), 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((label.width // 2, 7), unit, fill=(0, 0, 0), font=small, anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (total_w - 16, top))
+    for index, line in enumerate(lines):
+        pen.text((4, height + 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+    return np.asarray(panel)
 
 
 def heads_grid_figure(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
