@@ -8,25 +8,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from PIL import Image
 
-from conftest import IMAGENET
+from conftest import dog_and_cat
 from test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, ARTIFACTS, image_src, open_tab, sync_api
 from test_app import CHELSEA, WEIGHTS, Server, pytestmark  # noqa: F401  (weights check and filters)
-
-DOG, CAT = IMAGENET / "n02106662_German_shepherd.JPEG", IMAGENET / "n02123045_tabby.JPEG"
-
-
-def dog_and_cat(path) -> None:
-    """The two shared photos side by side at one height: a wide picture, dog left, cat right."""
-    height = 224
-    pictures = [Image.open(p).convert("RGB") for p in (DOG, CAT)]
-    pictures = [p.resize((round(p.width * height / p.height), height)) for p in pictures]
-    pair = Image.new("RGB", (sum(p.width for p in pictures), height))
-    pair.paste(pictures[0], (0, 0))
-    pair.paste(pictures[1], (pictures[0].width, 0))
-    pair.save(path)
-
 
 @pytest.fixture(scope="module")
 def server():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import make_layout, tiny_handle
+from conftest import dog_and_cat, make_layout, tiny_handle
 from vit_inspect.analysis import (gradient_fused_attention, gradient_rollout, mass_mask, prefix_shares, rollout,
                                   rollout_matrix, search_classes)
 from vit_inspect.analysis.classes import class_name
@@ -157,3 +157,17 @@ def test_prepare_geometries_on_a_wide_image(mode, size, grid):
     assert (box == (0.0, 0.0, 80.0, 40.0)) == whole
     result = analyze_image(handle, image, geometry=InputGeometry(mode, size))
     assert (result.layout.grid_h, result.layout.grid_w) == grid and result.geometry == mode
+
+
+@pytest.mark.slow
+def test_dog_and_cat_side_by_side_keep_aspect_shows_both(deit, tmp_path):
+    """Two shared photos side by side: the centre crop loses the cat, keeping the aspect ratio shows a dog
+    class (ImageNet 151-268) and a cat class (281-285) in the top 5."""
+
+    pair = tmp_path / "dog_and_cat.png"
+    dog_and_cat(pair)
+    top5 = {mode: set(np.argsort(-analyze_image(deit, pair, geometry=InputGeometry(mode), gradients=False).probs)[:5])
+            for mode in ("crop", "keep")}
+    dogs, cats = set(range(151, 269)), set(range(281, 286))
+    assert top5["keep"] & dogs and top5["keep"] & cats, top5["keep"]
+    assert not top5["crop"] & cats, top5["crop"]  # the centre crop shows only the dog
