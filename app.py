@@ -8,9 +8,9 @@ sliders, clicks and options redraw from it without calling the model. Models liv
 from __future__ import annotations
 
 import argparse
-import base64
 import functools
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -25,14 +25,18 @@ from PIL import Image
 from vit_inspect import plotting
 from vit_inspect.analysis import class_name, filter_pca, search_classes
 from vit_inspect.cli import analysis_record, class_record
-from vit_inspect.errors import ImageError, VitInspectError
+from vit_inspect.errors import InputError, VitInspectError
 from vit_inspect.geometry import InputGeometry
 from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
+from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
+from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+
+log = logging.getLogger("vit_inspect.app")
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CURATED_MODELS = (
@@ -63,6 +67,7 @@ DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
+MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
@@ -74,6 +79,7 @@ class AppConfig:
     model: str = DEFAULT_MODEL  # the model every session starts with
     weights: str | None = None  # its weights file; None: checkpoints/ first, then the hub
     device: str | None = None  # None: CUDA when available, else CPU
+    model_file: str | None = None  # operator's hand-written model "FILE.py:FUNCTION" (then `model` is its name)
     cache_size: int = DEFAULT_CACHE_SIZE  # models held in memory at once
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
@@ -128,23 +134,33 @@ class View:
     def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
                       discard_ratio, first_layer, last_layer, gradcam_layer, scale=None, rollout_method=None,
                       discard=None, threshold_on=False, threshold=60) -> View:
-        """UI values (floats, None for an empty box) -> a View; slider values beyond this model are clamped.
-        An inverted rollout range is refused (ValueError), never silently swapped."""
+        """Raw client values -> a View. Values beyond this model (±inf included) are clamped, an empty
+        box is 0; NaN and wrong types are refused with a sentence (`InputError`), and so is an inverted
+        rollout range (never silently swapped)."""
         layout = result.layout
-        clamp = (lambda value, top: min(max(int(round(float(value or 0))), 0), top))
-        first, last = clamp(first_layer, result.depth - 1), clamp(last_layer, result.depth - 1)
+        top = result.depth - 1
+
+        def clamp(value, what: str, hi: int) -> int:
+            return finite_int(value, what, 0, hi, default=0)
+
+        def choice(value, options: dict, default: str) -> str:
+            return options[value] if isinstance(value, str) and value in options else default
+
+        first, last = clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)
         if first > last:
-            raise ValueError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
+            raise InputError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
                              "'From layer' must not be after 'To layer'.")
-        fraction = min(max(float(threshold or 0) / 100.0, 0.01), 1.0)
-        return cls(layer=clamp(layer, result.depth - 1),
-                   head=None if mean_heads else clamp(head, result.num_heads - 1),
-                   patch=(clamp(row, layout.grid_h - 1), clamp(col, layout.grid_w - 1)) if query == PATCH else None,
-                   head_fusion=head_fusion if head_fusion in HEAD_FUSIONS else "mean",
-                   discard_ratio=min(max(float(discard_ratio or 0.0), 0.0), 0.99), first_layer=first, last_layer=last,
-                   gradcam_layer=clamp(gradcam_layer, result.depth - 1), scale=SCALES.get(scale, "own"),
-                   rollout_method=ROLLOUTS.get(rollout_method, "attention"), discard=DISCARDS.get(discard, "row"),
-                   threshold=fraction if threshold_on else None)
+        mass = finite_float(threshold, "Attention mass kept", 1.0, 100.0, default=60.0) / 100.0
+        return cls(layer=clamp(layer, "Layer", top),
+                   head=None if flag(mean_heads, "Mean of heads") else clamp(head, "Head", result.num_heads - 1),
+                   patch=((clamp(row, "Patch row", layout.grid_h - 1), clamp(col, "Patch column", layout.grid_w - 1))
+                          if query == PATCH else None),
+                   head_fusion=head_fusion if isinstance(head_fusion, str) and head_fusion in HEAD_FUSIONS else "mean",
+                   discard_ratio=finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0),
+                   first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top),
+                   scale=choice(scale, SCALES, "own"), rollout_method=choice(rollout_method, ROLLOUTS, "attention"),
+                   discard=choice(discard, DISCARDS, "row"),
+                   threshold=mass if flag(threshold_on, "Threshold mask") else None)
 
     def query_text(self) -> str:
         return "the class / readout token" if self.patch is None else f"patch (row {self.patch[0]}, col {self.patch[1]})"
@@ -171,43 +187,68 @@ class View:
                 "threshold_mass": self.threshold}
 
 
+def public_message(exc: VitInspectError) -> str:
+    """What a web user sees of a library error: its public sentence, with any server path cut to its
+    last component (the operator's console and the CLI keep `str(exc)`, the full detail)."""
+    return redact_paths(exc.public)
+
+
 def shows_errors(fn):
-    """Handlers turn the library's exceptions into a gr.Error with its message; no traceback reaches users."""
+    """Handlers turn the library's exceptions into a gr.Error with their public sentence. Anything
+    else is a bug: the user gets a sentence, the operator's console the traceback."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (VitInspectError, ValueError) as exc:
-            raise gr.Error(str(exc), print_exception=False) from None
+        except gr.Error:
+            raise
+        except VitInspectError as exc:
+            log.info("%s refused: %s", fn.__name__, exc)
+            raise gr.Error(public_message(exc), print_exception=False) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise gr.Error(f"Something went wrong on the server while handling this request "
+                           f"({fn.__name__.replace('_', ' ')}); it has been logged. Please try again "
+                           "or with other settings.", print_exception=False) from None
     return wrapper
 
 
-def upload_source(payload: dict | None) -> tuple[str | bytes, str] | None:
+def upload_folders() -> list[str]:
+    """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
+    Gradio puts uploads and its copies of the example images."""
+    return [gradio_utils.get_upload_folder()]
+
+
+def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
     """(file path or bytes, file name) of a raw gr.Image value; None when the image was cleared.
 
     The image events skip Gradio's preprocessing so that `load_image`, not PIL inside Gradio,
-    reads the upload and explains what is wrong with it.
+    reads the upload and explains what is wrong with it. Gradio checks a path only when the payload
+    carries its `meta` field, so every shape goes through the one gate, `client_file`.
     """
-    if not payload:
-        return None
-    name = payload.get("orig_name") or Path(payload.get("path") or "image").name
-    if payload.get("path"):
-        return payload["path"], name
-    url = payload.get("url") or ""
-    if url.startswith("data:") and "," in url:
-        return base64.b64decode(url.split(",", 1)[1]), name
-    raise ImageError("The image arrived without its data; please upload it again.")
+    return client_file(payload, upload_folders(), max_bytes)
+
+
+def model_label(name: str) -> str:
+    """A model name as web users see it: a folder on this server (only the operator's --model can be
+    one) by its base name, anything else (timm name, hub id) as it is."""
+    return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
+
+
+def names_python_file(name: str) -> bool:
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
+    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
 
 
 def weights_label(handle: ViTHandle) -> str:
     """Where the weights came from, without revealing server folders."""
-    return Path(handle.weights).name if os.path.isabs(handle.weights) else handle.weights
+    return model_label(handle.weights)
 
 
 def describe(handle: ViTHandle) -> str:
     layout = handle.layout()
     prefix = ", ".join(layout.prefix_names()) or "none"
-    return (f"**Model** `{handle.name}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
+    return (f"**Model** `{model_label(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
             f"{handle.depth} layers × {handle.num_heads} heads · "
             f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
             f"prefix tokens: {prefix}"
@@ -230,8 +271,9 @@ def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
     return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(result.probs, 5)}
 
 
-def model_label(handle: ViTHandle) -> str:
-    return f"{handle.name} ({weights_label(handle)})"
+def shown_model(handle: ViTHandle) -> str:
+    """Model and weights as every caption names them, without server folders."""
+    return f"{model_label(handle.name)} ({weights_label(handle)})"
 
 
 class Inspector:
@@ -241,13 +283,16 @@ class Inspector:
         self.config = config
         self.cache = cache
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
+        self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         # Model-level figures depend only on the model: drawn once, kept beside the cache.
         self.filter_figure_of = functools.lru_cache(maxsize=cache.max_size)(self._filter_figure)
         self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache.max_size)(self._similarity_figure)
 
     def handle(self, key: CacheKey) -> ViTHandle:
-        # Only the operator's own model (from the command line) may be a folder on this server.
-        return self.cache.get(key, allow_local_dirs=key == self.default_key)
+        # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
+        own = key == self.default_key
+        operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
+        return self.cache.get(key, allow_local_dirs=own, **operator_file)
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model (the server loads it in the background; this waits for it with a
@@ -255,26 +300,35 @@ class Inspector:
         progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
         try:
             handle = self.handle(self.default_key)
-        except (VitInspectError, ValueError) as exc:
-            return (f"⚠️ **The model could not be loaded.** {exc}\n\nYou can still use the app: open "
+        except VitInspectError as exc:
+            log.warning("the default model could not be loaded: %s", exc)
+            return (f"⚠️ **The model could not be loaded.** {public_message(exc)}\n\nYou can still use the app: open "
                     "**Change model** below the image, upload a `.safetensors` weights file, type its timm "
                     "architecture name (e.g. `deit_tiny_patch16_224`) and press **Load model**.",
                     gr.update(open=True), *[gr.skip()] * 7)
         return describe(handle), gr.update(), *geometry_updates(handle)
 
     @shows_errors
-    def load_model(self, name: str | None, weights: str | None, progress=gr.Progress()):
+    def load_model(self, name: object, weights: object, progress=gr.Progress()):
         """Another model: everything shown for the previous one is cleared (the image is rerun through
         `key.change`). On failure the picker goes back to the model in use (the event's .failure)."""
-        name = (name or "").strip()
+        name = text(name, "The model name")
         if not name:
-            raise ValueError("Choose a model from the list or type a timm name or Hugging Face id.")
+            raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
+        upload = client_file(weights, upload_folders(), max_bytes=2**40)  # the file is already on disk
+        weights = None if upload is None else upload[0]
         if weights and Path(weights).suffix.lower() != ".safetensors":
-            raise ValueError("Only .safetensors weights files can be uploaded here.")
+            raise InputError("Only .safetensors weights files can be uploaded here.")
         if weights and "/" in name:
-            raise ValueError("An uploaded weights file goes with a timm architecture name (such as "
+            raise InputError("An uploaded weights file goes with a timm architecture name (such as "
                              "'deit_tiny_patch16_224'), not with a Hugging Face id.")
-        key = CacheKey.of(name, weights, self.config.device)
+        if name == self.default_label and weights is None:
+            key = self.default_key  # the operator's model, which the page names by its base name only
+        elif names_python_file(name):
+            raise InputError("Models defined in Python files cannot be loaded from this page; whoever runs the "
+                             "server chooses one when starting it (python app.py --model-file FILE.py:FUNCTION).")
+        else:
+            key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
         handle = self.handle(key)
         return (key, describe(handle), gr.update(open=False), *geometry_updates(handle),
@@ -290,16 +344,15 @@ class Inspector:
                              geometry=geometry)
 
     @staticmethod
-    def geometry_of(mode: str | None, size: float | None) -> InputGeometry:
-        side = None if size in (None, "") else int(round(float(size)))
-        if side is not None and not 16 <= side <= 1024:
-            raise ValueError(f"The shorter side must be between 16 and 1024 pixels, not {side}.")
-        return InputGeometry(GEOMETRIES.get(mode, "crop"), side)
+    def geometry_of(mode: object, size: object) -> InputGeometry:
+        """The input geometry from the raw radio and number values."""
+        side = finite_int(size, "The shorter side", 16, 1024, default=224, clamp=False)
+        return InputGeometry(GEOMETRIES[mode] if isinstance(mode, str) and mode in GEOMETRIES else "crop", side)
 
     @shows_errors
-    def analyze(self, image: dict | None, key: CacheKey, geometry_mode: str | None, shorter_side: float | None,
+    def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
                 progress=gr.Progress(), **controls):
-        upload = upload_source(image)
+        upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None
         source, name = upload
@@ -311,15 +364,15 @@ class Inspector:
         result = self._pass(handle, source, geometry)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
-                                            title=f"{handle.name} · this image")
+                                            title=f"{model_label(handle.name)} · this image")
         session = Session(model=key, source=source, name=name, results={(result.target, None): result},
                           target=(result.target, None), distance=scatter, labels=handle.labels,
-                          model_label=model_label(handle), geometry=geometry)
+                          model_label=shown_model(handle), geometry=geometry)
         target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
                             interactive=True) if result.probs.size else gr.update(choices=[], value=None))
         try:
             view = View.from_controls(result, **controls)
-        except ValueError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
+        except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
             view = View.from_controls(result, **view_controls)
         panels = draw_panels(IMAGE_PANELS, session, view)
         seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
@@ -340,11 +393,14 @@ class Inspector:
         on the colour bar or the caption beside the map does nothing."""
         if session is None or evt.index is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        x, y = evt.index[:2]
-        height, width = session.result.rgb.shape[:2]
-        if not (0 <= x < width and 0 <= y < height):
+        if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
+            raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
+        height, width = session.result.layout.input_size
+        x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6)
+        y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6)
+        if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        row, col = session.result.layout.patch_at(float(y), float(x))
+        row, col = session.result.layout.patch_at(y, x)
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
         return row, col, PATCH, *draw_panels(("attention",), session, view)
 
@@ -360,12 +416,12 @@ class Inspector:
         """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
         num_classes = session.result.probs.size
         if not num_classes:
-            raise ValueError("This model has no classification head, so there is no class to explain.")
+            raise InputError("This model has no classification head, so there is no class to explain.")
         for index in (target, contrast):
             if index is not None and not 0 <= index < num_classes:
-                raise ValueError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+                raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
         if contrast == target:
-            raise ValueError("The class to compare with is the class itself; choose another one.")
+            raise InputError("The class to compare with is the class itself; choose another one.")
         results = dict(session.results)
         if (target, contrast) not in results:
             progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
@@ -376,39 +432,40 @@ class Inspector:
                 results.pop(next(iter(results)))
         return replace(session, results=results, target=(target, contrast))
 
-    def set_target(self, session: Session | None, target: str | None, versus: str | None, progress=gr.Progress(),
+    def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
                    **controls):
         """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
         choice is a warning and leaves every panel as it was."""
-        if session is None or target in (None, ""):
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         try:
-            try:
-                index = int(str(target).strip())
-            except ValueError:
-                raise ValueError(f"{str(target)[:40]!r} is not a class; pick one from the list or type a name "
-                                 "or an index in the search box.") from None
-            contrast = find_class(session.labels, session.result.probs, versus, "comparison")
-            return self._show_class(session, index, contrast, [index], progress, controls)
-        except (VitInspectError, ValueError) as exc:
-            gr.Warning(str(exc))
+            target = text(target, "The class to explain", max_chars=40)
+            if session is None or not target:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            if not target.isdigit():
+                raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
+                                 "in the search box.")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            return self._show_class(session, int(target), contrast, [int(target)], progress, controls)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
-    def search_class(self, session: Session | None, text: str | None, versus: str | None, progress=gr.Progress(),
+    def search_class(self, session: Session | None, query: object, versus: object, progress=gr.Progress(),
                      **controls):
         """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
-        list shows the top 5, then the other matches. A search that finds nothing is a warning."""
-        if session is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
+        every panel as it was."""
         try:
-            index = find_class(session.labels, session.result.probs, text, "class to explain")
-            if index is None:
+            query = text(query, "The class search", 100)
+            if session is None or not query:
                 return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            contrast = find_class(session.labels, session.result.probs, versus, "comparison")
-            found = search_classes(session.labels, text or "", session.result.probs, limit=CLASS_CHOICES)
+            index = find_class(session.labels, session.result.probs, query, "class to explain")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            found = search_classes(session.labels, query, session.result.probs, limit=CLASS_CHOICES)
             return self._show_class(session, index, contrast, found, progress, controls)
-        except (VitInspectError, ValueError) as exc:
-            gr.Warning(str(exc))
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls):
@@ -419,21 +476,23 @@ class Inspector:
                 *draw_panels(("gradcam", "relevance", "rollout"), session, view))
 
     @shows_errors
-    def dataset_distance(self, files: list[str] | None, key: CacheKey, progress=gr.Progress()):
-        if not files:
-            raise ValueError("Upload a few images first (they are averaged; the more, the steadier).")
-        if len(files) > MAX_DATASET_IMAGES:
-            raise ValueError(f"Please upload at most {MAX_DATASET_IMAGES} images at once ({len(files)} given).")
+    def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
+        uploads = client_files(files, upload_folders(), self.config.limits.max_bytes, MAX_DATASET_IMAGES)
+        if not uploads:
+            raise InputError("Upload a few images first (they are averaged; the more, the steadier).")
+        if any(isinstance(source, bytes) for source, _ in uploads):
+            raise InputError("Upload the images to average as files.")
+        files = [source for source, _ in uploads]
         progress(0, desc="Loading the model")
         handle = self.handle(key)
         stats = dataset_attention_distance(
             handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
         image = figure_image(plotting.attention_distance_figure(
             stats.distances, image_width=handle.input_size[1],
-            title=f"{model_label(handle)} · mean over {stats.num_images} images"))
+            title=f"{shown_model(handle)} · mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
-            note += " Skipped: " + "; ".join(f"{name}: {reason}" for name, reason in stats.skipped)
+            note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
         return image, note
 
     @shows_errors
@@ -445,7 +504,7 @@ class Inspector:
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
         handle = self.handle(key)
         fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
-        fig.suptitle(f"{model_label(handle)}\n{fig.get_suptitle()}")
+        fig.suptitle(f"{shown_model(handle)}\n{fig.get_suptitle()}")
         return figure_image(fig)
 
     @shows_errors
@@ -455,15 +514,15 @@ class Inspector:
         return self.similarity_figure_of(key, self.handle(key).native_grid)
 
     @shows_errors
-    def pos_similarity(self, key: CacheKey, height: float | None, width: float | None, progress=gr.Progress()):
+    def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
         """Position-embedding similarity at another input size, interpolated as the model does it."""
-        if not height or not width:
-            raise ValueError("Give the input height and width in pixels.")
         handle = self.handle(key)
-        layout = handle.layout((int(height), int(width)))
+        ph, pw = handle.patch_size
+        height = finite_int(height, "The input height (pixels)", ph, MAX_INPUT_SIDE, clamp=False)
+        width = finite_int(width, "The input width (pixels)", pw, MAX_INPUT_SIDE, clamp=False)
+        layout = handle.layout((height, width))
         if max(layout.grid_h, layout.grid_w) > MAX_SIMILARITY_GRID:
-            ph, pw = handle.patch_size
-            raise ValueError(f"{int(height)}×{int(width)} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
+            raise InputError(f"{height}×{width} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
                              f"figure draws at most {MAX_SIMILARITY_GRID} patches per side "
                              f"(up to {MAX_SIMILARITY_GRID * ph}×{MAX_SIMILARITY_GRID * pw} pixels for this model).")
         progress(0, desc=f"Drawing a {layout.grid_h}×{layout.grid_w} grid")
@@ -473,9 +532,9 @@ class Inspector:
         handle = self.handle(key)
         similarity = pos_similarity_at(handle, grid)
         if similarity is None:
-            raise ValueError("This model has no learned position embeddings to compare.")
+            raise InputError("This model has no learned position embeddings to compare.")
         fig = plotting.pos_similarity_figure(
-            similarity, title=f"{model_label(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
+            similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
         return figure_image(fig)
 
@@ -490,7 +549,7 @@ class Inspector:
         """The current image's figures as PNG (each captioned with its model, class and settings), its
         numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
         if session is None:
-            raise ValueError("Analyse an image first; the downloads are its figures and numbers.")
+            raise InputError("Analyse an image first; the downloads are its figures and numbers.")
         result = session.result
         view = View.from_controls(result, **controls)
         handle = self.handle(session.model)
@@ -542,7 +601,7 @@ class Inspector:
 def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None) -> gr.Blocks:
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
     app = Inspector(config, cache if cache is not None else ModelCache(config.cache_size))
-    models = CURATED_MODELS if config.model in CURATED_MODELS else (config.model, *CURATED_MODELS)
+    models = CURATED_MODELS if config.model in CURATED_MODELS else (app.default_label, *CURATED_MODELS)
     map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
     figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
     panel: dict[str, gr.Image] = {}
@@ -568,8 +627,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             examples_per_page=len(EXAMPLES))
                 gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
                 with gr.Accordion("Change model", open=False) as model_box:
-                    model_name = gr.Dropdown(list(models), value=config.model, label="Model", allow_custom_value=True,
-                                             elem_id="model-name",
+                    model_name = gr.Dropdown(list(models), value=app.default_label, label="Model",
+                                             allow_custom_value=True, elem_id="model-name",
                                              info="Or type any timm ViT name, or a Hugging Face id such as "
                                                   "google/vit-base-patch16-224.")
                     weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
@@ -703,15 +762,18 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         cleared = [dataset_plot, dataset_note, download_files, model_files]  # shown for the previous model
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
         class_outputs = [session, target, panel["gradcam"], panel["relevance"], panel["rollout"]]
+        # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
+        # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
+        raw = dict(preprocess=False)
 
         gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
-              outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model",
+              outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
               ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
         gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls,
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
-              preprocess=False, api_name="analyze", **model_pass)
+              api_name="analyze", **raw, **model_pass)
         # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
         # when their tab opens.
         scale_change = [scale.input]
@@ -725,30 +787,30 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
-                  concurrency_limit=DRAW_CONCURRENCY)
+                  concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[mean_heads],
               outputs=[head], api_name="head_enabled", show_progress="hidden")
         gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
-              concurrency_limit=DRAW_CONCURRENCY)
+              concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
-              trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY)
+              trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **raw)
         gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
-              outputs=class_outputs, api_name="set_target", **model_pass)
+              outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
-              inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **model_pass)
+              inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
-              outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **model_pass)
+              outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
         gr.on([model_tab.select], app.native_similarity, inputs=[key], outputs=similarity,
               api_name="native_similarity")
         gr.on([similarity_button.click], app.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
-              api_name="pos_similarity")
+              api_name="pos_similarity", **raw)
         gr.on([model_download_button.click], app.model_downloads, inputs=[key, height, width], outputs=[model_files],
-              api_name="model_downloads")
+              api_name="model_downloads", **raw)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
-              outputs=[download_files], api_name="downloads")
+              outputs=[download_files], api_name="downloads", **raw)
     return demo
 
 
@@ -766,6 +828,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
     parser.add_argument("--weights", help="weights file for --model (.safetensors preferred)")
+    parser.add_argument("--model-file", metavar="FILE.py:FUNCTION",
+                        help="serve a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
+                             "(model, ModuleSpec); replaces --model. Web users can never name a Python file.")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -779,7 +844,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
-    config = AppConfig(model=args.model, weights=args.weights, device=args.device, cache_size=args.cache_size,
+    try:
+        model = model_file_name(args.model_file) if args.model_file else args.model
+    except VitInspectError as exc:
+        parser.error(str(exc))
+    config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
+                       cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
                        max_sessions=args.max_sessions)
     return config, args
@@ -789,7 +859,7 @@ def preload(cache: ModelCache, config: AppConfig) -> None:
     """Load the default model in the background while the server starts; a page opened meanwhile waits
     for it with a progress bar, and a failure is explained on the page (and printed here)."""
     try:
-        cache.get(CacheKey.of(config.model, config.weights, config.device), allow_local_dirs=True)
+        Inspector(config, cache).handle(CacheKey.of(config.model, config.weights, config.device))
     except (VitInspectError, ValueError) as exc:
         print(f"warning: {exc}")
 

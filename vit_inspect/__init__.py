@@ -12,6 +12,7 @@ from .errors import (CaptureError, ImageError, ModelNotFoundError, UnsupportedMo
                      WeightsError, WeightsNotFoundError)
 from .images import ImageLimits, Preprocess, load_image
 from .models import DEFAULT_MODEL, ViTHandle, handle_from_hf, handle_from_timm, load_model, read_state_dict
+from .module_spec import ModuleSpec, handle_from_module, load_model_file
 from .pipeline import (DatasetDistance, ImageAnalysis, ModelReport, analyze_image, dataset_attention_distance,
                        model_report, pos_similarity_at)
 from .tokens import TokenLayout
@@ -20,10 +21,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL", "AttentionDistanceAccumulator", "AttentionRecorder", "CaptureError", "DatasetDistance",
-    "FilterPCA", "ImageAnalysis", "ImageError", "ImageLimits", "ModelNotFoundError", "ModelReport", "Preprocess",
-    "TokenLayout", "UnsupportedModelError", "ViTHandle", "VitInspectError", "WeightsError", "WeightsNotFoundError",
-    "analyze_image", "attention_map", "capture_attention", "chefer_matrix", "chefer_relevance",
-    "dataset_attention_distance", "distance_as_fraction_of_width", "filter_pca", "gradcam_from_tokens",
-    "handle_from_hf", "handle_from_timm", "load_image", "load_model", "mean_attention_distance", "model_report",
-    "pos_embed_similarity", "pos_similarity_at", "read_state_dict", "readout", "rollout", "rollout_matrix",
+    "FilterPCA", "ImageAnalysis", "ImageError", "ImageLimits", "ModelNotFoundError", "ModelReport", "ModuleSpec",
+    "Preprocess", "TokenLayout", "UnsupportedModelError", "ViTHandle", "VitInspectError", "WeightsError",
+    "WeightsNotFoundError", "analyze_image", "attention_map", "capture_attention", "chefer_matrix",
+    "chefer_relevance", "dataset_attention_distance", "distance_as_fraction_of_width", "filter_pca",
+    "gradcam_from_tokens", "handle_from_hf", "handle_from_module", "handle_from_timm", "load_image", "load_model",
+    "load_model_file", "mean_attention_distance", "model_report", "pos_embed_similarity", "pos_similarity_at",
+    "read_state_dict", "readout", "rollout", "rollout_matrix",
 ]

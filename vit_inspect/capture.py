@@ -3,8 +3,9 @@
 timm computes attention with fused `scaled_dot_product_attention` by default, which never
 materialises the probabilities, so hooks on `attn_drop` silently see nothing. Inside
 `capture_attention` each block's `fused_attn` flag is off (Hugging Face models: the eager attention
-implementation is on) and hooks record the probabilities; on leaving - normally or through an
-exception - every hook is removed and every flag restored.
+implementation is on; hand-written models: the module their `ModuleSpec` names already gives the
+probabilities, as its output or as the second item of `(output, weights)`) and hooks record them;
+on leaving - normally or through an exception - every hook is removed and every flag restored.
 """
 from __future__ import annotations
 
@@ -119,10 +120,11 @@ def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = ()) 
                 saved_fused.append((attn, attn.fused_attn))
                 attn.fused_attn = False
                 hooks.append(attn.attn_drop.register_forward_hook(recorder._attention_hook(i)))
-        else:
-            saved_impl = handle.model.config._attn_implementation
-            if saved_impl != "eager":
-                handle.model.set_attn_implementation("eager")
+        else:  # Hugging Face, or a hand-written model whose spec names a module that gives the probabilities
+            if handle.family == "hf":
+                saved_impl = handle.model.config._attn_implementation
+                if saved_impl != "eager":
+                    handle.model.set_attn_implementation("eager")
             for i, attn in enumerate(handle.attention_modules):
                 hooks.append(attn.register_forward_hook(recorder._attention_hook(i)))
         for i in layers:

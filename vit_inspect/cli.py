@@ -94,7 +94,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    handle = load_model(args.model, weights=args.weights, device=args.device)
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     files = find_images(args.images)
     if not files:
         raise VitInspectError("No images found in the paths given.")
@@ -113,7 +113,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 
 def cmd_model(args: argparse.Namespace) -> None:
-    handle = load_model(args.model, weights=args.weights, device=args.device)
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     report = model_report(handle, k=args.components)
     record = {
         "model": handle.name,
@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     def model_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
         p.add_argument("--weights", help="weights file (.safetensors preferred, .pth read with weights_only)")
+        p.add_argument("--model-file", metavar="FILE.py:FUNCTION",
+                       help="a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
+                            "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
         p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
         p.add_argument("--out", help="folder for the PNG figures")
 

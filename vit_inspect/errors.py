@@ -1,9 +1,19 @@
 """Exceptions the library raises on purpose. Their messages are written for the user to read:
-the app shows them as they are, the command line prints them as one line."""
+the command line prints them as one line; the app shows their `public` text, which never names
+a server path."""
 
 
 class VitInspectError(Exception):
-    """Base class: something the user can fix, explained in the message."""
+    """Base class: something the user can fix, explained in the message.
+
+    `str(exc)` is the full detail for the operator and the command line (it may name server
+    paths); `exc.public` is the sentence a web user may see, the same text unless the raiser gave
+    one without server details.
+    """
+
+    def __init__(self, message: str = "", *, public: str | None = None):
+        super().__init__(message)
+        self.public = message if public is None else public
 
 
 class ImageError(VitInspectError):
@@ -24,6 +34,10 @@ class WeightsError(VitInspectError):
 
 class WeightsNotFoundError(WeightsError):
     """No local weights and the hub cannot be reached; the message names the file to provide."""
+
+
+class InputError(VitInspectError):
+    """A value a client sent is of the wrong type, out of range, or names a file it may not read."""
 
 
 class CaptureError(VitInspectError):

@@ -23,6 +23,10 @@ from .errors import ImageError
 DEFAULT_MAX_PIXELS = 40_000_000  # larger images are refused before decoding (decompression bombs)
 DEFAULT_MAX_BYTES = 30 * 1024 * 1024  # larger uploads are refused before reading
 MIN_SIDE = 1  # a 1x1 image is a flat colour: still a valid input
+# The only decoders an upload may reach. Pillow knows ~45 formats; some hand the file to an external
+# program (EPS and PostScript run Ghostscript), others are rarely used and rarely audited. PSD gives
+# its flattened composite image. Names are Pillow's format ids.
+ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "PSD")
 MAX_INTERMEDIATE_FACTOR = 16  # resize-then-crop only while the resized image is at most this many crops large
 
 _RESAMPLING = {
@@ -46,6 +50,7 @@ class ImageLimits:
 def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLimits = ImageLimits()) -> Image.Image:
     """An RGB image from a path, encoded bytes or a PIL image.
 
+    Only `ALLOWED_FORMATS` are decoded, in this process (no external program ever runs).
     EXIF orientation is honoured, animated or multi-page files give their first frame, transparent
     pixels are composited onto white, 16-bit and CMYK images are converted. Anything else (not an
     image, truncated, too large, too small) raises `ImageError`.
@@ -59,7 +64,7 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLim
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(data))
+                image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
         except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
                 ValueError, SyntaxError) as exc:
             raise ImageError(_unreadable(exc)) from None
@@ -70,7 +75,8 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLim
     if min(width, height) < MIN_SIDE:
         raise ImageError(f"The image is {width}×{height} pixels; it has no pixels to analyse.")
     try:
-        image.seek(0)
+        # A freshly opened file is at its first frame (frame 1 for PSD, whose frames count from 1
+        # and whose first one is the flattened image); a given PIL image keeps the frame it is at.
         image.load()
         image = ImageOps.exif_transpose(image)
         return _to_rgb(image)
@@ -83,12 +89,17 @@ def _read_bytes(source: str | os.PathLike | bytes, limits: ImageLimits) -> bytes
         data = bytes(source)
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ImageError(f"No image file at {path.name!r}.")
-        if path.stat().st_size > limits.max_bytes:
-            raise ImageError(f"The file is {path.stat().st_size / 2**20:.1f} MiB; the limit is "
-                             f"{limits.max_bytes / 2**20:.0f} MiB.")
-        data = path.read_bytes()
+        try:
+            if not path.is_file():
+                raise ImageError(f"No image file at {str(path)!r}.", public="The image file is no longer available; "
+                                                                          "please upload it again.")
+            size = path.stat().st_size
+            if size > limits.max_bytes:
+                raise ImageError(f"The file is {size / 2**20:.1f} MiB; the limit is {limits.max_bytes / 2**20:.0f} MiB.")
+            data = path.read_bytes()
+        except (OSError, ValueError) as exc:  # unreadable, or a name with a null byte
+            raise ImageError(f"Cannot read {str(path)!r} ({type(exc).__name__}).",
+                             public="The image file could not be read; please upload it again.") from None
     if len(data) > limits.max_bytes:
         raise ImageError(f"The file is {len(data) / 2**20:.1f} MiB; the limit is {limits.max_bytes / 2**20:.0f} MiB.")
     return data
@@ -98,7 +109,7 @@ def _unreadable(exc: BaseException) -> str:
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return "The image has too many pixels to decode safely (possible decompression bomb)."
     if isinstance(exc, UnidentifiedImageError):
-        return "This file is not an image format we can read (try PNG, JPEG, WebP, GIF, TIFF or BMP)."
+        return "This file is not an image format we can read (try PNG, JPEG, WebP, GIF, TIFF, BMP or PSD)."
     return f"The image could not be decoded; the file may be truncated or damaged ({type(exc).__name__})."
 
 

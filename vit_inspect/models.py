@@ -55,7 +55,7 @@ class ViTHandle:
     """A loaded ViT in eval mode plus its geometry, labels and preprocessing."""
 
     name: str  # what the user asked for: timm name, HF id or folder
-    family: str  # "timm" or "hf"
+    family: str  # "timm", "hf", or "module" (a hand-written model opened with a ModuleSpec)
     model: nn.Module  # in eval mode, on `device`
     device: torch.device
     weights: str  # where the weights came from, for display ("random" when none)
@@ -142,14 +142,20 @@ def validate_name(name: str) -> str:
 def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = None,
                device: str | torch.device | None = None, *, pretrained: bool = True,
                input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-               allow_local_dirs: bool = True) -> ViTHandle:
+               allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None) -> ViTHandle:
     """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
+
+    `model_file` ("path.py:function", see `load_model_file`) imports and runs that Python file instead:
+    only the operator passes it (a command-line flag), never a value a web client sent.
 
     Weights for a timm name come from, in order: `weights`; `checkpoint_dir/<name>.safetensors`
     (or `.pth`); the Hugging Face hub through timm (its cache first). `pretrained=False` gives random
     weights (tests, benchmarks). `input_size` overrides the default (H, W) the model is fed.
     A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
     """
+    if model_file is not None:
+        from .module_spec import load_model_file
+        return load_model_file(model_file, weights, device)
     device = resolve_device(device)
     if allow_local_dirs and Path(name).is_dir():
         return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size)
@@ -171,7 +177,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     if not path.is_file():
-        raise WeightsError(f"No weights file at {str(path)!r}.")
+        raise WeightsError(f"No weights file at {str(path)!r}.", public=f"The weights file {path.name!r} is not available.")
     if path.stat().st_size == 0:
         raise WeightsError(f"The weights file {path.name!r} is empty (0 bytes).")
     suffix = path.suffix.lower()
@@ -181,7 +187,8 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         try:
             state = load_file(str(path), device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise WeightsError(f"{path.name!r} is not a valid safetensors file (truncated or damaged?): {exc}") from None
+            raise WeightsError(f"{path.name!r} is not a valid safetensors file (truncated or damaged?): {exc}",
+                               public=f"{path.name!r} is not a valid safetensors file (truncated or damaged?).") from None
     elif suffix in (".pth", ".pt", ".bin", ".ckpt"):
         try:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
@@ -192,7 +199,19 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
                 "convert the weights to .safetensors.") from None
     else:
         raise WeightsError(f"Unsupported weights file type {suffix!r}; use .safetensors (preferred) or .pth.")
-    return _unwrap_state_dict(state, path.name)
+    tensors = _unwrap_state_dict(state, path.name)
+    check_finite(tensors.items(), repr(path.name))
+    return tensors
+
+
+def check_finite(named_tensors, source: str) -> None:
+    """Refuse weights holding NaN or ±inf: such a model gives confident nonsense, never an error."""
+    bad = [name for name, t in named_tensors
+           if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f", … ({len(bad) - 5} more)" if len(bad) > 5 else "")
+        raise WeightsError(f"This model's weights contain NaN/Inf ({source}: {len(bad)} tensor(s): {shown}); "
+                           "refusing to use them.")
 
 
 def _unwrap_state_dict(state: object, filename: str) -> dict[str, torch.Tensor]:
@@ -252,11 +271,15 @@ def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.devic
     import timm
     from timm.models import split_model_name_tag
 
-    arch, _tag = split_model_name_tag(name)
+    arch, tag = split_model_name_tag(name)
     if not timm.is_model(arch):
         raise ModelNotFoundError(
             f"Unknown model {name!r}: it is not a timm architecture (e.g. '{DEFAULT_MODEL}', "
             "'vit_base_patch16_224.augreg2_in21k_ft_in1k') nor a Hugging Face id with a '/'.")
+    if tag and _pretrained_cfg(name) is None:
+        tags = [t.split(".", 1)[1] for t in timm.list_pretrained(f"{arch}.*")]
+        raise ModelNotFoundError(f"{arch!r} has no pretrained tag {tag!r}"
+                                 + (f"; its tags are: {', '.join(tags[:8])}." if tags else "; it has no tagged weights."))
     if weights:
         local: Path | None = Path(weights)
     elif pretrained:
@@ -267,12 +290,14 @@ def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.devic
     from_hub = pretrained and local is None
     if from_hub:
         model = _create_timm_from_hub(name, checkpoint_dir)
+        check_finite(model.state_dict().items(), "the hub's weights")
         source = f"Hugging Face hub ({model.pretrained_cfg.get('hf_hub_id') or 'timm'})"
     else:
+        state = read_state_dict(local) if local is not None else None  # read and checked before building
         model = _create_timm(name, pretrained=False)
         source = "random" if local is None else str(local)
-        if local is not None:
-            apply_state_dict(model, read_state_dict(local), repr(Path(local).name))
+        if state is not None:
+            apply_state_dict(model, state, repr(Path(local).name))
     return _timm_handle(model, name, device, source, input_size)
 
 
@@ -286,15 +311,50 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
             "(it has no patch tokens with attention); try a 'vit_', 'deit_' or 'deit3_' model.") from None
 
 
+def _pretrained_cfg(name: str) -> dict | None:
+    """timm's pretrained config of a name (with or without tag) as a dict, without building the model;
+    None for an unknown tag."""
+    from timm.models import get_pretrained_cfg
+    try:
+        cfg = get_pretrained_cfg(name, allow_unregistered=False)
+    except RuntimeError:  # "Invalid pretrained tag"
+        return None
+    return None if cfg is None else cfg.to_dict()
+
+
+def _offline_and_not_cached(cfg: dict) -> bool:
+    """True when the hub is switched off (HF_HUB_OFFLINE) and the hub weights of `cfg` are not in the
+    local cache, so that building the model could only end in a failed download."""
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        return False
+    repo = cfg.get("hf_hub_id")
+    if not constants.HF_HUB_OFFLINE or not repo:
+        return False
+    repo, _, revision = repo.partition("@")
+    filenames = [cfg["hf_hub_filename"]] if cfg.get("hf_hub_filename") else ["model.safetensors", "pytorch_model.bin",
+                                                                            "open_clip_pytorch_model.bin"]
+    return not any(isinstance(try_to_load_from_cache(repo, f, revision=revision or None), str) for f in filenames)
+
+
 def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
+    """The model with its hub weights. Whether weights exist (and, offline, whether they are cached) is
+    checked from timm's config BEFORE the model is built: a failed load builds nothing."""
     wanted = checkpoint_dir / f"{name}.safetensors"
-    with hub.hub_access(name) as online:  # a recent failure is raised here at once, before building anything
-        probe = _create_timm(name, pretrained=False)
-        cfg = probe.pretrained_cfg or {}
-        if not (cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("file")):
+    missing = (f"Weights for {name!r} are not available on this server (no network access to the Hugging Face "
+               "hub and no local copy).")
+    cfg = _pretrained_cfg(name) or {}
+    if not (cfg.get("hf_hub_id") or cfg.get("url") or cfg.get("file")):
+        raise WeightsNotFoundError(
+            f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
+            "or pass one with --weights.", public=f"timm knows no pretrained weights for {name!r}.")
+    with hub.hub_access(name) as online:  # a recent failure is raised here at once; an unanswering hub: offline
+        if _offline_and_not_cached(cfg):
             raise WeightsNotFoundError(
-                f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
-                "or pass one with --weights.")
+                f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) or does not "
+                f"answer, and they are not in its cache. Put the weights file at {wanted} (or pass --weights FILE).",
+                public=missing)
         try:
             return _create_timm(name, pretrained=True)
         except UnsupportedModelError:
@@ -304,7 +364,7 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
                    "in the local hub cache, and the hub is offline (HF_HUB_OFFLINE=1) or does not answer")
             raise WeightsNotFoundError(
                 f"Could not get weights for {name!r} {why}. Without network access, put the weights file at "
-                f"{wanted} (or pass --weights FILE).") from None
+                f"{wanted} (or pass --weights FILE).", public=missing) from None
 
 
 def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
@@ -373,19 +433,22 @@ def handle_from_timm(model: nn.Module, name: str = "custom", device: str | torch
 def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None) -> ViTHandle:
     from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
+    shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only
     local = Path(source).is_dir()
     with (contextlib.nullcontext(True) if local else hub.hub_access(source)) as online:
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=False)
         except Exception as exc:  # missing folder, no network, not a model repo
             why = type(exc).__name__ if online else "the hub is offline or does not answer"
+            advice = ("Give a local folder with config.json, or a hub id such as 'google/vit-base-patch16-224' "
+                      "(needs network).")
             raise ModelNotFoundError(
-                f"Could not read a Hugging Face model config for {source!r} ({why}). Give a local folder with "
-                "config.json, or a hub id such as 'google/vit-base-patch16-224' (needs network).") from None
+                f"Could not read a Hugging Face model config for {source!r} ({why}). {advice}",
+                public=f"Could not read a Hugging Face model config for {shown!r} ({why}). {advice}") from None
     if config.model_type not in HF_MODEL_TYPES:
-        raise UnsupportedModelError(
-            f"{source!r} is a {config.model_type!r} model; vit_inspect supports these Hugging Face "
-            f"types: {', '.join(HF_MODEL_TYPES)}.")
+        supported = f"vit_inspect supports these Hugging Face types: {', '.join(HF_MODEL_TYPES)}."
+        raise UnsupportedModelError(f"{source!r} is a {config.model_type!r} model; {supported}",
+                                    public=f"{shown!r} is a {config.model_type!r} model; {supported}")
     is_classifier = any(a.endswith(("ForImageClassification", "ForImageClassificationWithTeacher"))
                         for a in (config.architectures or []))
     auto = AutoModelForImageClassification if is_classifier else AutoModel
@@ -395,7 +458,9 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
         else:
             model = auto.from_config(config, attn_implementation="eager")
     except Exception as exc:
-        raise WeightsError(f"Could not load the weights of {source!r}: {type(exc).__name__}: {exc}"[:600]) from None
+        raise WeightsError(f"Could not load the weights of {source!r}: {type(exc).__name__}: {exc}"[:600],
+                           public=f"Could not load the weights of {shown!r} ({type(exc).__name__}).") from None
+    check_finite(model.state_dict().items(), repr(shown))
     try:
         processor = AutoImageProcessor.from_pretrained(source)
     except Exception:  # no preprocessor_config.json: fall back to the config's image size

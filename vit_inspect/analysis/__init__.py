@@ -4,6 +4,7 @@ from .attention_distance import (AttentionDistanceAccumulator, distance_as_fract
 from .attention_maps import Query, attention_map, prefix_shares, readout
 from .classes import class_name, search_classes
 from .chefer import chefer_matrix, chefer_relevance
+from .entropy import attention_entropy
 from .filters import FilterPCA, filter_pca
 from .gradcam import gradcam_from_tokens
 from .masks import mass_mask
@@ -15,6 +16,7 @@ __all__ = [
     "AttentionDistanceAccumulator",
     "FilterPCA",
     "Query",
+    "attention_entropy",
     "attention_map",
     "chefer_matrix",
     "class_name",

@@ -1,2 +1,2 @@
-"""Pieces of the Gradio app (app.py), one module per concern. Only app.py imports them; they never
-import gradio, and the library never imports them."""
+"""Pieces of the app (app.py), one module per concern, and helpers for interfaces that serve untrusted
+clients. None of them imports gradio or any UI toolkit; the library never imports them."""

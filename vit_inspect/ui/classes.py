@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..analysis import class_name, search_classes
+from ..errors import InputError
 
 CLASS_CHOICES = 30  # classes listed in the target picker: the top 5, then search results
 
@@ -21,9 +22,9 @@ def find_class(labels: tuple[str, ...], probs: np.ndarray, text: str | None, rol
     if not text:
         return None
     if not labels:
-        raise ValueError("This model has no classification head, so there is no class to explain.")
+        raise InputError("This model has no classification head, so there is no class to explain.")
     found = search_classes(labels, text, probs, limit=1)
     if not found:
-        raise ValueError(f"No class matches {text!r} for the {role}; type a name (e.g. 'beagle') or an index "
+        raise InputError(f"No class matches {text!r} for the {role}; type a name (e.g. 'beagle') or an index "
                          f"from 0 to {len(labels) - 1}.")
     return found[0]
