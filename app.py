@@ -450,19 +450,19 @@ class Inspector:
             gr.Warning(public_message(exc))
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
-    def search_class(self, session: Session | None, query: object, versus: object, progress=gr.Progress(),
+    def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
                      **controls):
         """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
         list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
         every panel as it was."""
         try:
-            query = text(query, "The class search", 100)
-            if session is None or not query:
+            wanted = text(wanted, "The class search", 100)
+            if session is None or not wanted:
                 return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            index = find_class(session.labels, session.result.probs, query, "class to explain")
+            index = find_class(session.labels, session.result.probs, wanted, "class to explain")
             contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
                                   "comparison")
-            found = search_classes(session.labels, query, session.result.probs, limit=CLASS_CHOICES)
+            found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
             return self._show_class(session, index, contrast, found, progress, controls)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))

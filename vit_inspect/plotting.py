@@ -289,7 +289,8 @@ def pos_similarity_figure(similarity: np.ndarray, title: str = "Position embeddi
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    fig.colorbar(image, ax=ax, label="cosine similarity", shrink=0.8)
+    # a wide grid is drawn shorter than its axes box: the bar shrinks with it instead of overhanging
+    fig.colorbar(image, ax=ax, label="cosine similarity", shrink=0.8 * min(1.0, grid_h / grid_w))
     ax.set_title(title)
     ax.set_xlabel("input patch column")
     ax.set_ylabel("input patch row")
