@@ -351,6 +351,7 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
             "or pass one with --weights.", public=f"timm knows no pretrained weights for {name!r}.")
     with hub.hub_access(name) as online:  # a recent failure is raised here at once; an unanswering hub: offline
         if _offline_and_not_cached(cfg):
+            _create_timm(name, pretrained=False)  # a model that is no ViT says so first (UnsupportedModelError)
             raise WeightsNotFoundError(
                 f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) or does not "
                 f"answer, and they are not in its cache. Put the weights file at {wanted} (or pass --weights FILE).",
