@@ -180,7 +180,7 @@ def test_researcher_workflow(server, page, tmp_path):
     picker = page.locator("#model-name input")
     picker.fill("deit_small_patch16_224")
     page.locator("#load-model").click()
-    expect(toast(page).first).to_contain_text("Could not get weights")
+    expect(toast(page).first).to_contain_text("are not available on this server")
     expect(picker).to_have_value("deit_tiny_patch16_224")
     shot(page, "13_failed_load_restores_picker", full=True)
     close_toasts(page)
