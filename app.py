@@ -33,6 +33,7 @@ from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
+from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 
@@ -568,8 +569,8 @@ class Inspector:
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = {"attention": result.attention, "mean_distance": result.mean_distance, "probs": result.probs,
-                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer,
-                  "settings_json": np.array(json.dumps(settings))}
+                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
+                  "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
@@ -712,6 +713,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                     "layer, head and query under **Attention**, method and layers under **Rollout**, "
                                     "class and block under **Grad-CAM**.")
                         panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
+                    with gr.Tab("Faithfulness"):
+                        faithfulness = FaithfulnessTab()
                     with gr.Tab("Attention distance") as distance_tab:
                         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
@@ -800,6 +803,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
               inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
+        faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")

@@ -210,7 +210,7 @@ def test_downloads_hold_png_json_and_npz(client):
     with np.load(files["chelsea.npz"]) as arrays:
         assert arrays["attention"].shape == (12, 3, 197, 197)
         assert arrays["gradcam"].shape == (12, 14, 14)
-        assert arrays["chefer"].shape == (14, 14)
+        assert arrays["chefer"].shape == arrays["legrad"].shape == arrays["attnlrp"].shape == (14, 14)
         assert arrays["mean_distance"].shape == (12, 3)
         assert arrays["probs"].shape == (1000,)
         assert arrays["attention_map"].shape == arrays["rollout_map"].shape == (14, 14)

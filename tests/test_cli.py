@@ -13,7 +13,8 @@ from conftest import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
 from vit_inspect.cli import main
 
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
-                "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer"}
+                "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
+                "legrad", "attnlrp"}
 
 
 def _run(capsys, *argv):
@@ -43,7 +44,7 @@ def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
     assert record["target"] == {"index": record["topk"][0]["index"], "label": record["topk"][0]["label"]}
     assert record["contrast"] is None and record["input_geometry"] == "crop"
     assert np.array(record["mean_attention_distance"]).shape == (12, 3)
-    for key in ("rollout", "gradcam", "chefer"):
+    for key in ("rollout", "gradcam", "chefer", "legrad", "attnlrp"):
         assert np.array(record[key]).shape == (14, 14), key
     assert abs(np.sum(record["rollout"]) - 1) < 0.2  # class row of a row-stochastic matrix, minus prefix keys
     for name in ("chelsea_maps.png", "chelsea_distance.png"):

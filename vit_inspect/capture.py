@@ -32,6 +32,7 @@ class AttentionRecorder:
         self.activation_layers = tuple(activation_layers)
         self._attention: list[torch.Tensor | None] = [None] * depth
         self._activations: dict[int, torch.Tensor] = {}
+        self._residual: dict[int, torch.Tensor] = {}
         self._attention_grad: torch.Tensor | None = None
         self._activation_grads: dict[int, torch.Tensor] = {}
 
@@ -47,10 +48,16 @@ class AttentionRecorder:
             self._activations[layer] = output
         return hook
 
+    def _residual_hook(self, layer: int):
+        def hook(module: nn.Module, args: tuple, output: object) -> None:
+            self._residual[layer] = output[0] if isinstance(output, tuple) else output
+        return hook
+
     def clear(self) -> None:
         """Forget what was recorded, before the next forward pass in the same block."""
         self._attention = [None] * self.depth
         self._activations = {}
+        self._residual = {}
         self._attention_grad = None
         self._activation_grads = {}
 
@@ -81,6 +88,12 @@ class AttentionRecorder:
         self._activation_grads = {i: g if g is not None else torch.zeros_like(self._activations[i])
                                   for i, g in zip(layers, grads[len(attention):])}
 
+    def residual(self, layer: int) -> torch.Tensor:
+        """(B, N, D) residual stream after block `layer` (recorded with `residual=True`), detached."""
+        if layer not in self._residual:
+            raise CaptureError(f"No residual stream recorded after block {layer}; use capture_attention(residual=True).")
+        return self._residual[layer].detach()
+
     def attention_grad(self) -> torch.Tensor:
         """(B, depth, heads, N, N) gradients of the backward target w.r.t. the attention probabilities."""
         if self._attention_grad is None:
@@ -101,9 +114,10 @@ class AttentionRecorder:
 
 
 @contextmanager
-def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = ()) -> Iterator[AttentionRecorder]:
+def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = (),
+                      residual: bool = False) -> Iterator[AttentionRecorder]:
     """Record attention probabilities of every block (and the first-LayerNorm output of
-    `activation_layers`) for forward passes run inside the block.
+    `activation_layers`, and with `residual` every block's output) for forward passes run inside the block.
 
     >>> with capture_attention(handle) as rec:
     ...     logits = handle.forward(x)
@@ -129,6 +143,8 @@ def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = ()) 
                 hooks.append(attn.register_forward_hook(recorder._attention_hook(i)))
         for i in layers:
             hooks.append(handle.norm1_modules[i].register_forward_hook(recorder._activation_hook(i)))
+        for i in range(handle.depth) if residual else ():
+            hooks.append(handle.blocks[i].register_forward_hook(recorder._residual_hook(i)))
         yield recorder
     finally:
         for hook in hooks:

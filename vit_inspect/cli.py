@@ -13,10 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine import ENGINES, EngineOptions, run_job
 from .errors import VitInspectError
 from .geometry import GEOMETRY_MODES, InputGeometry
+from .jobs import AttentionDistanceJob, AttentionDistanceWorker
+from .evaluate import add_evaluate_parser
 from .models import DEFAULT_MODEL, ViTHandle, load_model
-from .pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, find_images, model_report
+from .pipeline import ImageAnalysis, analyze_image, find_images, model_report
 from . import plotting
 
 
@@ -50,6 +53,8 @@ def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dic
         "rollout": _rounded(result.rollout()),
         "gradcam": _rounded(gradcam),
         "chefer": _rounded(result.chefer),
+        "legrad": _rounded(result.legrad),
+        "attnlrp": _rounded(result.attnlrp),
     }
 
 
@@ -72,6 +77,10 @@ def _write_image_figures(handle: ViTHandle, result: ImageAnalysis, out: Path, st
         maps["gradient-weighted attention"] = result.chefer
         units |= {"Grad-CAM (last block, ReLU)": "activation × gradient",
                   "gradient-weighted attention": "relevance (logit units)"}
+    for name, values in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)):
+        if values is not None:
+            maps[name] = values
+            units[name] = "relevance (logit units)"
     _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block, ReLU)",), units=units,
                                title=title), out / f"{stem}_maps.png")
     _save(plotting.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
@@ -131,7 +140,9 @@ def cmd_model(args: argparse.Namespace) -> None:
         files = find_images([args.images])
         if not files:
             raise VitInspectError(f"No images found in {args.images!r}.")
-        stats = dataset_attention_distance(handle, files, batch_size=args.batch_size, progress=_progress)
+        job = AttentionDistanceJob.for_handle(handle, device=args.device, model_file=args.model_file)
+        stats, _ = run_job(job, files, args.engine, engine_options(args), progress=_progress,
+                           worker=AttentionDistanceWorker(handle))
         for name, reason in stats.skipped:
             print(f"skipped {name}: {reason}", file=sys.stderr)
         record["dataset_mean_attention_distance"] = _rounded(stats.distances, 3)
@@ -140,6 +151,42 @@ def cmd_model(args: argparse.Namespace) -> None:
             _save(plotting.attention_distance_figure(
                 stats.distances, image_width=handle.input_size[1],
                 title=f"mean attention distance over {stats.num_images} images"), out / "mean_attention_distance.png")
+    print(json.dumps(record), flush=True)
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The engine flags of a folder-level command (see `engine_flags`)."""
+    return EngineOptions(batch_size=args.batch_size, shard_size=args.shard_size, out=args.out,
+                         ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
+
+
+def engine_flags(p: argparse.ArgumentParser) -> None:
+    """Flags shared by every folder-level command: engine choice, batching, shards, Ray placement."""
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="local: in-process loop (default); ray: Ray Data, model replicas as actors")
+    p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="files per shard; with --out each finished shard is saved and a rerun skips it (default 256)")
+    p.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://head:10001); "
+                                         "default: start a local Ray on this machine")
+    p.add_argument("--concurrency", type=int, help="model actors under Ray (default: one per GPU, else 1)")
+    p.add_argument("--num-gpus", type=float, help="GPUs per actor under Ray (default: 1 when the cluster has GPUs)")
+
+
+def _rows_progress(done: int, total: int) -> None:
+    print(f"\rhead importance: {done}/{total} rows", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+
+def cmd_heads(args: argparse.Namespace) -> None:
+    from .heads_report import heads_record
+
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    record = heads_record(handle, args.image, ablate=args.ablate, mode=args.mode, reference=args.reference,
+                          importance=args.importance, lens=args.lens, target=args.target,
+                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None, out=out)
     print(json.dumps(record), flush=True)
 
 
@@ -154,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
                             "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
         p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-        p.add_argument("--out", help="folder for the PNG figures")
+        p.add_argument("--out", help="folder for the PNG figures (and the shards of a folder-level job)")
 
     analyze = sub.add_parser("analyze", help="per-image maps and numbers, one JSON line per image")
     analyze.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
@@ -176,9 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="ViT Fig. 7: filter PCA, position similarity, dataset attention distance")
     model.add_argument("--images", help="folder of images for the dataset mean attention distance")
     model.add_argument("--components", type=int, default=28, help="principal components of the filters (default 28)")
-    model.add_argument("--batch-size", type=int, default=16)
+    engine_flags(model)
     model_options(model)
     model.set_defaults(func=cmd_model)
+
+    heads = sub.add_parser("heads", help="head statistics, ablation, per-image head importance and logit lens (JSON)")
+    heads.add_argument("image", metavar="IMAGE")
+    heads.add_argument("--ablate", metavar="L:H,...", help="heads to ablate together, e.g. 3:1,5:0")
+    heads.add_argument("--mode", choices=("zero", "mean", "uniform"), default="zero", help="ablation mode (default zero)")
+    heads.add_argument("--reference", metavar="FOLDER", help="images whose mean head outputs --mode mean uses")
+    heads.add_argument("--importance", action="store_true", help="drop in the target logit per head ablated alone")
+    heads.add_argument("--lens", action="store_true", help="logit lens: top-5 and the final class's rank per block")
+    heads.add_argument("--target", type=int, help="class index (default: the top prediction)")
+    heads.add_argument("--batch-size", type=int, default=16, help="rows per forward for --importance and --reference")
+    model_options(heads)
+    heads.set_defaults(func=cmd_heads)
+    add_evaluate_parser(sub, model_options)
     return parser
 
 

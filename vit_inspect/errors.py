@@ -42,3 +42,11 @@ class InputError(VitInspectError):
 
 class CaptureError(VitInspectError):
     """A forward pass did not yield an attention map for every layer."""
+
+
+class InterventionError(VitInspectError):
+    """A head ablation cannot be applied as asked (unknown head or mode, missing or misfit means)."""
+
+
+class Cancelled(VitInspectError):
+    """A long computation was stopped at the caller's request."""

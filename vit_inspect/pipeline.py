@@ -8,6 +8,7 @@ Grad-CAM (every layer) and gradient-weighted attention are computed during the p
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -16,16 +17,19 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (AttentionDistanceAccumulator, FilterPCA, attention_map, chefer_relevance, distances_per_image,
-                       filter_pca, gradcam_from_tokens, gradient_fused_attention, gradient_rollout,
-                       mean_attention_distance, pos_embed_similarity, prefix_shares, rollout)
+from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens,
+                       gradient_fused_attention, gradient_rollout, legrad_map, mean_attention_distance,
+                       patch_relevance, pos_embed_similarity, prefix_shares, rollout)
 from .capture import capture_attention
-from .errors import VitInspectError
+from .errors import UnsupportedModelError, VitInspectError
 from .geometry import InputGeometry, prepare, seen_box
+from .head_pass import HeadPass, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
+from .relevance import relevance_rules
 from .tokens import TokenLayout
 
+LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
@@ -43,6 +47,9 @@ class ImageAnalysis:
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
     chefer: np.ndarray | None  # (grid_h, grid_w) gradient-weighted attention relevance (Chefer et al. 2021)
     readout: str  # "class" (class-token readout) or "mean" (mean over patch tokens)
+    heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
+    legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
+    attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
     contrast: int | None = None  # gradients are of logit[target] - logit[contrast]; None: of logit[target]
     grad_attention: np.ndarray | None = None  # (depth, N, N) float16 `gradient_fused_attention`, for gradient rollout
     geometry: str = "crop"  # `InputGeometry.mode` the input was made with
@@ -93,9 +100,9 @@ class ImageAnalysis:
 
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
-        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer,
-                  self.grad_attention, self.preview)
-        return sum(a.nbytes for a in arrays if a is not None)
+        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer, self.legrad,
+                  self.attnlrp, self.grad_attention, self.preview)
+        return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
 
 
 def readout_query(handle: ViTHandle) -> str:
@@ -118,6 +125,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
     only the class token reaches the head, so patch tokens get no gradient there); the last block's
     is the usual choice. Gradient-weighted attention follows Chefer et al. 2021, Eq. 5-6.
+    LeGrad (last `LEGRAD_LAYERS` blocks, the model's own readout) takes one short backward per layer
+    through that block only; AttnLRP takes one more, modified, backward to the pixels over the same graph
+    (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
 
@@ -137,13 +147,13 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers) as rec,
-          torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
+    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers, residual=True) as rec,
+          relevance_rules(handle) as lrp, torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = grad_attention = None
+    chosen = gradcam = chefer = attention_grad = legrad = attnlrp = grad_attention = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         for index in (chosen, contrast):
@@ -151,6 +161,13 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
                 raise VitInspectError(f"Class {index} is out of range: the model has classes 0 to {len(probs) - 1}.")
         if contrast is not None and contrast == chosen:
             raise VitInspectError("The contrast class is the target class itself; choose another class to compare.")
+        last = range(handle.depth)[-LEGRAD_LAYERS:]
+        with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
+            legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
+                                layout).astype(np.float32)
+        with suppress(UnsupportedModelError):
+            attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+                                      layout).astype(np.float32)
         score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
         rec.backward(score.float())
         attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
@@ -160,10 +177,12 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
+    heads = build_head_pass(handle, rec, logits, attention, attention_grad, layout,
+                            tolerance=5e-2 if autocast else 1e-3)
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query,
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
         contrast=contrast if use_grad else None, grad_attention=grad_attention,
         geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
         source_size=picture.size)
@@ -226,35 +245,13 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
                                progress: Callable[[int, int], None] | None = None,
                                limits: ImageLimits = ImageLimits()) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
-    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed."""
-    items = list(images)
-    layout = handle.layout(input_size or handle.input_size)
-    accumulator = AttentionDistanceAccumulator(layout)
-    skipped: list[tuple[str, str]] = []
-    batch: list[torch.Tensor] = []
+    streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
+    In-process with this handle; `engine.run_job` with a `jobs.AttentionDistanceJob` runs the same
+    job on Ray."""
+    from .engine import EngineOptions, run_job
+    from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 
-    def flush() -> None:
-        with torch.no_grad(), capture_attention(handle) as rec:
-            handle.forward(torch.cat(batch))
-        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
-        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], layout)  # (B, 1, heads)
-                     for a in rec.attention_tensors()]
-        accumulator.add(np.concatenate(per_layer, axis=1))  # (B, depth, heads)
-        batch.clear()
-
-    for done, item in enumerate(items, 1):
-        try:
-            picture = item if isinstance(item, Image.Image) else load_image(item, limits)
-            batch.append(handle.preprocess.apply(picture, input_size)[0])
-        except VitInspectError as exc:
-            skipped.append((Path(str(getattr(item, "name", item))).name, str(exc)))
-        if len(batch) == batch_size:
-            flush()
-        if progress is not None:
-            progress(done, len(items))
-    if batch:
-        flush()
-    if accumulator.count == 0:
-        raise VitInspectError("None of the images could be read."
-                              + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
-    return DatasetDistance(distances=accumulator.result(), num_images=accumulator.count, skipped=tuple(skipped))
+    job = AttentionDistanceJob(handle.name, input_size=input_size)
+    result, _ = run_job(job, images, "local", EngineOptions(batch_size=batch_size, limits=limits), progress,
+                        worker=AttentionDistanceWorker(handle, input_size))
+    return result

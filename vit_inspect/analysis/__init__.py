@@ -8,6 +8,7 @@ from .entropy import attention_entropy
 from .filters import FilterPCA, filter_pca
 from .gradcam import gradcam_from_tokens
 from .masks import mass_mask
+from .legrad import legrad_map, patch_relevance
 from .pos_embed import pos_embed_similarity
 from .rollout import (gradient_fused_attention, gradient_rollout, gradient_rollout_matrix, rollout,
                       rollout_matrix)
@@ -29,7 +30,9 @@ __all__ = [
     "gradient_rollout",
     "gradient_rollout_matrix",
     "mass_mask",
+    "legrad_map",
     "mean_attention_distance",
+    "patch_relevance",
     "pos_embed_similarity",
     "prefix_shares",
     "readout",

@@ -1,2 +1,3 @@
-"""Pieces of the app (app.py), one module per concern, and helpers for interfaces that serve untrusted
-clients. None of them imports gradio or any UI toolkit; the library never imports them."""
+"""Pieces of the app (app.py): helpers for interfaces that serve untrusted clients, the per-image panels
+and the class picker (no UI toolkit in these), and the app's Gradio tabs, one module each (`faithfulness`),
+which only app.py imports. The library never imports this package."""

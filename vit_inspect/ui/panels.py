@@ -109,13 +109,15 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
         elif name == "compare":
             shown = {k: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
             ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
+            extra = {k: v for k, v in (("LeGrad", getattr(result, "legrad", None)),
+                                       ("AttnLRP", getattr(result, "attnlrp", None))) if v is not None}
             target, contrast = session.target
             title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
             drawn.append(figure_image(plotting.maps_figure(
-                result.rgb, {titles[k]: v for k, v in shown.items()}, relu_names=(titles["gradcam"],),
-                units={titles[k]: UNITS[k] for k in shown}, ranges={titles[k]: r for k, r in ranges.items()},
-                title=title)))
+                result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
+                units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
+                ranges={titles[k]: r for k, r in ranges.items()}, title=title)))
         elif grid_map(name) is None:
             drawn.append(None)
         else:

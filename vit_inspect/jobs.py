@@ -1,0 +1,94 @@
+"""Folder-level jobs for `engine.run_job`: picklable specs that load their model once per worker.
+
+`AttentionDistanceJob`: the ViT paper's Fig. 7 (right) mean attention distance averaged over a
+folder (`vit-inspect model --images`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .analysis import distances_per_image
+from .capture import capture_attention
+from .engine import Skipped, Sums
+from .errors import VitInspectError
+from .models import ViTHandle, load_model
+from .module_spec import parse_model_file
+from .pipeline import DatasetDistance
+
+
+def model_source(handle: ViTHandle) -> tuple[str, str | None]:
+    """(model, weights) that load the same model as `handle` in another process: absolute paths,
+    because a worker's working directory (and on a cluster, its machine) is not the caller's."""
+    model = str(Path(handle.name).resolve()) if Path(handle.name).is_dir() else handle.name
+    weights = str(Path(handle.weights).resolve()) if Path(handle.weights).is_file() else None
+    return model, weights
+
+
+def absolute_model_file(model_file: str | None) -> str | None:
+    """A `--model-file` reference with its file made absolute, for workers in other folders."""
+    if model_file is None:
+        return None
+    path, function = parse_model_file(model_file)
+    return f"{path.resolve()}:{function}"
+
+
+class AttentionDistanceWorker:
+    """Holds a loaded model; maps a batch of images to the sum of their per-head mean attention distances."""
+
+    def __init__(self, handle: ViTHandle, input_size: tuple[int, int] | None = None, renormalize: bool = True) -> None:
+        self.handle = handle
+        self.input_size = input_size
+        self.renormalize = renormalize
+        self.layout = handle.layout(input_size or handle.input_size)
+
+    def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
+        """Sums {"distance": (depth, heads) pixels summed over the batch}, count = len(images)."""
+        pixels = torch.cat([self.handle.preprocess.apply(Image.fromarray(rgb), self.input_size)[0]
+                            for rgb in images])  # (B, 3, H, W)
+        with torch.no_grad(), capture_attention(self.handle) as rec:
+            self.handle.forward(pixels)
+        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
+        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], self.layout, self.renormalize)  # (B, 1, heads)
+                     for a in rec.attention_tensors()]
+        per_image = np.concatenate(per_layer, axis=1)  # (B, depth, heads)
+        return Sums({"distance": per_image.sum(axis=0, dtype=np.float64)}, per_image.shape[0])
+
+
+@dataclass(frozen=True)
+class AttentionDistanceJob:
+    """Mean attention distance (see `mean_attention_distance`) averaged over a folder of images."""
+
+    model: str  # timm name, HF id or folder, as `load_model` takes it
+    weights: str | None = None  # weights file; must exist at this path on every worker
+    device: str | None = None  # None: CUDA when the worker has a GPU, else CPU
+    input_size: tuple[int, int] | None = None  # (H, W); None: the model's own
+    renormalize: bool = True  # renormalise each query's attention over patch keys (see `distances_per_image`)
+    name: str = "attention_distance"
+
+    model_file: str | None = None  # "path.py:function" of a hand-written ViT (operator only; see `load_model_file`)
+
+    @classmethod
+    def for_handle(cls, handle: ViTHandle, device: str | None = None, model_file: str | None = None,
+                   **options) -> AttentionDistanceJob:
+        """The job for the model `handle` holds (built from `model_file` when given), loadable by any worker."""
+        model, weights = model_source(handle)
+        return cls(model, weights, device, model_file=absolute_model_file(model_file), **options)
+
+    def open(self) -> AttentionDistanceWorker:
+        handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
+        return AttentionDistanceWorker(handle, self.input_size, self.renormalize)
+
+    def merge(self, a: Sums, b: Sums) -> Sums:
+        return a + b
+
+    def finalize(self, sums: Sums, skipped: Skipped) -> DatasetDistance:
+        if sums.count == 0:
+            raise VitInspectError("None of the images could be read."
+                                  + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
+        return DatasetDistance(distances=sums.arrays["distance"] / sums.count, num_images=sums.count, skipped=skipped)
