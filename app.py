@@ -8,10 +8,12 @@ sliders, clicks and options redraw from it without calling the model. Models liv
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, replace
@@ -219,6 +221,24 @@ def upload_folders() -> list[str]:
     """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
     Gradio puts uploads and its copies of the example images."""
     return [gradio_utils.get_upload_folder()]
+
+
+def own_upload_folder() -> str:
+    """Give this process a Gradio folder of its own, unless the operator chose one (GRADIO_TEMP_DIR).
+
+    Gradio keeps uploads and every image it serves in one folder, by default /tmp/gradio for all Gradio
+    processes of the machine, each file named by a hash of its content (so the same image drawn by two
+    servers is one file); and a server built with `delete_cache` deletes every file it handed out when it
+    stops, whatever its age. So when another Gradio server on the machine stops, this one's links to the
+    same images answer 403. A folder of its own also narrows what a client's file reference may name
+    (`upload_folders`) to this server's files. Call it before building the Blocks: Gradio reads the folder
+    when it builds and launches. The folder is removed when the process exits.
+    """
+    if not os.environ.get("GRADIO_TEMP_DIR"):
+        folder = tempfile.mkdtemp(prefix="vit_inspect_gradio_")
+        os.environ["GRADIO_TEMP_DIR"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return gradio_utils.get_upload_folder()
 
 
 def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
@@ -873,6 +893,7 @@ def preload(cache: ModelCache, config: AppConfig) -> None:
 
 def main() -> None:
     config, args = parse_args()
+    own_upload_folder()
     cache = ModelCache(config.cache_size)
     threading.Thread(target=preload, args=(cache, config), daemon=True).start()  # the port opens at once
     build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,

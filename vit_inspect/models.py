@@ -311,6 +311,19 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
             "(it has no patch tokens with attention); try a 'vit_', 'deit_' or 'deit3_' model.") from None
 
 
+def _refuse_non_vit(name: str) -> None:
+    """UnsupportedModelError if timm's `name` refuses ViT arguments (a CNN such as resnet50); built on the
+    meta device, so it costs no memory and no weights. Other failures, and models found not to be
+    inspectable only once built (a Swin), are left to the real build."""
+    try:
+        with torch.device("meta"):
+            _create_timm(name, pretrained=False)
+    except UnsupportedModelError:
+        raise
+    except Exception:
+        pass
+
+
 def _pretrained_cfg(name: str) -> dict | None:
     """timm's pretrained config of a name (with or without tag) as a dict, without building the model;
     None for an unknown tag."""
@@ -351,7 +364,7 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
             "or pass one with --weights.", public=f"timm knows no pretrained weights for {name!r}.")
     with hub.hub_access(name) as online:  # a recent failure is raised here at once; an unanswering hub: offline
         if _offline_and_not_cached(cfg):
-            _create_timm(name, pretrained=False)  # a model that is no ViT says so first (UnsupportedModelError)
+            _refuse_non_vit(name)  # a model that is no ViT says so first, built on the meta device
             raise WeightsNotFoundError(
                 f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) or does not "
                 f"answer, and they are not in its cache. Put the weights file at {wanted} (or pass --weights FILE).",
