@@ -30,6 +30,7 @@ from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
+from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 
@@ -600,6 +601,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                     "the maps as shown). Each image above also has its own download button.")
                         download_button = gr.Button("Prepare downloads", variant="primary")
                         download_files = gr.File(label="Files", file_count="multiple", interactive=False)
+                    compare_ui.compare_tab(app, image, key, models, model_pass=dict(concurrency_id="model_pass", concurrency_limit=1),
+                                           upload_source=upload_source, shows_errors=shows_errors)
 
         controls = dict(layer=layer, head=head, mean_heads=mean_heads, query=query, row=row, col=col,
                         head_fusion=head_fusion, discard_ratio=discard_ratio, first_layer=first_layer,

@@ -1,4 +1,5 @@
-"""Command line: `vit-inspect analyze IMAGE_OR_FOLDER...` and `vit-inspect model` (or `python -m vit_inspect`).
+"""Command line: `vit-inspect analyze IMAGE_OR_FOLDER...`, `vit-inspect model` and `vit-inspect compare`
+(or `python -m vit_inspect`).
 
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`;
 `model` prints one JSON object with the model-level (ViT Fig. 7) analyses. Progress goes to
@@ -210,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(heads)
     heads.set_defaults(func=cmd_heads)
     add_evaluate_parser(sub, model_options, engine_flags)
+    from .compare_cli import add_compare_parser  # imported here: compare_cli uses this module's helpers
+    add_compare_parser(sub)
     return parser
 
 

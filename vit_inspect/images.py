@@ -150,12 +150,11 @@ class Preprocess:
         if self.interpolation not in _RESAMPLING:
             raise ValueError(f"unknown interpolation {self.interpolation!r}")
 
-    def crop(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> Image.Image:
-        """The RGB image the model sees, of exactly `input_size` (default: the model's own)."""
+    def _plan(self, image_size: tuple[int, int], input_size: tuple[int, int] | None) -> tuple[int, int, int, int]:
+        """(resized width, resized height, crop left, crop top) for an image of (width, height) pixels."""
         height, width = input_size or self.input_size
-        resample = _RESAMPLING[self.interpolation]
         cover_h, cover_w = math.floor(height / self.crop_pct), math.floor(width / self.crop_pct)
-        img_w, img_h = image.size
+        img_w, img_h = image_size
         if self.mode == "squash":
             new_h, new_w = cover_h, cover_w
         elif cover_h / img_h >= cover_w / img_w:
@@ -163,14 +162,26 @@ class Preprocess:
             new_h, new_w = cover_h, max(cover_w, int(cover_h * img_w / img_h))
         else:
             new_h, new_w = max(cover_h, int(cover_w * img_h / img_w)), cover_w
-        top = int(round((new_h - height) / 2.0))
-        left = int(round((new_w - width) / 2.0))
+        return new_w, new_h, int(round((new_w - width) / 2.0)), int(round((new_h - height) / 2.0))
+
+    def crop_box(self, image_size: tuple[int, int], input_size: tuple[int, int] | None = None) -> tuple[float, ...]:
+        """(left, top, right, bottom) in pixels of the ORIGINAL (width, height) image that `crop` keeps,
+        so that maps of two models fed different crops of one image can be placed on common ground."""
+        height, width = input_size or self.input_size
+        new_w, new_h, left, top = self._plan(image_size, input_size)
+        scale_x, scale_y = image_size[0] / new_w, image_size[1] / new_h
+        return left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y
+
+    def crop(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> Image.Image:
+        """The RGB image the model sees, of exactly `input_size` (default: the model's own)."""
+        height, width = input_size or self.input_size
+        resample = _RESAMPLING[self.interpolation]
+        new_w, new_h, left, top = self._plan(image.size, input_size)
+        cover_h, cover_w = math.floor(height / self.crop_pct), math.floor(width / self.crop_pct)
         if new_h * new_w > MAX_INTERMEDIATE_FACTOR * cover_h * cover_w:
             # Extreme aspect ratio (e.g. 10000x10): resample only the kept region, so no huge intermediate
             # image is built. Within one grey level of resize-then-crop.
-            scale_x, scale_y = img_w / new_w, img_h / new_h
-            box = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
-            return image.resize((width, height), resample, box=box)
+            return image.resize((width, height), resample, box=self.crop_box(image.size, input_size))
         resized = image.resize((new_w, new_h), resample)  # exactly torchvision's Resize + CenterCrop
         return resized.crop((left, top, left + width, top + height))
 

@@ -48,6 +48,7 @@ class ImageAnalysis:
     heads: HeadPass | None = None  # logit lens, token norms and per-head statistics of this pass
     legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
     attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
+    patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
 
     @property
     def depth(self) -> int:
@@ -72,7 +73,7 @@ class ImageAnalysis:
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
         arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer, self.legrad,
-                  self.attnlrp)
+                  self.attnlrp, self.patch_features)
         return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
 
 
@@ -100,6 +101,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
+    The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     pixels, rgb = handle.preprocess.apply(picture, input_size)
@@ -111,6 +113,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
           relevance_rules(handle) as lrp, torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
+    features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
     chosen = gradcam = chefer = attention_grad = legrad = attnlrp = None
@@ -137,7 +140,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
-        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp)
+        target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
+        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..tokens import TokenLayout
 
-Query = str | tuple[int, int] | None  # None: default; "class": class token; "mean": mean of patch rows; (row, col)
+Query = str | tuple[int, int] | None  # None: default; "class"/"distillation" token; "mean" of patch rows; (row, col)
 
 
 def readout(matrix: np.ndarray, layout: TokenLayout, query: Query = None) -> np.ndarray:
@@ -13,7 +13,8 @@ def readout(matrix: np.ndarray, layout: TokenLayout, query: Query = None) -> np.
 
     ``matrix`` is (N, N), rows = queries, columns = keys (attention, rollout or relevance). ``query``:
     ``None`` is the class token if the layout has one, otherwise the mean over all patch query rows;
-    ``"class"`` is the class token (ValueError without one); ``"mean"`` is the mean over patch query rows
+    ``"class"`` is the class token (ValueError without one); ``"distillation"`` the distillation token of a
+    distilled DeiT (Touvron et al. 2021; ValueError without one); ``"mean"`` is the mean over patch query rows
     (the readout of average-pooled models); ``(row, col)`` is that patch's token.
     Values keep the matrix's units; prefix-token keys are dropped, nothing is renormalised.
     """
@@ -24,8 +25,12 @@ def readout(matrix: np.ndarray, layout: TokenLayout, query: Query = None) -> np.
     if query == "mean":
         row = layout.patches(matrix, axis=0).mean(axis=0)  # (N,)
     elif isinstance(query, str):
+        if query == "distillation":
+            if not layout.num_dist_tokens:
+                raise ValueError("query='distillation' but this model has no distillation token")
+            return layout.to_grid(layout.patches(matrix[int(layout.has_class_token)]))  # right after the class token
         if query != "class":
-            raise ValueError(f"unknown query {query!r}; use None, 'class', 'mean' or a (row, col) patch")
+            raise ValueError(f"unknown query {query!r}; use None, 'class', 'distillation', 'mean' or a (row, col) patch")
         if not layout.has_class_token:
             raise ValueError("query='class' but this model has no class token; use None or a (row, col) patch")
         row = matrix[layout.class_token_index]

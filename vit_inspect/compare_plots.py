@@ -1,0 +1,168 @@
+"""Figures of two models side by side, and the DINO / DINOv2 views. Object API only, no torch, no gradio.
+
+Overlays follow `plotting.overlay` (each map min-max scaled on its own, Grad-CAM after a ReLU); every
+figure names its models, layers (with the relative-depth mapping), heads and settings.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LinearSegmentedColormap, Normalize
+from matplotlib.figure import Figure
+
+from .analysis.compare import relative_depth
+from .analysis.dino import FeaturePCA
+from .comparison import MAP_TITLES, AlignedMap, Comparison
+from .pipeline import ImageAnalysis
+from .plotting import PANEL_INCHES, overlay
+
+MODEL_COLORS = ("tab:blue", "tab:orange")  # model A, model B
+MASK_COLOR = "cyan"
+TITLE_CHARS = 44
+
+
+def _scale_bar(fig: Figure, axes, label: str, cmap: str = "inferno", location: str = "right") -> None:
+    fig.colorbar(ScalarMappable(Normalize(0.0, 1.0), cmap=cmap), ax=axes, label=label, shrink=0.8, location=location,
+                 aspect=20 if location == "right" else 30)
+
+
+def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> Figure:
+    """One row per map kind: model A's map on its own crop, model B's at the aligned layer, and the
+    agreement numbers (Spearman, top-10 % overlap) in the row title."""
+    if not aligned:
+        raise ValueError("no maps to compare")
+    a, b = comparison.a, comparison.b
+    fig = Figure(figsize=(2 * PANEL_INCHES + 1.2, (PANEL_INCHES + 0.6) * len(aligned) + 0.6), layout="constrained")
+    grid = fig.subfigures(len(aligned), 1, squeeze=False)[:, 0]
+    for sub, item in zip(grid, aligned):
+        axes = sub.subplots(1, 2)
+        for ax, result, name, grid_map, layer in ((axes[0], a, name_a, item.map_a, item.layer_a),
+                                                  (axes[1], b, name_b, item.map_b, item.layer_b)):
+            ax.imshow(overlay(result.rgb, grid_map, relu=item.kind == "gradcam"))
+            where = ", all layers" if item.kind in ("rollout", "relevance") else (
+                f", layer {layer} of {result.depth} (rel. depth {relative_depth(layer, result.depth):.2f})")
+            target = "" if result.target is None else f", class {result.target}"
+            ax.set_title(textwrap.fill(f"{name}{where}{target}", TITLE_CHARS), fontsize="small")
+            ax.set_axis_off()
+        score = item.agreement
+        rho = "n/a" if np.isnan(score.spearman) else f"{score.spearman:.2f}"
+        sub.suptitle(textwrap.fill(f"{MAP_TITLES[item.kind]}: Spearman {rho}, top-{score.fraction:.0%} overlap "
+                                   f"{score.top_overlap:.2f} (on a {score.grid[0]}×{score.grid[1]} common grid)", 62),
+                     fontsize="medium")
+        _scale_bar(sub, axes, "map value, min-max per map" + (" (ReLU)" if item.kind == "gradcam" else ""))
+    fig.suptitle(textwrap.fill(f"{name_a} vs {name_b}. Layers (0-based) aligned by relative depth (l+1)/L: "
+                               f"B's layer = ceil((l+1)·{b.depth}/{a.depth})−1. Attention: mean of heads, readout "
+                               f"{a.readout} / {b.readout} token. Agreement over the image region both crops cover.",
+                               62), fontsize="medium")
+    return fig
+
+
+def compare_distance_figure(distances: list[np.ndarray], names: list[str], widths: list[int],
+                            title: str = "mean attention distance") -> Figure:
+    """Every head of every model (one colour per model) against relative depth (l + 1) / L.
+
+    ``distances`` are (depth, heads) in input pixels (Dosovitskiy et al. 2021, Fig. 7 right); ``widths``
+    are each model's input width, named in the legend (pixels of different inputs are not the same size).
+    """
+    fig = Figure(figsize=(6.0, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for index, (dist, name, width) in enumerate(zip(distances, names, widths)):
+        depth, heads = dist.shape
+        x = np.repeat((np.arange(depth) + 1) / depth, heads)  # (depth * heads,)
+        offset = (index - (len(distances) - 1) / 2) * 0.15 / depth  # side by side where layers coincide
+        ax.scatter(x + offset, dist.ravel(), s=14, color=MODEL_COLORS[index % len(MODEL_COLORS)], alpha=0.8,
+                   label=f"{name} ({depth} layers × {heads} heads, input width {width} px)")
+    ax.set_xlabel("relative depth (layer + 1) / depth")
+    ax.set_ylabel("mean attention distance (input pixels)")
+    ax.set_xlim(0.0, 1.05)
+    ax.set_ylim(bottom=0.0)
+    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title(title)
+    return fig
+
+
+def side_by_side(images: list[np.ndarray], gap: int = 16) -> np.ndarray:
+    """(H_i, W_i, 3) uint8 images in one row on white, top-aligned, `gap` pixels apart."""
+    height = max(image.shape[0] for image in images)
+    width = sum(image.shape[1] for image in images) + gap * (len(images) - 1)
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+    x = 0
+    for image in images:
+        canvas[:image.shape[0], x:x + image.shape[1]] = image[..., :3]
+        x += image.shape[1] + gap
+    return canvas
+
+
+def _patch_mask(mask: np.ndarray, result: ImageAnalysis) -> np.ndarray:
+    """(grid_h, grid_w) bool -> (H, W) of the crop, each patch its patch_h x patch_w pixels."""
+    layout = result.layout
+    pixels = np.repeat(np.repeat(mask, layout.patch_h, axis=0), layout.patch_w, axis=1)
+    out = np.zeros(result.rgb.shape[:2], dtype=bool)
+    out[:pixels.shape[0], :pixels.shape[1]] = pixels
+    return out
+
+
+def dino_heads_figure(result: ImageAnalysis, maps: np.ndarray, masks: np.ndarray, name: str, fraction: float,
+                      ncols: int = 6) -> Figure:
+    """Every head of the last layer (Caron et al. 2021, Fig. 3): attention of the readout token, each map
+    min-max scaled, with the outline (cyan) of the smallest patch set holding `fraction` of its mass.
+
+    ``maps`` and ``masks`` are (heads, grid_h, grid_w), from `ImageAnalysis.attention_map` and
+    `analysis.dino.mass_threshold_mask`.
+    """
+    heads = maps.shape[0]
+    ncols = min(ncols, heads)
+    nrows = -(-heads // ncols)
+    fig = Figure(figsize=(2.2 * ncols + 1.0, 2.3 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for head, ax in enumerate(axes.ravel()):
+        ax.set_axis_off()
+        if head >= heads:
+            continue
+        ax.imshow(overlay(result.rgb, maps[head]))
+        ax.contour(_patch_mask(masks[head], result), levels=[0.5], colors=MASK_COLOR, linewidths=1.2)
+        ax.set_title(f"head {head}: {int(masks[head].sum())} patches", fontsize="small")
+    fig.suptitle(textwrap.fill(f"{name}: last layer ({result.depth - 1}), every head, {result.readout} token's "
+                               f"attention; outline: the fewest patches holding {fraction:.0%} of the mass", 90),
+                 fontsize="medium")
+    _scale_bar(fig, axes, "attention, min-max per head")
+    return fig
+
+
+def _nearest(rgb: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """(grid_h, grid_w, 3) -> (H, W, 3) by repeating each cell (nearest neighbour)."""
+    rows = (np.arange(shape[0]) * rgb.shape[0] // shape[0])
+    cols = (np.arange(shape[1]) * rgb.shape[1] // shape[1])
+    return rgb[rows][:, cols]
+
+
+def feature_pca_figure(crops: list[np.ndarray], pca: FeaturePCA, titles: list[str], name: str) -> Figure:
+    """Each image's crop above its patch features' first three principal components as RGB (Oquab et al.
+    2023, DINOv2 Fig. 1), with one scale bar per channel."""
+    count = len(crops)
+    fig = Figure(figsize=(PANEL_INCHES * count + 0.6, 2 * PANEL_INCHES + 3.4), layout="constrained")
+    axes = fig.subplots(2, count, squeeze=False)
+    fig.get_layout_engine().set(h_pad=0.15)  # room for each panel's title between the rows
+    for index, (crop, colours, title) in enumerate(zip(crops, pca.rgb, titles)):
+        axes[0, index].imshow(crop)
+        axes[0, index].set_title(textwrap.fill(title, 32), fontsize="small")
+        axes[1, index].imshow(_nearest(colours, crop.shape[:2]))
+        axes[1, index].set_title(f"{int(pca.foreground[index].sum())} of {pca.foreground[index].size} patches kept",
+                                 fontsize="small")
+        for ax in axes[:, index]:
+            ax.set_axis_off()
+    ratios = pca.explained_variance_ratio
+    for channel, colour in reversed(list(enumerate(("red", "green", "blue")))):  # placed bottom-up
+        cmap = LinearSegmentedColormap.from_list(colour, ["black", colour])
+        _scale_bar(fig, axes[1, :], f"PC{channel + 1} score, min-max ({ratios[channel]:.0%} of variance)",
+                   cmap=cmap, location="bottom")
+    setting = ("all patches" if pca.threshold is None else
+               f"background (scaled PC1 < {pca.threshold:g}, PC1 oriented centre-high) removed, black")
+    fit = "jointly on all images" if count > 1 else "on this image"
+    fig.suptitle(textwrap.fill(f"{name}: PCA of last-layer patch tokens, fitted {fit}; {setting}",
+                               36 * count),
+                 fontsize="medium")
+    return fig
+
