@@ -60,7 +60,9 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
                     settings: PerturbationSettings = PerturbationSettings(), batch_size: int = DEFAULT_BATCH_SIZE,
                     on_image: Callable[[Path, ImageFaithfulness], None] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> FaithfulnessAccumulator:
-    """The local engine: `evaluate_image` over the files, one after another, into one accumulator."""
+    """`evaluate_image` over the files, one after another, into one accumulator: the plain in-process loop
+    for library use, with a per-image callback. The command runs `jobs.EvaluateJob` through
+    `engine.run_job` instead (either engine; equal numbers, tested in tests/test_evaluate_engine.py)."""
     accumulator = FaithfulnessAccumulator()
     for done, path in enumerate(files, 1):
         result = evaluate_image(handle, path, labels[path.name], methods, settings=settings, batch_size=batch_size)
