@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", default=str(DEFAULT_OUT))
     parser.add_argument("--zip", default=str(DEFAULT_ZIP))
     parser.add_argument("--maps", type=int, default=200, help="held-out images (every k-th) for the per-map spread")
-    parser.add_argument("--faithfulness", type=int, default=10, metavar="K",
+    parser.add_argument("--faithfulness", type=int, default=4, metavar="K",
                         help="faithfulness on every K-th held-out image (1: all 2,000; 0: skip)")
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
