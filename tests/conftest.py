@@ -83,3 +83,18 @@ def deit():
     from vit_inspect.models import load_model
 
     return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")
+
+
+def dog_and_cat(path) -> None:
+    """Two shared ImageNet photos side by side at one height, a German shepherd left and a tabby right
+    (a wide picture for the input-geometry tests)."""
+    from PIL import Image
+
+    height = 224
+    pictures = [Image.open(IMAGENET / name).convert("RGB")
+                for name in ("n02106662_German_shepherd.JPEG", "n02123045_tabby.JPEG")]
+    pictures = [p.resize((round(p.width * height / p.height), height)) for p in pictures]
+    pair = Image.new("RGB", (sum(p.width for p in pictures), height))
+    pair.paste(pictures[0], (0, 0))
+    pair.paste(pictures[1], (pictures[0].width, 0))
+    pair.save(path)

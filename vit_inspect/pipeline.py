@@ -17,10 +17,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens, legrad_map,
-                       mean_attention_distance, patch_relevance, pos_embed_similarity, rollout)
+from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens,
+                       gradient_fused_attention, gradient_rollout, legrad_map, mean_attention_distance,
+                       patch_relevance, pos_embed_similarity, prefix_shares, rollout)
 from .capture import capture_attention
 from .errors import UnsupportedModelError, VitInspectError
+from .geometry import InputGeometry, prepare, seen_box
 from .head_pass import HeadPass, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
@@ -49,6 +51,12 @@ class ImageAnalysis:
     legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
     attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
     patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
+    contrast: int | None = None  # gradients are of logit[target] - logit[contrast]; None: of logit[target]
+    grad_attention: np.ndarray | None = None  # (depth, N, N) float16 `gradient_fused_attention`, for gradient rollout
+    geometry: str = "crop"  # `InputGeometry.mode` the input was made with
+    seen_box: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of the upload seen, pixels
+    preview: np.ndarray | None = None  # (h, w, 3) uint8 the whole upload, longer side at most PREVIEW_SIDE
+    source_size: tuple[int, int] | None = None  # (width, height) of the upload, pixels
 
     @property
     def depth(self) -> int:
@@ -64,16 +72,37 @@ class ImageAnalysis:
                              self.readout if query is None else query)
 
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
-                start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
-        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options."""
+                start_layer: int = 0, end_layer: int | None = None, query=None, discard: str = "row") -> np.ndarray:
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options
+        (``discard``: "row" ours, "matrix" vit-explain's; see `analysis.rollout_matrix`)."""
         return rollout(self.attention, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
                        residual=residual, start_layer=start_layer, end_layer=end_layer,
-                       query=self.readout if query is None else query)
+                       query=self.readout if query is None else query, discard=discard)
+
+    def gradient_rollout(self, discard_ratio: float = 0.9, start_layer: int = 0, end_layer: int | None = None,
+                         query=None, discard: str = "matrix") -> np.ndarray | None:
+        """(grid_h, grid_w) class-specific gradient rollout (vit-explain) for this result's target
+        (and contrast); None for a model without a head."""
+        if self.grad_attention is None:
+            return None
+        return gradient_rollout(self.grad_attention, self.layout, discard_ratio, start_layer=start_layer,
+                                end_layer=end_layer, query=self.readout if query is None else query, discard=discard)
+
+    def head_maps(self, layer: int, query=None) -> np.ndarray:
+        """(heads, grid_h, grid_w) raw attention of every head of one layer from a query token."""
+        return np.stack([self.attention_map(layer, head, query) for head in range(self.num_heads)])
+
+    def prefix_share(self, layer: int, head: int | None = None, query=None) -> dict[str, float]:
+        """{prefix token name: share of the query's attention on it} for one layer and head (None: mean)."""
+        heads = self.attention[layer].astype(np.float32)  # (heads, N, N)
+        matrix = heads.mean(axis=0) if head is None else heads[head]
+        shares = prefix_shares(matrix, self.layout, self.readout if query is None else query)
+        return dict(zip(self.layout.prefix_names(), (float(v) for v in shares)))
 
     def nbytes(self) -> int:
         """Memory held by the arrays of this result."""
         arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer, self.legrad,
-                  self.attnlrp, self.patch_features)
+                  self.attnlrp, self.patch_features, self.grad_attention, self.preview)
         return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
 
 
@@ -89,7 +118,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
 
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
                   input_size: tuple[int, int] | None = None, gradients: bool = True,
-                  autocast: bool = False, limits: ImageLimits = ImageLimits()) -> ImageAnalysis:
+                  autocast: bool = False, limits: ImageLimits = ImageLimits(),
+                  geometry: InputGeometry | None = None, contrast: int | None = None) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
@@ -102,9 +132,19 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
+
+    `geometry` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
+    squashed, or the whole image with its aspect ratio on a non-square grid); without it, the model's
+    crop at `input_size`. With `contrast`, the backward pass starts from logit[target] - logit[contrast]
+    ("why target and not contrast?"). The result also keeps, per layer, the head-fused gradient-weighted
+    attention of vit-explain's gradient rollout (`analysis.gradient_fused_attention`, float16).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    pixels, rgb = handle.preprocess.apply(picture, input_size)
+    if geometry is None:
+        pixels, rgb = handle.preprocess.apply(picture, input_size)
+        box = seen_box(handle.preprocess, picture.size, rgb.shape[:2])
+    else:
+        pixels, rgb, box = prepare(handle.preprocess, picture, geometry, handle.patch_size)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
@@ -116,11 +156,14 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = attention_grad = legrad = attnlrp = None
+    chosen = gradcam = chefer = attention_grad = legrad = attnlrp = grad_attention = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
-        if not 0 <= chosen < len(probs):
-            raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
+        for index in (chosen, contrast):
+            if index is not None and not 0 <= index < len(probs):
+                raise VitInspectError(f"Class {index} is out of range: the model has classes 0 to {len(probs) - 1}.")
+        if contrast is not None and contrast == chosen:
+            raise VitInspectError("The contrast class is the target class itself; choose another class to compare.")
         last = range(handle.depth)[-LEGRAD_LAYERS:]
         with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
             legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
@@ -128,9 +171,11 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         with suppress(UnsupportedModelError):
             attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
                                       layout).astype(np.float32)
-        rec.backward(logits[0, chosen].float())
+        score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
+        rec.backward(score.float())
         attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
         chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
+        grad_attention = gradient_fused_attention(attention, attention_grad).astype(np.float16)  # (depth, N, N)
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
@@ -141,7 +186,20 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
         attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
-        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16))
+        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16),
+        contrast=contrast if use_grad else None, grad_attention=grad_attention,
+        geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
+        source_size=picture.size)
+
+
+PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result
+
+
+def _preview(picture: Image.Image) -> np.ndarray:
+    """(h, w, 3) uint8 copy of the whole upload, its longer side at most PREVIEW_SIDE."""
+    thumb = picture.convert("RGB")
+    thumb.thumbnail((PREVIEW_SIDE, PREVIEW_SIDE), Image.Resampling.BILINEAR)
+    return np.asarray(thumb, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
