@@ -155,17 +155,19 @@ def cmd_model(args: argparse.Namespace) -> None:
     print(json.dumps(record), flush=True)
 
 
-def engine_options(args: argparse.Namespace) -> EngineOptions:
-    """The engine flags of a folder-level command (see `engine_flags`)."""
-    return EngineOptions(batch_size=args.batch_size, shard_size=args.shard_size, out=args.out,
+def engine_options(args: argparse.Namespace, batch_size: int | None = None) -> EngineOptions:
+    """The engine flags of a folder-level command (see `engine_flags`); `batch_size`: images per worker
+    call when the command's own --batch-size means something else."""
+    return EngineOptions(batch_size=batch_size or args.batch_size, shard_size=args.shard_size, out=args.out,
                          ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
 
 
-def engine_flags(p: argparse.ArgumentParser) -> None:
+def engine_flags(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """Flags shared by every folder-level command: engine choice, batching, shards, Ray placement."""
     p.add_argument("--engine", choices=ENGINES, default="local",
                    help="local: in-process loop (default); ray: Ray Data, model replicas as actors")
-    p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
+    if batch_size:
+        p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
     p.add_argument("--shard-size", type=int, default=256,
                    help="files per shard; with --out each finished shard is saved and a rerun skips it (default 256)")
     p.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://head:10001); "
@@ -239,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--batch-size", type=int, default=16, help="rows per forward for --importance and --reference")
     model_options(heads)
     heads.set_defaults(func=cmd_heads)
-    add_evaluate_parser(sub, model_options)
+    add_evaluate_parser(sub, model_options, engine_flags)
     from .compare_cli import add_compare_parser  # imported here: compare_cli uses this module's helpers
     add_compare_parser(sub)
     return parser
