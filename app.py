@@ -8,11 +8,14 @@ sliders, clicks and options redraw from it without calling the model. Models liv
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import logging
 import os
+import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,9 +25,10 @@ from gradio import utils as gradio_utils
 from PIL import Image
 
 from vit_inspect import plotting
-from vit_inspect.analysis import filter_pca
-from vit_inspect.cli import analysis_record
+from vit_inspect.analysis import class_name, filter_pca, search_classes
+from vit_inspect.cli import analysis_record, class_record
 from vit_inspect.errors import InputError, VitInspectError
+from vit_inspect.geometry import InputGeometry
 from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimits
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
@@ -32,7 +36,9 @@ from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.ui import compare as compare_ui
+from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.faithfulness import FaithfulnessTab
+from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.zerogpu import gpu_pass
 
@@ -60,15 +66,16 @@ EXAMPLES = (  # (file in assets/, caption with the credit and licence from asset
 )
 READOUT, PATCH = "class / readout token", "clicked patch"  # choices of the attention query
 HEAD_FUSIONS = ("mean", "max", "min")
+GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
+SCALES = {"each map its own range": "own", "shared across layers and heads": "shared", "absolute (0 to 1)": "absolute"}
+ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollout for the class (vit-explain)": "gradient"}
+DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
 MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
-MAP_BOX_HEIGHT = 290  # CSS pixels: a 224-pixel map sits centred below the image label, never scaled up
-MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
-IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare")  # per-image outputs
 
 
 @dataclass(frozen=True)
@@ -98,21 +105,27 @@ class Session:
     model: CacheKey  # the model the passes ran on
     source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
     name: str  # the upload's file name, for the downloads
-    slot: Slot  # its results in the server's byte-bounded store: {target: ImageAnalysis}, one pass per class
-    target: int | None  # the pass shown now
+    slot: Slot  # its results in the server's byte-bounded store: {(target, contrast): ImageAnalysis}, one pass per pair
+    target: tuple[int | None, int | None]  # the pass shown now
     distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
+    labels: tuple[str, ...] = ()  # the model's class names
+    model_label: str = ""  # model name and weights, for every caption
+    geometry: InputGeometry = InputGeometry()  # how the upload became the input
 
     @property
-    def results(self) -> dict[int | None, ImageAnalysis]:
-        """One pass per target class (None: a model without a head); ResultDropped if evicted."""
+    def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
+        """One pass per (target, contrast) pair (target None: a model without a head); ResultDropped if evicted."""
         return self.slot.get()
 
     @property
     def result(self) -> ImageAnalysis:
         return self.results[self.target]
 
+    def class_text(self, index: int | None) -> str:
+        return "" if index is None else class_name(self.labels, index)
 
-def results_nbytes(results: dict[int | None, ImageAnalysis]) -> int:
+
+def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:
     """Bytes held by a session's results, the attention store they share counted once."""
     stores = {id(r.attention_store): r.attention_store.nbytes() for r in results.values()}
     return sum(r.nbytes() - r.attention_store.nbytes() for r in results.values()) + sum(stores.values())
@@ -126,86 +139,70 @@ class View:
     head: int | None  # None: mean of heads
     patch: tuple[int, int] | None  # query patch (row, col); None: the readout token
     head_fusion: str  # rollout: how heads are fused
-    discard_ratio: float  # rollout: fraction of the lowest attention dropped per row
+    discard_ratio: float  # rollout: fraction of the lowest attention dropped
     first_layer: int  # rollout: first and last layer, both included
     last_layer: int
     gradcam_layer: int
+    scale: str = "own"  # colour range: "own" (each map), "shared" (across layers/heads), "absolute" (0 to 1)
+    rollout_method: str = "attention"  # "attention" (Abnar & Zuidema) or "gradient" (vit-explain, class-specific)
+    discard: str = "row"  # "row" (ours) or "matrix" (vit-explain's whole-matrix discard)
+    threshold: float | None = None  # heads grid: keep the patches holding this fraction of the mass; None: off
 
     @classmethod
     def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
-                      discard_ratio, first_layer, last_layer, gradcam_layer) -> View:
+                      discard_ratio, first_layer, last_layer, gradcam_layer, scale=None, rollout_method=None,
+                      discard=None, threshold_on=False, threshold=60) -> View:
         """Raw client values -> a View. Values beyond this model (±inf included) are clamped, an empty
-        box is 0; NaN and wrong types are refused with a sentence (`InputError`)."""
+        box is 0; NaN and wrong types are refused with a sentence (`InputError`), and so is an inverted
+        rollout range (never silently swapped)."""
         layout = result.layout
         top = result.depth - 1
 
         def clamp(value, what: str, hi: int) -> int:
             return finite_int(value, what, 0, hi, default=0)
 
-        first, last = sorted((clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)))
+        def choice(value, options: dict, default: str) -> str:
+            return options[value] if isinstance(value, str) and value in options else default
+
+        first, last = clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)
+        if first > last:
+            raise InputError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
+                             "'From layer' must not be after 'To layer'.")
+        mass = finite_float(threshold, "Attention mass kept", 1.0, 100.0, default=60.0) / 100.0
         return cls(layer=clamp(layer, "Layer", top),
                    head=None if flag(mean_heads, "Mean of heads") else clamp(head, "Head", result.num_heads - 1),
                    patch=((clamp(row, "Patch row", layout.grid_h - 1), clamp(col, "Patch column", layout.grid_w - 1))
                           if query == PATCH else None),
                    head_fusion=head_fusion if isinstance(head_fusion, str) and head_fusion in HEAD_FUSIONS else "mean",
                    discard_ratio=finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0),
-                   first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top))
+                   first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top),
+                   scale=choice(scale, SCALES, "own"), rollout_method=choice(rollout_method, ROLLOUTS, "attention"),
+                   discard=choice(discard, DISCARDS, "row"),
+                   threshold=mass if flag(threshold_on, "Threshold mask") else None)
+
+    def query_text(self) -> str:
+        return "the class / readout token" if self.patch is None else f"patch (row {self.patch[0]}, col {self.patch[1]})"
 
     def titles(self) -> dict[str, str]:
         heads = "mean of heads" if self.head is None else f"head {self.head}"
-        source = "" if self.patch is None else f", from patch {self.patch}"
-        return {"attention": f"attention, layer {self.layer}, {heads}{source}",
-                "rollout": f"rollout ({self.head_fusion}), layers {self.first_layer}-{self.last_layer}",
-                "gradcam": f"Grad-CAM, block {self.gradcam_layer}",
-                "relevance": "gradient-weighted attention"}
+        discard = f", discard {self.discard_ratio:.0%} {'per row' if self.discard == 'row' else 'of the whole matrix'}"
+        rollout = ("gradient rollout for the class (vit-explain)" if self.rollout_method == "gradient"
+                   else f"rollout ({self.head_fusion} of heads)")
+        return {"attention": f"attention, layer {self.layer}, {heads}, from {self.query_text()}",
+                "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
+                           + (discard if self.discard_ratio > 0 else ""),
+                "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
+                "relevance": "gradient-weighted attention (Chefer et al.)"}
 
-
-def view_map(result: ImageAnalysis, view: View, name: str) -> np.ndarray | None:
-    """One raw (grid_h, grid_w) map of MAP_NAMES; None for Grad-CAM and relevance of a model without a head."""
-    if name == "attention":
-        return result.attention_map(view.layer, view.head, view.patch)
-    if name == "rollout":
-        return result.rollout(view.head_fusion, view.discard_ratio, start_layer=view.first_layer,
-                              end_layer=view.last_layer + 1)
-    if result.gradcam is None:
-        return None
-    return result.gradcam[view.gradcam_layer] if name == "gradcam" else result.chefer
-
-
-def figure_image(fig) -> np.ndarray:
-    """Render a matplotlib Figure to (H, W, 3) uint8 and release what it drew."""
-    try:
-        return plotting.figure_to_rgb(fig)
-    finally:
-        fig.clear()
-
-
-def draw_panels(names: tuple[str, ...], session: Session, view: View) -> list[np.ndarray | None]:
-    """The images of the named panels, in order; None where the model has nothing to show.
-    Only the maps these panels need are computed, each once."""
-    result = session.result
-    maps = {}
-    titles = view.titles()
-
-    def grid_map(name: str) -> np.ndarray | None:
-        if name not in maps:
-            maps[name] = view_map(result, view, name)
-        return maps[name]
-
-    drawn = []
-    for name in names:
-        if name == "distance":
-            drawn.append(session.distance.draw((view.layer, view.head)))
-        elif name == "compare":
-            shown = {titles[k]: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
-            shown |= {k: v for k, v in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)) if v is not None}
-            drawn.append(figure_image(plotting.maps_figure(result.rgb, shown, relu_names=(titles["gradcam"],))))
-        elif grid_map(name) is None:
-            drawn.append(None)
-        else:
-            drawn.append(plotting.overlay(result.rgb, grid_map(name), relu=name == "gradcam",
-                                          marker=view.patch if name == "attention" else None))
-    return drawn
+    def record(self) -> dict:
+        """These settings for the downloads."""
+        return {"attention": {"layer": self.layer, "head": "mean of heads" if self.head is None else self.head,
+                              "query": "class / readout token" if self.patch is None else list(self.patch)},
+                "rollout": {"method": self.rollout_method, "head_fusion": self.head_fusion,
+                            "discard_ratio": self.discard_ratio, "discard": self.discard,
+                            "first_layer": self.first_layer, "last_layer": self.last_layer},
+                "gradcam_block": self.gradcam_layer, "colour_scale": self.scale,
+                "threshold_mass": self.threshold}
 
 
 def public_message(exc: VitInspectError) -> str:
@@ -238,6 +235,24 @@ def upload_folders() -> list[str]:
     """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
     Gradio puts uploads and its copies of the example images."""
     return [gradio_utils.get_upload_folder()]
+
+
+def own_upload_folder() -> str:
+    """Give this process a Gradio folder of its own, unless the operator chose one (GRADIO_TEMP_DIR).
+
+    Gradio keeps uploads and every image it serves in one folder, by default /tmp/gradio for all Gradio
+    processes of the machine, each file named by a hash of its content (so the same image drawn by two
+    servers is one file); and a server built with `delete_cache` deletes every file it handed out when it
+    stops, whatever its age. So when another Gradio server on the machine stops, this one's links to the
+    same images answer 403. A folder of its own also narrows what a client's file reference may name
+    (`upload_folders`) to this server's files. Call it before building the Blocks: Gradio reads the folder
+    when it builds and launches. The folder is removed when the process exits.
+    """
+    if not os.environ.get("GRADIO_TEMP_DIR"):
+        folder = tempfile.mkdtemp(prefix="vit_inspect_gradio_")
+        os.environ["GRADIO_TEMP_DIR"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return gradio_utils.get_upload_folder()
 
 
 def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
@@ -285,14 +300,16 @@ def geometry_updates(handle: ViTHandle) -> list[dict]:
             gr.update(maximum=layout.grid_h - 1), gr.update(maximum=layout.grid_w - 1)]
 
 
-def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> tuple[dict | None, dict]:
-    """(gr.Label value, target dropdown update) for a result."""
+def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
+    """The gr.Label value of a result's top 5."""
     if not result.probs.size:
-        return None, gr.update(choices=[], value=None, interactive=False)
-    top = handle.top_labels(result.probs, 5)
-    choices = [(f"{t['label']} (#{t['index']}) · {t['prob']:.1%}", str(t["index"])) for t in top]
-    return ({f"{t['label']} (#{t['index']})": t["prob"] for t in top},
-            gr.update(choices=choices, value=str(result.target), interactive=True))
+        return None
+    return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(result.probs, 5)}
+
+
+def shown_model(handle: ViTHandle) -> str:
+    """Model and weights as every caption names them, without server folders."""
+    return f"{model_label(handle.name)} ({weights_label(handle)})"
 
 
 class Inspector:
@@ -318,8 +335,9 @@ class Inspector:
         return self.cache.get(key, allow_local_dirs=own, **operator_file)
 
     def startup(self, progress=gr.Progress()):
-        """Page load: the default model, or in its place how to get its weights."""
-        progress(0, desc="Loading the model")
+        """Page load: the default model (the server loads it in the background; this waits for it with a
+        progress bar), or in its place how to get its weights."""
+        progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
         try:
             handle = self.handle(self.default_key)
         except VitInspectError as exc:
@@ -332,6 +350,8 @@ class Inspector:
 
     @shows_errors
     def load_model(self, name: object, weights: object, progress=gr.Progress()):
+        """Another model: everything shown for the previous one is cleared (the image is rerun through
+        `key.change`). On failure the picker goes back to the model in use (the event's .failure)."""
         name = text(name, "The model name")
         if not name:
             raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
@@ -351,27 +371,52 @@ class Inspector:
             key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
         handle = self.handle(key)
-        return key, describe(handle), gr.update(open=False), *geometry_updates(handle), None, None, None
+        return (key, describe(handle), gr.update(open=False), *geometry_updates(handle),
+                *[None] * 3, None, "", None, None)
+
+    @staticmethod
+    def picker_name(key: CacheKey) -> str:
+        """The model in use, put back in the picker after a failed load."""
+        return key.name
+
+    def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None) -> ImageAnalysis:
+        return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
+                             geometry=geometry)
+
+    @staticmethod
+    def geometry_of(mode: object, size: object) -> InputGeometry:
+        """The input geometry from the raw radio and number values."""
+        side = finite_int(size, "The shorter side", 16, 1024, default=224, clamp=False)
+        return InputGeometry(GEOMETRIES[mode] if isinstance(mode, str) and mode in GEOMETRIES else "crop", side)
 
     @shows_errors
-    def analyze(self, image: dict | None, key: CacheKey, progress=gr.Progress(), **controls):
+    def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
+                progress=gr.Progress(), **controls):
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
-            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS)
+            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None
         source, name = upload
+        geometry = self.geometry_of(geometry_mode, shorter_side)
+        view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
         progress(0.1, desc="Loading the model")
         handle = self.handle(key)
         progress(0.4, desc="Running the model (one forward and one backward pass)")
-        result = self.run_pass(handle, source, limits=self.config.limits)
+        result = self._pass(handle, source, geometry)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
-                                            title="this image")
-        slot = self.store.put({result.target: result}, result.nbytes())
-        session = Session(model=key, source=source, name=name, slot=slot, target=result.target,
-                          distance=scatter)
-        predictions, target = prediction_labels(handle, result)
-        panels = draw_panels(IMAGE_PANELS, session, View.from_controls(result, **controls))
-        return session, predictions, result.rgb, target, *panels
+                                            title=f"{model_label(handle.name)} · this image")
+        slot = self.store.put({(result.target, None): result}, result.nbytes())
+        session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry)
+        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
+                            interactive=True) if result.probs.size else gr.update(choices=[], value=None))
+        try:
+            view = View.from_controls(result, **controls)
+        except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
+            view = View.from_controls(result, **view_controls)
+        panels = draw_panels(IMAGE_PANELS, session, view)
+        seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
+        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen
 
     def redraw(self, name: str):
         """A handler that redraws one panel from the session's cached pass; never calls the model."""
@@ -384,45 +429,92 @@ class Inspector:
 
     @shows_errors
     def pick_patch(self, evt: gr.SelectData, session: Session | None, **controls):
-        """A click on the attention map (x, y in the crop's pixels) makes that patch the query."""
+        """A click on the attention map (x, y in the crop's pixels) makes that patch the query; a click
+        on the colour bar or the caption beside the map does nothing."""
         if session is None or evt.index is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
             raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
         height, width = session.result.layout.input_size
-        x = finite_float(evt.index[0], "The clicked x", 0, width - 1)
-        y = finite_float(evt.index[1], "The clicked y", 0, height - 1)
+        x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6)
+        y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6)
+        if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         row, col = session.result.layout.patch_at(y, x)
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
         return row, col, PATCH, *draw_panels(("attention",), session, view)
 
     @shows_errors
-    def set_target(self, session: Session | None, target: str | None, progress=gr.Progress(), **controls):
-        """Grad-CAM and relevance for another class: one new pass, or none if this class was seen before."""
-        target = text(target, "The target class", max_chars=40)
-        if session is None or not target:
-            return gr.skip(), gr.skip(), gr.skip()
-        try:
-            index = int(target)
-        except ValueError:
-            raise InputError(f"{target!r} is not a class index; pick a class or type a whole number.") from None
+    def type_patch(self, session: Session | None, **controls):
+        """Typing a patch row or column makes that patch the query."""
+        if session is None:
+            return PATCH, gr.skip()
+        view = View.from_controls(session.result, **(controls | dict(query=PATCH)))
+        return PATCH, *draw_panels(("attention",), session, view)
+
+    def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
+        """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
         num_classes = session.result.probs.size
         if not num_classes:
             raise InputError("This model has no classification head, so there is no class to explain.")
-        if not 0 <= index < num_classes:
-            raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+        for index in (target, contrast):
+            if index is not None and not 0 <= index < num_classes:
+                raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+        if contrast == target:
+            raise InputError("The class to compare with is the class itself; choose another one.")
         results = dict(session.results)
-        if index not in results:
-            progress(0.3, desc=f"Gradients for class {index}")
-            fresh = self.run_pass(self.handle(session.model), session.source, target=index, limits=self.config.limits)
+        if (target, contrast) not in results:
+            progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
+            fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast)
             # same image, same model: the attention is the same, so every target shares one copy
-            results[index] = replace(fresh, attention_store=session.result.attention_store)
+            results[(target, contrast)] = replace(fresh, attention_store=session.result.attention_store)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
         session.slot.set(results, results_nbytes(results))
-        session = replace(session, target=index)
+        return replace(session, target=(target, contrast))
+
+    def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
+                   **controls):
+        """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
+        choice is a warning and leaves every panel as it was."""
+        try:
+            target = text(target, "The class to explain", max_chars=40)
+            if session is None or not target:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            if not target.isdigit():
+                raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
+                                 "in the search box.")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            return self._show_class(session, int(target), contrast, [int(target)], progress, controls)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
+                     **controls):
+        """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
+        list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
+        every panel as it was."""
+        try:
+            wanted = text(wanted, "The class search", 100)
+            if session is None or not wanted:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            index = find_class(session.labels, session.result.probs, wanted, "class to explain")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
+            return self._show_class(session, index, contrast, found, progress, controls)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls):
+        session = self._switch(session, index, contrast, progress)
         view = View.from_controls(session.result, **controls)
-        return session, *draw_panels(("gradcam", "relevance"), session, view)
+        choices = class_choices(session.labels, session.result.probs, found)
+        return (session, gr.update(choices=choices, value=str(index)),
+                *draw_panels(("gradcam", "relevance", "rollout"), session, view))
 
     @shows_errors
     def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
@@ -437,7 +529,8 @@ class Inspector:
         stats = dataset_attention_distance(
             handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
         image = figure_image(plotting.attention_distance_figure(
-            stats.distances, image_width=handle.input_size[1], title=f"mean over {stats.num_images} images"))
+            stats.distances, image_width=handle.input_size[1],
+            title=f"{shown_model(handle)} · mean over {stats.num_images} images"))
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
             note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
@@ -450,7 +543,10 @@ class Inspector:
         return self.filter_figure_of(key)
 
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
-        return figure_image(plotting.filter_pca_figure(filter_pca(self.handle(key).patch_embed_weight())))
+        handle = self.handle(key)
+        fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
+        fig.suptitle(f"{shown_model(handle)}\n{fig.get_suptitle()}")
+        return figure_image(fig)
 
     @shows_errors
     def native_similarity(self, key: CacheKey, progress=gr.Progress()):
@@ -479,35 +575,67 @@ class Inspector:
         if similarity is None:
             raise InputError("This model has no learned position embeddings to compare.")
         fig = plotting.pos_similarity_figure(
-            similarity, title=f"Position-embedding similarity, {grid[0]}×{grid[1]} patches "
+            similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
         return figure_image(fig)
 
+    @staticmethod
+    def _download_folder() -> Path:
+        cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
+
     @shows_errors
     def downloads(self, session: Session | None, **controls) -> list[str]:
-        """The current image's figures as PNG, its numbers as JSON (the CLI's record) and .npz."""
+        """The current image's figures as PNG (each captioned with its model, class and settings), its
+        numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
         if session is None:
             raise InputError("Analyse an image first; the downloads are its figures and numbers.")
         result = session.result
         view = View.from_controls(result, **controls)
-        cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
+        handle = self.handle(session.model)
+        folder = self._download_folder()
         stem = Path(session.name).stem or "image"
         paths = []
         for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, session, view)):
             if image is not None:
                 paths.append(folder / f"{stem}_{name}.png")
                 Image.fromarray(image).save(paths[-1])
-        record = analysis_record(self.handle(session.model), result, session.name) | {"target": result.target}
+        settings = {"model": handle.name, "weights": weights_label(handle),
+                    "input_geometry": session.geometry.describe(result.layout.input_size),
+                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast)}
+        settings |= view.record()
+        record = analysis_record(handle, result, session.name) | {"settings": settings}
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
                   "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
-                  "attnlrp": result.attnlrp}
+                  "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
+        return [str(p) for p in paths]
+
+    @shows_errors
+    def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
+        """The Model tab's figures as PNG and its numbers as .npz: filter components and explained
+        variance, position-embedding similarity at the model's own grid."""
+        handle = self.handle(key)
+        folder = self._download_folder()
+        stem = handle.name.replace("/", "_")
+        pca = filter_pca(handle.patch_embed_weight())
+        paths = [folder / f"{stem}_filters.png"]
+        Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
+        arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
+                  "settings_json": np.array(json.dumps({"model": handle.name, "weights": weights_label(handle),
+                                                        "grid": list(handle.native_grid)}))}
+        similarity = pos_similarity_at(handle, handle.native_grid)
+        if similarity is not None:
+            paths.append(folder / f"{stem}_position_similarity.png")
+            Image.fromarray(self.similarity_figure_of(key, handle.native_grid)).save(paths[-1])
+            arrays["pos_similarity"] = similarity
+        paths.append(folder / f"{stem}_model.npz")
+        np.savez_compressed(paths[-1], **arrays)
         return [str(p) for p in paths]
 
 
@@ -515,76 +643,114 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
     app = Inspector(config, cache if cache is not None else ModelCache(config.cache_size))
     models = CURATED_MODELS if config.model in CURATED_MODELS else (app.default_label, *CURATED_MODELS)
-    map_out = dict(interactive=False, format="png", height=MAP_BOX_HEIGHT, buttons=["download", "fullscreen"])
-    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])
+    map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
+    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
     panel: dict[str, gr.Image] = {}
     with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS) as demo:
         key = gr.State(app.default_key)
         session = gr.State(None, time_to_live=config.session_ttl_s)
         gr.Markdown("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and "
                     "how it sees. Upload an image or pick an example; every slider and click redraws instantly "
-                    "from one pass of the model. In the maps, brighter means more (each map is scaled to its own "
-                    "range).")
-        status = gr.Markdown("Loading the model…")
+                    "from one pass of the model. Every map has a colour bar with its unit; **Colour scale** "
+                    "chooses each map's own range or one shared range.")
+        status = gr.Markdown("⏳ Loading the model…", elem_id="status")
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
                 image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=320,
                                  sources=["upload", "clipboard", "webcam"], elem_id="input-image")
+                geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
+                                         elem_id="geometry", info="The model's own centre crop, the whole image "
+                                         "squashed to its input size, or the whole image with its aspect ratio "
+                                         "kept (a non-square patch grid; position embeddings interpolated).")
+                shorter_side = gr.Number(224, label="Shorter side for 'aspect kept' (pixels)", precision=0,
+                                         minimum=16, maximum=1024, elem_id="shorter-side")
                 gr.Examples([[str(ASSETS / name)] for name, _ in EXAMPLES], inputs=image, label="Examples",
                             examples_per_page=len(EXAMPLES))
                 gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
                 with gr.Accordion("Change model", open=False) as model_box:
-                    model_name = gr.Dropdown(list(models), value=app.default_label, label="Model", allow_custom_value=True,
+                    model_name = gr.Dropdown(list(models), value=app.default_label, label="Model",
+                                             allow_custom_value=True, elem_id="model-name",
                                              info="Or type any timm ViT name, or a Hugging Face id such as "
                                                   "google/vit-base-patch16-224.")
                     weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
-                                      file_types=[".safetensors"], type="filepath", height=100)
-                    load_button = gr.Button("Load model", variant="primary")
+                                      file_types=[".safetensors"], type="filepath", elem_id="weights-file")
+                    load_button = gr.Button("Load model", variant="primary", elem_id="load-model")
             with gr.Column(scale=2):
+                scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
+                                 info="Shared: one range over every layer and head (attention) or block "
+                                      "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
                 with gr.Tabs():
                     with gr.Tab("Predictions"):
                         with gr.Row():
                             predictions = gr.Label(num_top_classes=5, label="Top-5 classes", elem_id="predictions")
-                            crop = gr.Image(label="What the model sees (its input crop)", **map_out)
+                            crop = gr.Image(label="What the model sees (its input)", elem_id="crop", **map_out)
+                        seen = gr.Image(label="Your upload: the outlined region is what the model saw",
+                                        elem_id="seen-region", height=340, **map_out)
                     with gr.Tab("Attention"):
                         with gr.Row():
                             panel["attention"] = gr.Image(label="Attention map: click a patch to query from it",
                                                           elem_id="attention-map", **map_out)
                             with gr.Column():
                                 layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
-                                head = gr.Slider(0, 2, value=0, step=1, label="Head")
-                                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)")
+                                head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
+                                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)",
+                                                         elem_id="mean-heads")
                                 query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
-                                                 info="Whose attention: the token the classifier reads, or the "
-                                                      "patch you click on the map.")
+                                                 info="Whose attention: the token the classifier reads, or a "
+                                                      "patch (click the map, or type its row and column).")
                                 with gr.Row():
                                     row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13,
                                                     elem_id="patch-row")
                                     col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13,
                                                     elem_id="patch-col")
+                    with gr.Tab("All heads") as heads_tab:
+                        gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
+                                    "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
+                                    "of the head's attention that goes to the prefix tokens, which the maps leave out.")
+                        with gr.Row():
+                            threshold_on = gr.Checkbox(False, label="Threshold mask", elem_id="threshold-on",
+                                                       info="Keep bright only the smallest set of patches holding "
+                                                            "the chosen share of each head's attention.")
+                            threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
+                                                  elem_id="threshold")
+                        panel["heads"] = gr.Image(label="All heads", elem_id="heads-grid", **figure_out)
                     with gr.Tab("Rollout"):
                         with gr.Row():
-                            panel["rollout"] = gr.Image(label="Attention rollout (Abnar & Zuidema 2020)",
-                                                        elem_id="rollout-map", **map_out)
+                            panel["rollout"] = gr.Image(label="Rollout", elem_id="rollout-map", **map_out)
                             with gr.Column():
-                                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion")
+                                rollout_method = gr.Radio(list(ROLLOUTS), value=list(ROLLOUTS)[0], label="Method",
+                                                          elem_id="rollout-method",
+                                                          info="Gradient rollout weighs each layer's attention by "
+                                                               "its gradient for the class (Grad-CAM tab's class).")
+                                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion",
+                                                       info="Attention rollout only; gradient rollout averages.")
                                 discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
-                                                          info="Lowest attention dropped per row before rolling out.",
-                                                          elem_id="discard-slider")
-                                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer")
-                                last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)")
+                                                          info="Fraction of the lowest attention dropped before "
+                                                               "rolling out.", elem_id="discard-slider")
+                                discard = gr.Radio(list(DISCARDS), value=list(DISCARDS)[0], label="Discard where",
+                                                   elem_id="discard-where")
+                                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer",
+                                                        elem_id="first-layer")
+                                last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)",
+                                                       elem_id="last-layer")
                     with gr.Tab("Grad-CAM"):
                         with gr.Row():
-                            target = gr.Dropdown([], label="Target class", allow_custom_value=True, scale=2,
-                                                 info="One of the top 5, or type any class index and press Enter.")
+                            class_search = gr.Textbox(label="Find a class: name or index, then Enter",
+                                                      placeholder="e.g. 1 (goldfish) or beagle", elem_id="class-search",
+                                                      max_lines=1, scale=2)
+                            target = gr.Dropdown([], label="Class to explain", scale=2, elem_id="target",
+                                                 info="The top 5 first, then what the search found.")
+                            versus = gr.Textbox(label="Versus class (optional): name or index, then Enter",
+                                                placeholder="e.g. tabby", elem_id="versus", max_lines=1, scale=2,
+                                                info="Gradients of logit A − logit B: why A and not B?")
                             gradcam_layer = gr.Slider(0, 11, value=11, step=1, label="Grad-CAM block", scale=1)
                         with gr.Row():
-                            panel["gradcam"] = gr.Image(label="Grad-CAM (ReLU)", **map_out)
+                            panel["gradcam"] = gr.Image(label="Grad-CAM", elem_id="gradcam-map", **map_out)
                             panel["relevance"] = gr.Image(label="Gradient-weighted attention (Chefer et al. 2021)",
-                                                          **map_out)
+                                                          elem_id="relevance-map", **map_out)
                     with gr.Tab("All maps") as compare_tab:
-                        gr.Markdown("Every map on the same input crop, each with the options set in its own tab: "
-                                    "layer, head and query under **Attention**, fusion and layers under **Rollout**, "
+                        gr.Markdown("Every map on the same input, each with the options set in its own tab: "
+                                    "layer, head and query under **Attention**, method and layers under **Rollout**, "
                                     "class and block under **Grad-CAM**.")
                         panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
                     with gr.Tab("Faithfulness"):
@@ -594,7 +760,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
                         with gr.Row():
                             panel["distance"] = gr.Image(label="This image", elem_id="distance-plot", **figure_out)
-                            dataset_plot = gr.Image(label="Averaged over your images", **figure_out)
+                            dataset_plot = gr.Image(label="Averaged over your images", elem_id="dataset-plot",
+                                                    **figure_out)
                         with gr.Row():
                             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
                                                     file_count="multiple", file_types=["image"], type="filepath",
@@ -603,59 +770,81 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         dataset_note = gr.Markdown()
                     with gr.Tab("Model") as model_tab:
                         gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
-                        pca = gr.Image(label="Patch-embedding filters: principal components", **figure_out)
-                        gr.Markdown("Position-embedding similarity at the model's own input size (left) and, "
-                                    "resampled as the model does it, at another input size (right):")
+                        pca = gr.Image(label="Patch-embedding filters: principal components", elem_id="filters",
+                                       **figure_out)
+                        gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
+                                    "as the model does it, at another input size (each full width; use the "
+                                    "fullscreen button to zoom):")
+                        similarity = gr.Image(label="Position-embedding similarity at the model's own size",
+                                              elem_id="similarity", **figure_out)
                         with gr.Row(equal_height=True):
                             height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
                             width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
                             similarity_button = gr.Button("Compare at this input size")
-                        with gr.Row():
-                            similarity = gr.Image(label="Position-embedding similarity at the model's own size",
-                                                  **figure_out)
-                            similarity_other = gr.Image(label="Position-embedding similarity at the other size",
-                                                        **figure_out)
+                        similarity_other = gr.Image(label="Position-embedding similarity at the other size",
+                                                    elem_id="similarity-other", **figure_out)
+                        model_download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
+                                                          elem_id="model-downloads-button")
+                        model_files = gr.File(label="Model files", file_count="multiple", interactive=False,
+                                              elem_id="model-files")
                     with gr.Tab("Downloads"):
                         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
-                                    "record) and NumPy `.npz` (attention, Grad-CAM, relevance, mean distance, and "
-                                    "the maps as shown). Each image above also has its own download button.")
-                        download_button = gr.Button("Prepare downloads", variant="primary")
-                        download_files = gr.File(label="Files", file_count="multiple", interactive=False)
+                                    "record plus every setting: model, weights, input geometry, layer, head, query, "
+                                    "rollout options, class) and NumPy `.npz` (attention, Grad-CAM, relevance, mean "
+                                    "distance, the maps as shown, and the same settings as `settings_json`).")
+                        download_button = gr.Button("Prepare downloads", variant="primary", elem_id="downloads-button")
+                        download_files = gr.File(label="Files", file_count="multiple", interactive=False,
+                                                 elem_id="download-files")
                     compare_ui.compare_tab(app, image, key, models, model_pass=dict(concurrency_id="model_pass", concurrency_limit=1),
                                            upload_source=upload_source, shows_errors=shows_errors)
 
         controls = dict(layer=layer, head=head, mean_heads=mean_heads, query=query, row=row, col=col,
                         head_fusion=head_fusion, discard_ratio=discard_ratio, first_layer=first_layer,
-                        last_layer=last_layer, gradcam_layer=gradcam_layer)
+                        last_layer=last_layer, gradcam_layer=gradcam_layer, scale=scale, rollout_method=rollout_method,
+                        discard=discard, threshold_on=threshold_on, threshold=threshold)
         geometry = [layer, head, first_layer, last_layer, gradcam_layer, row, col]
         model_outputs = [pca, similarity, similarity_other]
+        cleared = [dataset_plot, dataset_note, download_files, model_files]  # shown for the previous model
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
+        class_outputs = [session, target, panel["gradcam"], panel["relevance"], panel["rollout"]]
         # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
         # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
         raw = dict(preprocess=False)
 
         gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
-              outputs=[key, status, model_box, *geometry, *model_outputs], api_name="load_model", **raw)
-        gr.on([image.change, key.change], app.analyze, inputs=[image, key], inputs_kwargs=controls,
-              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS]],
+              outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
+              ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
+        gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
+              inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls,
+              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
               api_name="analyze", **raw, **model_pass)
-        # Each panel redraws when a control it shows changes; the last two panels have no controls of their
-        # own (they show those of other tabs), so they redraw when their tab opens.
-        redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, row.input, col.input],
-                   "rollout": [head_fusion.input, discard_ratio.input, first_layer.input, last_layer.input],
-                   "gradcam": [gradcam_layer.input],
+        # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
+        # when their tab opens.
+        scale_change = [scale.input]
+        redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, *scale_change],
+                   "rollout": [head_fusion.input, discard_ratio.input, first_layer.input, last_layer.input,
+                               rollout_method.input, discard.input, *scale_change],
+                   "gradcam": [gradcam_layer.input, *scale_change],
+                   "heads": [heads_tab.select, threshold_on.input, threshold.release, *scale_change],
                    "distance": [distance_tab.select],
                    "compare": [compare_tab.select]}
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **raw)
+        gr.on([mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[mean_heads],
+              outputs=[head], api_name="head_enabled", show_progress="hidden")
         gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
               concurrency_limit=DRAW_CONCURRENCY, **raw)
-        gr.on([target.input], app.set_target, inputs=[session, target], inputs_kwargs=controls,
-              outputs=[session, panel["gradcam"], panel["relevance"]], api_name="set_target", **raw, **model_pass)
+        gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
+              outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
+              trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **raw)
+        gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
+              outputs=class_outputs, api_name="set_target", **raw, **model_pass)
+        gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
+              inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
         faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
@@ -664,6 +853,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               api_name="native_similarity")
         gr.on([similarity_button.click], app.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
               api_name="pos_similarity", **raw)
+        gr.on([model_download_button.click], app.model_downloads, inputs=[key, height, width], outputs=[model_files],
+              api_name="model_downloads", **raw)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
               outputs=[download_files], api_name="downloads", **raw)
     return demo
@@ -713,13 +904,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     return config, args
 
 
-def main() -> None:
-    config, args = parse_args()
-    cache = ModelCache(config.cache_size)
-    try:  # load the default model now so the first visitor does not wait; the page explains a failure
+def preload(cache: ModelCache, config: AppConfig) -> None:
+    """Load the default model in the background while the server starts; a page opened meanwhile waits
+    for it with a progress bar, and a failure is explained on the page (and printed here)."""
+    try:
         Inspector(config, cache).handle(CacheKey.of(config.model, config.weights, config.device))
     except (VitInspectError, ValueError) as exc:
         print(f"warning: {exc}")
+
+
+def main() -> None:
+    config, args = parse_args()
+    own_upload_folder()
+    cache = ModelCache(config.cache_size)
+    threading.Thread(target=preload, args=(cache, config), daemon=True).start()  # the port opens at once
     build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,
                                      **launch_limits(config))
 

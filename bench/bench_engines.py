@@ -8,6 +8,10 @@ decode tasks use the rest. Local runs with THREADS torch threads. Runs interleav
 ray, ...) so that a change of load on a shared machine hits both alike.
 
     python -m bench.bench_engines [--images FOLDER] [--count 1000] [--batch-size 16] [--repeats 1] [--ray-cpus 2]
+    python -m bench.bench_engines --job evaluate --count 8 --batch-size 2 [--methods random,attention]
+
+`--job evaluate`: the `vit-inspect evaluate` job (faithfulness curves of `--methods` per image, labels from
+the folder's labels.csv) instead; `--batch-size` is then images per worker call.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ import time
 import numpy as np
 
 from vit_inspect.engine import EngineOptions, run_job
-from vit_inspect.jobs import AttentionDistanceJob
+from vit_inspect.evaluate import read_labels, select_files
+from vit_inspect.jobs import AttentionDistanceJob, EvaluateJob
 from vit_inspect.pipeline import find_images
 
 from .common import SHARED, markdown_table, measure, print_header, set_threads
@@ -33,8 +38,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per engine (no warm-up run: a user "
                                                                "pays the model load and actor start every run)")
     parser.add_argument("--ray-cpus", type=int, default=2)
+    parser.add_argument("--job", choices=("distance", "evaluate"), default="distance")
+    parser.add_argument("--methods", default="random,attention", help="--job evaluate: methods scored")
     args = parser.parse_args()
     set_threads()
+    if args.job == "evaluate":
+        evaluate_main(args)
+        return
     paths = find_images([args.images])[:args.count]
     job = AttentionDistanceJob("deit_tiny_patch16_224", weights=str(WEIGHTS.resolve()), device="cpu")
     options = EngineOptions(batch_size=args.batch_size, shard_size=256)
@@ -62,6 +72,40 @@ def main() -> None:
     print(markdown_table(("engine", "median s for all images (min–max)", "images/s", "ms per image",
                           "÷ local time"), rows))
     print(f"\nLargest difference between the engines' distances: {difference:.2e} px.")
+
+
+def evaluate_main(args: argparse.Namespace) -> None:
+    """`evaluate` (faithfulness) on both engines, same files, interleaved; the tables must agree."""
+    from pathlib import Path
+
+    labels = read_labels(Path(args.images) / "labels.csv")
+    paths = select_files(args.images, labels, every=max(1, len(labels) // args.count), limit=args.count)
+    methods = tuple(args.methods.split(","))
+    job = EvaluateJob("deit_tiny_patch16_224", str(WEIGHTS.resolve()), "cpu", None,
+                      tuple(sorted((p.name, labels[p.name]) for p in paths)), methods)
+    options = EngineOptions(batch_size=args.batch_size, shard_size=256)
+
+    from vit_inspect.ray_engine import start_ray
+    started = time.perf_counter()
+    start_ray(num_cpus=args.ray_cpus)
+    ray_start = time.perf_counter() - started
+
+    results: dict[str, list] = {"local": [], "ray": []}
+    times = measure({engine: (lambda e=engine: results[e].append(run_job(job, paths, e, options)[0]))
+                     for engine in ("local", "ray")}, args.repeats, warmup=0)
+    local, ray = results["local"][-1].accumulator.table(), results["ray"][-1].accumulator.table()
+    difference = max(abs(local[m][c][0] - ray[m][c][0]) for m in local for c in local[m])
+
+    print_header("`evaluate` (faithfulness) on the local engine and on Ray Data")
+    print(f"`evaluate` job (DeiT-Ti/16, 224 px, methods {', '.join(methods)}: one analysis pass and the "
+          f"perturbation curves per image) over {len(paths)} labelled images from `{args.images}`, "
+          f"{args.batch_size} images per worker call, {args.repeats} timed run(s) per engine, interleaved. "
+          f"Local Ray with {args.ray_cpus} CPUs (1 model actor with 1 CPU).\n")
+    rows = [(engine, t.s(), f"{1e3 * t.median / len(paths):.0f}", f"{t.median / times['local'].median:.2f}")
+            for engine, t in times.items()]
+    rows.append(("local Ray start-up (once per session)", f"{ray_start:.3f}", "", ""))
+    print(markdown_table(("engine", "median s for all images (min–max)", "ms per image", "÷ local time"), rows))
+    print(f"\nLargest difference between the engines' mean AUCs: {difference:.2e}.")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,14 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 
 - kept bytes: what one analysed image holds (`ImageAnalysis.nbytes()`; today's: its arrays);
 - peak RSS of the process (ru_maxrss: model + one analysis), or peak GPU memory on CUDA;
-- analysis ÷ plain forward + input-only backward (the floor: no weight gradients), for models with a
-  head; analysis ÷ plain forward for models without one (no backward is run then);
+- analysis ÷ plain forward + backward (weight gradients too, what training does) and ÷ plain forward +
+  input-only backward (the floor: no weight gradients), for models with a head; analysis ÷ plain forward
+  for models without one (no backward is run then);
 - slowest redraw ÷ plain forward: raw attention from the class token, the mean of patch rows and a
-  patch, rollout with default and non-default options, each timed on its first (uncached) call.
+  patch, every head of a layer, the prefix-token shares, rollout with default and non-default options
+  (both discard rules), gradient rollout (vit-explain), each timed on its first (uncached) call.
+
+Today's design is the first release plus issue 10's gradient rollout stack (depth, N, N) float16.
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
@@ -51,7 +55,8 @@ MB = 1e6
 def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
     """The first release's `analyze_image`: every map recorded and stacked, kept in float16; mean
     distance, Chefer relevance and Grad-CAM from the full stacks. Returns its arrays."""
-    from vit_inspect.analysis import chefer_relevance, gradcam_from_tokens, mean_attention_distance
+    from vit_inspect.analysis import (chefer_relevance, gradcam_from_tokens, gradient_fused_attention,
+                                      mean_attention_distance)
     from vit_inspect.capture import capture_attention
     from vit_inspect.pipeline import autocast_dtype, readout_query
 
@@ -72,6 +77,7 @@ def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
         rec.backward(logits[0, chosen].float())
         grad = rec.attention_grad()[0].float().cpu().numpy()
         out["chefer"] = chefer_relevance(attention, grad, layout, query=readout_query(handle)).astype(np.float32)
+        out["grad_attention"] = gradient_fused_attention(attention, grad).astype(np.float16)  # (depth, N, N)
         out["gradcam"] = np.stack([gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                                        rec.activation_grad(i)[0].float().cpu().numpy(), layout)
                                    for i in layers]).astype(np.float32)
@@ -92,7 +98,7 @@ def _handle(key: str, device: str):
 
 def _redraws(handle, design: str, result, layout) -> dict:
     """name -> a callable drawing one map from the cached result (first call timed: nothing cached)."""
-    from vit_inspect.analysis import attention_map, rollout
+    from vit_inspect.analysis import attention_map, gradient_rollout, prefix_shares, rollout
     from vit_inspect.pipeline import readout_query
 
     last = handle.depth - 1
@@ -106,16 +112,38 @@ def _redraws(handle, design: str, result, layout) -> dict:
 
         def roll(**options):
             return lambda: rollout(dense, layout, **({"query": query} | options))
+
+        def heads():
+            return lambda: [attention_map(dense[last:last + 1].astype(np.float32), layout, 0, h, patch)
+                            for h in range(handle.num_heads)]
+
+        def shares():
+            return lambda: prefix_shares(dense[last].astype(np.float32).mean(axis=0), layout, query)
+
+        def grad_roll():
+            return lambda: gradient_rollout(result["grad_attention"], layout, 0.9, query=query)
     else:
         def att(q):
             return lambda: result.attention_map(last, None, q)
 
         def roll(**options):
             return lambda: result.rollout(**options)
-    return {"attention, readout query": att(query), "attention, mean of patch rows": att("mean"),
-            "attention, clicked patch": att(patch), "rollout, defaults": roll(),
-            "rollout, max, discard 0.9": roll(head_fusion="max", discard_ratio=0.9),
-            "rollout, second half, patch query": roll(start_layer=handle.depth // 2, query=patch)}
+
+        def heads():
+            return lambda: result.head_maps(last, patch)
+
+        def shares():
+            return lambda: result.prefix_share(last)
+
+        def grad_roll():
+            return lambda: result.gradient_rollout(0.9)
+    draws = {"attention, readout query": att(query), "attention, mean of patch rows": att("mean"),
+             "attention, clicked patch": att(patch), "all heads, clicked patch": heads(),
+             "prefix shares": shares(), "rollout, defaults": roll(),
+             "rollout, max, discard 0.9": roll(head_fusion="max", discard_ratio=0.9),
+             "rollout, discard 0.9 of the matrix": roll(discard_ratio=0.9, discard="matrix"),
+             "rollout, second half, patch query": roll(start_layer=handle.depth // 2, query=patch)}
+    return draws | ({"gradient rollout, discard 0.9": grad_roll()} if handle.has_head else {})
 
 
 def worker(key: str, design: str, repeats: int, device: str, half: bool, image: Path, threads: int) -> dict:
@@ -143,6 +171,14 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
 
     top = int(plain_forward()[0].argmax()) if handle.has_head else None
 
+    def forward_backward():  # plain training step's gradients: weights and input
+        x = pixels.clone().requires_grad_(True)
+        with torch.autocast(handle.device.type, dtype=dtype, enabled=half):
+            logit = model(x)[0, top].float()
+        logit.backward()
+        model.zero_grad(set_to_none=True)
+        sync()
+
     def floor():  # forward + input-only backward: the least any gradient method must do
         x = pixels.clone().requires_grad_(True)
         with torch.autocast(handle.device.type, dtype=dtype, enabled=half):
@@ -161,7 +197,8 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         sync()
 
     rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    candidates = {"forward": plain_forward} | ({"floor": floor} if handle.has_head else {}) | {"analysis": analysis}
+    candidates = ({"forward": plain_forward} | ({"forward_backward": forward_backward, "floor": floor} if handle.has_head
+                                                else {}) | {"analysis": analysis})
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     timings = measure(candidates, repeats=repeats, warmup=1 if repeats > 1 else 0)
@@ -181,6 +218,8 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB,
         "forward_s": forward, "floor_s": timings["floor"].median if handle.has_head else None,
         "analysis_s": timings["analysis"].median, "analysis_ratio": timings["analysis"].median / denominator,
+        "analysis_fwdbwd_ratio": (timings["analysis"].median / timings["forward_backward"].median
+                                  if handle.has_head else None),
         "slowest_redraw": max(redraw_s, key=redraw_s.get), "slowest_redraw_s": max(redraw_s.values()),
         "redraw_ratio": max(redraw_s.values()) / forward, "redraws_s": redraw_s,
         "store_mode": None if design == "today" else result.attention_store.mode,
@@ -222,10 +261,11 @@ def main() -> None:
             r = json.loads(done.stdout.strip().splitlines()[-1])
             raw.append(r)
             peak = f"{r['peak_gpu_MB']:.0f} MB GPU" if "peak_gpu_MB" in r else f"{r['peak_rss_MB'] / 1e3:.2f} GB"
-            denominator = "fwd+input bwd" if r["floor_s"] is not None else "fwd"
+            versus = (f"{r['analysis_fwdbwd_ratio']:.2f} ÷ fwd+bwd, {r['analysis_ratio']:.2f} ÷ fwd+input bwd"
+                      if r["floor_s"] is not None else f"{r['analysis_ratio']:.2f} ÷ fwd (no head)")
             rows.append([r["model"], design + (f" ({r['store_mode']})" if r["store_mode"] else ""), r["tokens"],
                          f"{r['kept_MB']:.1f} MB", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
-                         f"{r['analysis_ratio']:.2f} (÷ {denominator}; {r['analysis_s']:.2f} s)",
+                         f"{versus} ({r['analysis_s']:.2f} s)",
                          f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
                          f"{r['forward_s']:.3f} s"])
             print(f"done: {key} {design}", file=sys.stderr, flush=True)

@@ -1,13 +1,23 @@
 """Shared fixtures: tiny random ViTs of every token layout, and the real DeiT-Ti weights."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
+# Gradio's uploads and served files go to a folder of this run's own (set before gradio is imported), as
+# `python app.py` does (app.own_upload_folder): in the folder every Gradio process shares by default, a
+# test server that stops deletes the content-named files it served, which another run's server may be
+# serving at that moment (its clients then get 403).
+GRADIO_FOLDER = tempfile.mkdtemp(prefix="vit_inspect_tests_gradio_")
+os.environ["GRADIO_TEMP_DIR"] = GRADIO_FOLDER
+atexit.register(shutil.rmtree, GRADIO_FOLDER, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -83,3 +93,18 @@ def deit():
     from vit_inspect.models import load_model
 
     return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")
+
+
+def dog_and_cat(path) -> None:
+    """Two shared ImageNet photos side by side at one height, a German shepherd left and a tabby right
+    (a wide picture for the input-geometry tests)."""
+    from PIL import Image
+
+    height = 224
+    pictures = [Image.open(IMAGENET / name).convert("RGB")
+                for name in ("n02106662_German_shepherd.JPEG", "n02123045_tabby.JPEG")]
+    pictures = [p.resize((round(p.width * height / p.height), height)) for p in pictures]
+    pair = Image.new("RGB", (sum(p.width for p in pictures), height))
+    pair.paste(pictures[0], (0, 0))
+    pair.paste(pictures[1], (pictures[0].width, 0))
+    pair.save(path)

@@ -292,7 +292,7 @@ def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
     data = defaults(client, "analyze")
     data[0] = handle_file_payload(client)
     names = list(app.View.__dataclass_fields__)
-    data[1 + 1 + names.index("layer")] = math.inf  # image, key, then the controls in their order
+    data[1 + 1 + 2 + names.index("layer")] = math.inf  # image, key, geometry and shorter side, then the controls
     message = queue_call(client, "analyze", data)
     assert message["success"], error_of(message)
 

@@ -13,6 +13,7 @@ from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
 from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.pipeline import analyze_image  # noqa: E402
 from vit_inspect.session_store import module_nbytes  # noqa: E402
 
 pytestmark = [
@@ -25,8 +26,9 @@ def test_an_evicted_session_is_told_to_rerun(tmp_path):
     config = app.AppConfig(weights=str(WEIGHTS), device="cpu")
     cache = ModelCache(config.cache_size)
     handle = cache.get(CacheKey.of(config.model, config.weights, config.device))
-    # the model plus room for one DeiT-Ti result (about 2 MB), not two
-    config = app.AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=module_nbytes(handle.model) + 3_000_000)
+    # the model plus room for one DeiT-Ti result (about 3.5 MB), not two
+    one = analyze_image(handle, CHELSEA).nbytes()
+    config = app.AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=module_nbytes(handle.model) + int(1.5 * one))
     demo = app.build_demo(config, cache)
     url = launch(demo)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,6 +153,47 @@ def test_the_hostile_image_corpus_through_the_app(server, tmp_path):
         else:
             assert analyze(client, path)["predictions"]["confidences"], name
     assert analyze(client)["predictions"]["label"].startswith(CATS)
+
+
+def test_the_server_keeps_its_files_in_a_folder_of_its_own(monkeypatch, tmp_path):
+    """Gradio names served files by their content in one folder that, by default, every Gradio process
+    of the machine shares, and a stopping server deletes all it served: `python app.py` (and this test
+    run, see conftest) takes a folder of its own, so another server stopping cannot break its links."""
+    import os
+
+    from conftest import GRADIO_FOLDER
+    from gradio import utils as gradio_utils
+
+    assert gradio_utils.get_upload_folder() == GRADIO_FOLDER  # set before gradio was imported
+
+    monkeypatch.delenv("GRADIO_TEMP_DIR")
+    shared = gradio_utils.get_upload_folder()  # what Gradio would use: /tmp/gradio
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def build(config, cache):
+        seen["folder"] = os.environ.get("GRADIO_TEMP_DIR")
+        seen["gate"] = app.upload_folders()
+        raise Built
+
+    monkeypatch.setattr("sys.argv", ["app.py"])
+    monkeypatch.setattr(app.Inspector, "handle", lambda self, key: None)  # no model needed here
+    monkeypatch.setattr(app, "build_demo", build)
+    with pytest.raises(Built):
+        app.main()
+    own = seen["folder"]
+    try:
+        assert own and Path(own).is_dir() and os.path.realpath(own) != os.path.realpath(shared)
+        assert Path(own).name.startswith("vit_inspect_gradio_") and seen["gate"] == [own]
+        assert (Path(own).stat().st_mode & 0o077) == 0  # only this user may read or plant files there
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+
+    chosen = tmp_path / "operator"  # an operator's own choice is kept
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(chosen))
+    assert app.own_upload_folder() == str(chosen)
 
 
 def test_limits_and_loopback_defaults():

@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import TINY_TIMM, make_layout, tiny_handle, tiny_hf
 from vit_inspect import attention_store
-from vit_inspect.analysis import attention_map, mean_attention_distance, rollout
+from vit_inspect.analysis import attention_map, mean_attention_distance, prefix_shares, rollout
 from vit_inspect.attention_store import AttentionStore
 from vit_inspect.capture import capture_attention
 from vit_inspect.models import handle_from_hf
@@ -52,6 +52,17 @@ def _compare(handle, result):
         # must round like the stored maps do)
         expected = rollout(dense.astype(np.float16), layout, **({"query": result.readout} | options))
         np.testing.assert_allclose(result.rollout(**options), expected, atol=F16, rtol=1e-2)
+    for options in (dict(discard_ratio=0.9, discard="matrix"), dict(discard_ratio=0.3, discard="matrix", start_layer=1)):
+        expected = rollout(dense.astype(np.float16), layout, **({"query": result.readout} | options))
+        np.testing.assert_allclose(result.rollout(**options), expected, atol=F16, rtol=1e-2)
+    for layer in range(handle.depth):
+        heads = np.stack([attention_map(dense, layout, layer, h, result.readout) for h in range(handle.num_heads)])
+        np.testing.assert_allclose(result.head_maps(layer), heads, atol=F16)
+        for head in (None, 0):
+            for query in (None, "mean", (0, 0)):  # the first release's prefix shares, read from the stack
+                matrix = dense[layer].mean(axis=0) if head is None else dense[layer, head]
+                expected = prefix_shares(matrix, layout, query or result.readout)
+                np.testing.assert_allclose(list(result.prefix_share(layer, head, query).values()), expected, atol=F16)
     np.testing.assert_allclose(result.mean_distance, mean_attention_distance(dense, layout), rtol=1e-5)
 
 
@@ -207,13 +218,13 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     assert result.heads.entropy.shape == (handle.depth, handle.num_heads) and result.heads.entropy.dtype == np.float32
 
 
-def test_nbytes_counts_the_store_legrad_attnlrp_features_and_heads():
+def test_nbytes_counts_the_store_legrad_attnlrp_features_gradient_preview_and_heads():
     handle = tiny_handle("cls")
     result = analyze_image(handle, _image())
     assert result.legrad is not None and result.attnlrp is not None and result.heads is not None
-    assert result.patch_features is not None
+    assert result.patch_features is not None and result.preview is not None and result.gradient.fused is not None
     arrays = (result.rgb, result.probs, result.mean_distance, result.gradcam, result.chefer, result.legrad,
-              result.attnlrp, result.patch_features)
+              result.attnlrp, result.patch_features, result.preview, result.gradient.fused)
     expected = result.attention_store.nbytes() + sum(a.nbytes for a in arrays) + result.heads.nbytes()
     assert result.heads.nbytes() > 0 and result.nbytes() == expected
     cached = result.rollout(head_fusion="max")  # a cached rollout counts too

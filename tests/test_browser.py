@@ -42,7 +42,7 @@ def page(server):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": 2400, "height": 1000})  # every tab in one row (narrower pages fold tabs into a menu)
         page.set_default_timeout(TIMEOUT_MS)
         sync_api.expect.set_options(timeout=TIMEOUT_MS)
         page.goto(server.url)

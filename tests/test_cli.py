@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 from conftest import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
 from vit_inspect.cli import main
 
-ANALYZE_KEYS = {"image", "model", "input_size", "patch_size", "grid", "num_prefix_tokens", "topk",
-                "mean_attention_distance", "rollout", "gradcam", "chefer", "legrad", "attnlrp"}
+ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
+                "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
+                "legrad", "attnlrp"}
 
 
 def _run(capsys, *argv):
@@ -40,6 +41,8 @@ def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
     assert record["grid"] == [14, 14] and record["num_prefix_tokens"] == 1
     assert len(record["topk"]) == 5 and set(record["topk"][0]) == {"index", "label", "prob"}
     assert record["topk"][0]["label"].split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
+    assert record["target"] == {"index": record["topk"][0]["index"], "label": record["topk"][0]["label"]}
+    assert record["contrast"] is None and record["input_geometry"] == "crop"
     assert np.array(record["mean_attention_distance"]).shape == (12, 3)
     for key in ("rollout", "gradcam", "chefer", "legrad", "attnlrp"):
         assert np.array(record[key]).shape == (14, 14), key
@@ -101,3 +104,13 @@ def test_bad_image_is_one_line(capsys, tmp_path, deit_args):
 def test_python_dash_m_entry_point():
     done = subprocess.run([sys.executable, "-m", "vit_inspect", "--help"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0 and "analyze" in done.stdout and "model" in done.stdout
+
+
+def test_analyze_target_contrast_and_geometry_are_recorded(capsys, deit_args):
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--target", "285", "--contrast", "281",
+                        "--geometry", "keep", "--shorter-side", "112", *deit_args)
+    assert code == 0
+    record = json.loads(out.strip().splitlines()[0])
+    assert record["target"] == {"index": 285, "label": "Egyptian cat"}
+    assert record["contrast"] == {"index": 281, "label": "tabby, tabby cat"}
+    assert record["input_geometry"] == "keep" and record["grid"] == [7, 11]  # chelsea is 451x300: 112x176 pixels

@@ -186,6 +186,13 @@ def test_bad_model_names_give_clear_errors(name, error):
         load_model(name, pretrained=False, device="cpu", allow_local_dirs=False)
 
 
+def test_a_non_vit_is_named_as_such_before_its_weights_are_looked_for(tmp_path):
+    """Offline (conftest) and without its weights, a timm model that takes no ViT arguments is refused as
+    not a ViT, not as missing weights (a Swin, which timm builds with them, is found out only once built)."""
+    with pytest.raises(UnsupportedModelError, match="not a Vision Transformer"):
+        load_model("resnet50", device="cpu", checkpoint_dir=tmp_path, allow_local_dirs=False)
+
+
 def test_unreachable_hub_id_is_a_clear_error():
     with pytest.raises(ModelNotFoundError, match="Hugging Face model config"):
         load_model("someone/not-a-cached-model", device="cpu")

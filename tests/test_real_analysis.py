@@ -51,7 +51,7 @@ def test_cat_maps_on_chelsea(deit):
     result = analyze_image(deit, PHOTOS / "chelsea.png")
     assert deit.label(result.target).split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
     assert result.gradcam.shape == (12, 14, 14) and result.chefer.shape == (14, 14)
-    assert result.nbytes() < 4_000_000
+    assert result.nbytes() < 5_000_000  # attention (2.8 MB) + per-layer gradient-fused attention, features, preview
 
 
 def test_half_precision_autocast_agrees_with_float32(deit):

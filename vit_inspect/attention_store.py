@@ -24,7 +24,7 @@ from torch import nn
 
 from .analysis.attention_distance import distances_per_image
 from .analysis.attention_maps import Query
-from .analysis.rollout import HEAD_FUSIONS, _discard_lowest
+from .analysis.rollout import HEAD_FUSIONS, check_options, prepare_layer
 from .models import ViTHandle
 from .tokens import TokenLayout
 
@@ -135,40 +135,45 @@ def query_vector(layout: TokenLayout, query: Query) -> np.ndarray:
     return weights
 
 
-def attention_map(store: AttentionStore, layout: TokenLayout, layer: int, head: int | None = None,
-                  query: Query = None) -> np.ndarray:
-    """(grid_h, grid_w) raw attention of one layer and head (None: mean of heads) from a query token;
-    the same values as `analysis.attention_map` on the full maps. A single-token query rebuilds one row
-    (heads * N * d operations); "mean" rebuilds the layer chunk by chunk."""
+def attention_rows(store: AttentionStore, layout: TokenLayout, layer: int, query: Query = None) -> np.ndarray:
+    """(heads, N) float32 attention of every head of one layer from a query (`query_vector`), over all N
+    keys, prefix tokens included; the rows of `analysis.attention_map`'s matrix before `readout` drops
+    the prefix keys. A single-token query rebuilds one row (heads * N * d operations); "mean" rebuilds the
+    layer chunk by chunk."""
     store._check_layer(layer)
-    if head is not None and not 0 <= head < store.num_heads:
-        raise ValueError(f"head {head} out of range: layer {layer} has {store.num_heads} heads (0..{store.num_heads - 1})")
     weights = query_vector(layout, query)
     tokens = np.flatnonzero(weights)
     if len(tokens) == 1:
-        block = store.rows(layer, tokens)[:, 0]  # (heads, N)
-        row = block.mean(axis=0) if head is None else block[head]
-    else:
-        row = np.zeros(store.num_tokens)
-        for rows, block in store.row_chunks(layer):  # (heads, n, N)
-            part = block.mean(axis=0) if head is None else block[head]  # (n, N)
-            row += weights[rows] @ part
-        row = row.astype(np.float32)
+        return store.rows(layer, tokens)[:, 0]
+    rows = np.zeros((store.num_heads, store.num_tokens))
+    for chunk, block in store.row_chunks(layer):  # (heads, n, N)
+        rows += np.einsum("n,hnk->hk", weights[chunk], block)
+    return rows.astype(np.float32)
+
+
+def attention_map(store: AttentionStore, layout: TokenLayout, layer: int, head: int | None = None,
+                  query: Query = None) -> np.ndarray:
+    """(grid_h, grid_w) raw attention of one layer and head (None: mean of heads) from a query token;
+    the same values as `analysis.attention_map` on the full maps (see `attention_rows`)."""
+    store._check_layer(layer)
+    if head is not None and not 0 <= head < store.num_heads:
+        raise ValueError(f"head {head} out of range: layer {layer} has {store.num_heads} heads (0..{store.num_heads - 1})")
+    rows = attention_rows(store, layout, layer, query)  # (heads, N)
+    row = rows.mean(axis=0) if head is None else rows[head]
     return layout.to_grid(layout.patches(row))
 
 
 def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean", discard_ratio: float = 0.0,
             residual: bool = True, start_layer: int = 0, end_layer: int | None = None,
-            query: Query = None) -> np.ndarray:
-    """Attention rollout (Abnar & Zuidema 2020; see `analysis.rollout.rollout_matrix`) read out for one
-    query, as (grid_h, grid_w).
+            query: Query = None, discard: str = "row") -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020; see `analysis.rollout.rollout_matrix`, both discard rules)
+    read out for one query, as (grid_h, grid_w).
 
     The readout is the query's row of R = A_{end-1} ... A_start, so it is computed as the row vector
     v^T A_{end-1} ... A_start from the last layer back: N^2 operations per layer instead of N^3, each
     layer's fused map rebuilt from the store (the attention part of one forward pass in all).
     """
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    check_options(discard_ratio, discard)
     if store.num_tokens != layout.num_tokens:
         raise ValueError(f"attention has {store.num_tokens} tokens, layout has {layout.num_tokens}")
     layers = range(store.depth)[start_layer:end_layer]
@@ -177,15 +182,7 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
     vector = query_vector(layout, query)  # (N,)
     for layer in reversed(layers):
         fused = store.fused_layer(layer, head_fusion)  # (N, N)
-        if discard_ratio > 0:
-            fused = _discard_lowest(fused, discard_ratio, layout.class_token_index)
-        if residual:
-            fused *= 0.5
-            fused[np.diag_indices_from(fused)] += 0.5
-        row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
-        if np.any(row_sums <= 0):
-            raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
-        vector = vector @ (fused / row_sums)
+        vector = vector @ prepare_layer(fused, layer, discard_ratio, discard, residual, layout.class_token_index)
     return layout.to_grid(layout.patches(vector))
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from .engine import ENGINES, EngineOptions, run_job
 from .errors import VitInspectError
+from .geometry import GEOMETRY_MODES, InputGeometry
 from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 from .evaluate import add_evaluate_parser
 from .models import DEFAULT_MODEL, ViTHandle, load_model
@@ -27,13 +28,23 @@ def _rounded(array: np.ndarray | None, digits: int = 6):
     return None if array is None else np.round(np.asarray(array, dtype=np.float64), digits).tolist()
 
 
+def class_record(handle: ViTHandle, index: int | None) -> dict | None:
+    """{"index", "label"} of a class, None for none."""
+    return None if index is None else {"index": int(index), "label": handle.label(int(index))}
+
+
 def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dict:
-    """The JSON object `analyze` prints for one image."""
+    """The JSON object `analyze` prints for one image. `target` is the class the gradient maps explain
+    (`contrast`: the class it is compared with, gradients of logit target - logit contrast)."""
     layout = result.layout
     gradcam = None if result.gradcam is None else result.gradcam[-1]
     return {
         "image": image,
         "model": handle.name,
+        "weights": Path(handle.weights).name if Path(handle.weights).is_absolute() else handle.weights,
+        "input_geometry": result.geometry,
+        "target": class_record(handle, result.target),
+        "contrast": class_record(handle, result.contrast),
         "input_size": list(layout.input_size),
         "patch_size": [layout.patch_h, layout.patch_w],
         "grid": [layout.grid_h, layout.grid_w],
@@ -52,18 +63,30 @@ def _save(fig, path: Path) -> None:
     path.write_bytes(plotting.figure_to_png(fig))
 
 
-def _write_image_figures(result: ImageAnalysis, out: Path, stem: str) -> None:
+def _write_image_figures(handle: ViTHandle, result: ImageAnalysis, out: Path, stem: str) -> None:
     maps = {"attention (last layer, mean of heads)": result.attention_map(result.depth - 1),
-            "rollout": result.rollout()}
+            "rollout (mean fusion, all layers)": result.rollout()}
+    units = {"attention (last layer, mean of heads)": "attention weight (probability)",
+             "rollout (mean fusion, all layers)": "rollout weight (fraction)"}
+    title = f"{handle.name} · {stem}"
     if result.gradcam is not None:
-        maps["Grad-CAM (last block)"] = result.gradcam[-1]
+        explained = class_record(handle, result.target)
+        title += f" · class {explained['label']} (#{explained['index']})"
+        if result.contrast is not None:
+            title += f" versus {handle.label(result.contrast)} (#{result.contrast})"
+        maps["Grad-CAM (last block, ReLU)"] = result.gradcam[-1]
         maps["gradient-weighted attention"] = result.chefer
+        units |= {"Grad-CAM (last block, ReLU)": "activation × gradient",
+                  "gradient-weighted attention": "relevance (logit units)"}
     for name, values in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)):
         if values is not None:
             maps[name] = values
-    _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block)",)), out / f"{stem}_maps.png")
+            units[name] = "relevance (logit units)"
+    _save(plotting.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block, ReLU)",), units=units,
+                               title=title), out / f"{stem}_maps.png")
     _save(plotting.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
-                                             title=f"mean attention distance: {stem}"), out / f"{stem}_distance.png")
+                                             title=f"mean attention distance: {handle.name} · {stem}"),
+          out / f"{stem}_distance.png")
 
 
 def _parse_size(text: str | None) -> tuple[int, int] | None:
@@ -89,11 +112,12 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     for done, path in enumerate(files, 1):
+        geometry = None if args.geometry is None else InputGeometry(args.geometry, args.shorter_side)
         result = analyze_image(handle, path, target=args.target, input_size=_parse_size(args.input_size),
-                               autocast=args.half)
+                               autocast=args.half, geometry=geometry, contrast=args.contrast)
         print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
         if out:
-            _write_image_figures(result, out, path.stem)
+            _write_image_figures(handle, result, out, path.stem)
         if len(files) > 1:
             _progress(done, len(files))
 
@@ -131,17 +155,19 @@ def cmd_model(args: argparse.Namespace) -> None:
     print(json.dumps(record), flush=True)
 
 
-def engine_options(args: argparse.Namespace) -> EngineOptions:
-    """The engine flags of a folder-level command (see `engine_flags`)."""
-    return EngineOptions(batch_size=args.batch_size, shard_size=args.shard_size, out=args.out,
+def engine_options(args: argparse.Namespace, batch_size: int | None = None) -> EngineOptions:
+    """The engine flags of a folder-level command (see `engine_flags`); `batch_size`: images per worker
+    call when the command's own --batch-size means something else."""
+    return EngineOptions(batch_size=batch_size or args.batch_size, shard_size=args.shard_size, out=args.out,
                          ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
 
 
-def engine_flags(p: argparse.ArgumentParser) -> None:
+def engine_flags(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
     """Flags shared by every folder-level command: engine choice, batching, shards, Ray placement."""
     p.add_argument("--engine", choices=ENGINES, default="local",
                    help="local: in-process loop (default); ray: Ray Data, model replicas as actors")
-    p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
+    if batch_size:
+        p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
     p.add_argument("--shard-size", type=int, default=256,
                    help="files per shard; with --out each finished shard is saved and a rerun skips it (default 256)")
     p.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://head:10001); "
@@ -184,7 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
     analyze.add_argument("--target", type=int, help="class index for Grad-CAM and gradient-weighted attention "
                                                       "(default: the top prediction)")
+    analyze.add_argument("--contrast", type=int, help="explain --target versus this class: gradients of "
+                                                        "logit(target) - logit(contrast)")
     analyze.add_argument("--input-size", help="HxW input size, e.g. 224x320 (default: the model's own)")
+    analyze.add_argument("--geometry", choices=GEOMETRY_MODES, help="crop: the model's centre crop (default); "
+                         "squash: the whole image resized to the model's size; keep: the whole image, aspect "
+                         "ratio kept, on a non-square grid (see --shorter-side)")
+    analyze.add_argument("--shorter-side", type=int, help="with --geometry keep: the shorter side in pixels "
+                                                            "(default: the model's input size)")
     analyze.add_argument("--half", action="store_true", help="half-precision autocast (float16 on CUDA, bfloat16 "
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     model_options(analyze)
@@ -208,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     heads.add_argument("--batch-size", type=int, default=16, help="rows per forward for --importance and --reference")
     model_options(heads)
     heads.set_defaults(func=cmd_heads)
-    add_evaluate_parser(sub, model_options)
+    add_evaluate_parser(sub, model_options, engine_flags)
     from .compare_cli import add_compare_parser  # imported here: compare_cli uses this module's helpers
     add_compare_parser(sub)
     return parser

@@ -1,9 +1,11 @@
 """`vit-inspect evaluate FOLDER --labels labels.csv`: faithfulness of every method over a folder.
 
 Each image goes through `faithfulness.evaluate_image` (a pure per-image function, so a folder engine
-can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). The command prints the
-table of mean AUC ± standard error, and writes per-image curves (`curves.npz`), the table
-(`table.json`, `table.csv`) and the per-image AUCs (`per_image.csv`) under `--out`.
+can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). The command runs
+`jobs.EvaluateJob` on the engine interface (`--engine local`, the default, or `--engine ray`), prints the
+table of mean AUC ± standard error, and writes per-image curves (`curves.npz`, gathered from the files
+the workers write under `OUT/evaluate/curves/`), the table (`table.json`, `table.csv`) and the per-image
+AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards already done.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .analysis.faithfulness import CURVES, LOWER_IS_BETTER, PerturbationSettings
+from .engine import run_job
 from .errors import VitInspectError
 from .faithfulness import DEFAULT_BATCH_SIZE, METHODS, FaithfulnessAccumulator, ImageFaithfulness, evaluate_image
 from .models import ViTHandle, load_model
@@ -57,7 +60,9 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
                     settings: PerturbationSettings = PerturbationSettings(), batch_size: int = DEFAULT_BATCH_SIZE,
                     on_image: Callable[[Path, ImageFaithfulness], None] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> FaithfulnessAccumulator:
-    """The local engine: `evaluate_image` over the files, one after another, into one accumulator."""
+    """`evaluate_image` over the files, one after another, into one accumulator: the plain in-process loop
+    for library use, with a per-image callback. The command runs `jobs.EvaluateJob` through
+    `engine.run_job` instead (either engine; equal numbers, tested in tests/test_evaluate_engine.py)."""
     accumulator = FaithfulnessAccumulator()
     for done, path in enumerate(files, 1):
         result = evaluate_image(handle, path, labels[path.name], methods, settings=settings, batch_size=batch_size)
@@ -82,39 +87,69 @@ def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, 
     return "\n".join(lines)
 
 
+def gather_curves(folder: Path, files: list[Path], skipped: set[str]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """The per-image files the workers wrote (`jobs.write_image_curves`), in file order, as the
+    `curves.npz` arrays ("<stem>/<curve>/<method>") and the `per_image.csv` rows."""
+    curves: dict[str, np.ndarray] = {}
+    rows: list[dict] = []
+    missing = []
+    for path in files:
+        if path.name in skipped:
+            continue
+        try:
+            with np.load(folder / f"{path.name}.npz", allow_pickle=False) as record:
+                arrays = {key: record[key] for key in record.files}
+        except (OSError, ValueError):
+            missing.append(path.name)
+            continue
+        for key, values in arrays.items():
+            if key.split("/")[0] in ("pos", "neg", "del", "ins"):
+                curves[f"{path.stem}/{key}"] = values
+        for key, values in arrays.items():
+            if key.startswith("auc/"):
+                rows.append({"image": path.name, "label": int(arrays["label"]), "target": int(arrays["target"]),
+                             "method": key[4:], **{c: round(float(v), 6) for c, v in zip(CURVES, values)}})
+    if missing:
+        print(f"no curves for {len(missing)} image(s) (first: {missing[0]}); on a cluster --out must be a "
+              f"folder every worker shares", file=sys.stderr)
+    return curves, rows
+
+
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    from .cli import _progress, engine_options
+    from .jobs import EvaluateJob, EvaluateWorker
+
     methods = tuple(args.methods.split(",")) if args.methods else tuple(METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
+    if args.batch_size < 1 or args.images_per_batch < 1:
+        raise VitInspectError("--batch-size and --images-per-batch must be at least 1.")
     labels = read_labels(args.labels)
     files = select_files(args.folder, labels, args.every, args.limit)
     if not files:
         raise VitInspectError("No labelled images found: file names in the folder must match the labels file.")
-    handle = load_model(args.model, weights=args.weights, device=args.device)
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     settings = PerturbationSettings(removal=args.removal)
-    curves: dict[str, np.ndarray] = {}
-    rows: list[dict] = []
-
-    def keep(path: Path, result: ImageFaithfulness) -> None:
-        for name, c in result.curves.items():
-            for field, values in (("pos", c.pos), ("neg", c.neg), ("del", c.deletion), ("ins", c.insertion)):
-                curves[f"{path.stem}/{field}/{name}"] = values.astype(np.float32)
-            rows.append({"image": path.name, "label": result.label, "target": result.target, "method": name,
-                         **{k: round(v, 6) for k, v in c.aucs().items()}})
-
-    def progress(done: int, total: int) -> None:
-        print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    accumulator = evaluate_folder(handle, files, labels, methods, settings, args.batch_size, keep, progress)
+    out = Path(args.out) if args.out else None
+    curves_dir = out / "evaluate" / "curves" if out else None
+    job = EvaluateJob.for_handle(handle, {p.name: labels[p.name] for p in files}, methods, device=args.device,
+                                 model_file=args.model_file, curves_dir=curves_dir, settings=settings,
+                                 batch_size=args.batch_size)
+    worker = EvaluateWorker(handle, job) if args.engine == "local" else None
+    result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
+                        progress=_progress, worker=worker)
+    for name, reason in result.skipped:
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    accumulator = result.accumulator
     table = accumulator.table()
     print(format_table(table, accumulator.images, accumulator.correct), flush=True)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out:
+        curves, rows = gather_curves(curves_dir, files, {name for name, _ in result.skipped})
         np.savez_compressed(out / "curves.npz", **curves)
         record = {"model": handle.name, "weights": Path(handle.weights).name, "images": accumulator.images,
                   "clean_top1": accumulator.correct / accumulator.images, "settings": vars(settings),
+                  "engine": args.engine, "skipped": [name for name, _ in result.skipped],
                   "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()}}
         (out / "table.json").write_text(json.dumps(record, indent=1))
         with (out / "table.csv").open("w", newline="") as handle_csv:
@@ -128,7 +163,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             writer.writerows(rows)
 
 
-def add_evaluate_parser(sub, model_options: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_evaluate_parser(sub, model_options: Callable[[argparse.ArgumentParser], None],
+                        engine_flags: Callable[..., None]) -> None:
     evaluate = sub.add_parser("evaluate", help="faithfulness (pos/neg perturbation, deletion/insertion) of each "
                                                "map over a labelled folder")
     evaluate.add_argument("folder", metavar="FOLDER")
@@ -138,6 +174,10 @@ def add_evaluate_parser(sub, model_options: Callable[[argparse.ArgumentParser], 
     evaluate.add_argument("--every", type=int, default=1, help="every K-th labelled file of the sorted folder")
     evaluate.add_argument("--removal", choices=("mean", "blur"), default="mean",
                           help="removed patches become the mean colour (0 after normalisation) or the blurred image")
-    evaluate.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    evaluate.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                          help=f"perturbed inputs per forward, one image at a time (default {DEFAULT_BATCH_SIZE})")
+    evaluate.add_argument("--images-per-batch", type=int, default=4,
+                          help="images the engine hands a worker at once (default 4)")
+    engine_flags(evaluate, batch_size=False)
     model_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)

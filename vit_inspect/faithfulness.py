@@ -19,6 +19,7 @@ from PIL import Image
 
 from .analysis.faithfulness import (CURVES, Curves, PerturbationSettings, compose, curves_from_probs,
                                     plan_perturbations, replacement_images)
+from .engine import Sums
 from .errors import VitInspectError
 from .images import ImageLimits, load_image
 from .models import ViTHandle
@@ -177,6 +178,31 @@ class FaithfulnessAccumulator:
                 merged._sum[name] = merged._sum.get(name, 0.0) + acc._sum[name]
                 merged._sum_sq[name] = merged._sum_sq.get(name, 0.0) + acc._sum_sq[name]
         return merged
+
+    def to_sums(self) -> Sums:
+        """The running sums as engine `Sums` (float64): "correct" (), and per method "count/M" (),
+        "sum/M" and "sum_sq/M" (4,) in CURVES order; `Sums.count` = images. Adding two such `Sums`
+        equals `merge` of the two accumulators, so a folder engine can add them in any order."""
+        arrays = {"correct": np.float64(self.correct)}
+        for name, n in self.count.items():
+            arrays[f"count/{name}"] = np.float64(n)
+            arrays[f"sum/{name}"] = np.asarray(self._sum[name], np.float64)
+            arrays[f"sum_sq/{name}"] = np.asarray(self._sum_sq[name], np.float64)
+        return Sums(arrays, self.images)
+
+    @classmethod
+    def from_sums(cls, sums: Sums) -> "FaithfulnessAccumulator":
+        """The accumulator whose `to_sums` is `sums`."""
+        accumulator = cls()
+        accumulator.images = int(sums.count)
+        accumulator.correct = int(round(float(sums.arrays.get("correct", 0.0))))
+        for key, value in sums.arrays.items():
+            if key.startswith("count/"):
+                name = key[len("count/"):]
+                accumulator.count[name] = int(round(float(value)))
+                accumulator._sum[name] = np.asarray(sums.arrays[f"sum/{name}"], np.float64)
+                accumulator._sum_sq[name] = np.asarray(sums.arrays[f"sum_sq/{name}"], np.float64)
+        return accumulator
 
     def table(self) -> dict[str, dict[str, tuple[float, float]]]:
         """method -> curve -> (mean AUC, standard error of the mean; NaN below two images)."""

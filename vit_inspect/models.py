@@ -6,6 +6,7 @@ Weights files are read without unpickling code: safetensors, or `torch.load(weig
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import hub
 from .errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
 from .images import Preprocess
 from .tokens import TokenLayout
@@ -309,6 +311,19 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
             "(it has no patch tokens with attention); try a 'vit_', 'deit_' or 'deit3_' model.") from None
 
 
+def _refuse_non_vit(name: str) -> None:
+    """UnsupportedModelError if timm's `name` refuses ViT arguments (a CNN such as resnet50); built on the
+    meta device, so it costs no memory and no weights. Other failures, and models found not to be
+    inspectable only once built (a Swin), are left to the real build."""
+    try:
+        with torch.device("meta"):
+            _create_timm(name, pretrained=False)
+    except UnsupportedModelError:
+        raise
+    except Exception:
+        pass
+
+
 def _pretrained_cfg(name: str) -> dict | None:
     """timm's pretrained config of a name (with or without tag) as a dict, without building the model;
     None for an unknown tag."""
@@ -347,19 +362,23 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
         raise WeightsNotFoundError(
             f"timm knows no pretrained weights for {name!r}. Put a weights file at {wanted} "
             "or pass one with --weights.", public=f"timm knows no pretrained weights for {name!r}.")
-    if _offline_and_not_cached(cfg):
-        raise WeightsNotFoundError(
-            f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) and they are "
-            f"not in its cache. Put the weights file at {wanted} (or pass --weights FILE).", public=missing)
-    try:
-        return _create_timm(name, pretrained=True)
-    except UnsupportedModelError:
-        raise
-    except Exception as exc:  # network, cache and hub errors come in many types
-        raise WeightsNotFoundError(
-            f"Could not get weights for {name!r} from the Hugging Face hub ({type(exc).__name__}). "
-            f"Without network access, put the weights file at {wanted} "
-            f"(or pass --weights FILE).", public=missing) from None
+    with hub.hub_access(name) as online:  # a recent failure is raised here at once; an unanswering hub: offline
+        if _offline_and_not_cached(cfg):
+            _refuse_non_vit(name)  # a model that is no ViT says so first, built on the meta device
+            raise WeightsNotFoundError(
+                f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) or does not "
+                f"answer, and they are not in its cache. Put the weights file at {wanted} (or pass --weights FILE).",
+                public=missing)
+        try:
+            return _create_timm(name, pretrained=True)
+        except UnsupportedModelError:
+            raise
+        except Exception as exc:  # network, cache and hub errors come in many types
+            why = (f"from the Hugging Face hub ({type(exc).__name__})" if online else
+                   "in the local hub cache, and the hub is offline (HF_HUB_OFFLINE=1) or does not answer")
+            raise WeightsNotFoundError(
+                f"Could not get weights for {name!r} {why}. Without network access, put the weights file at "
+                f"{wanted} (or pass --weights FILE).", public=missing) from None
 
 
 def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
@@ -429,15 +448,17 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
     from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
     shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-    except Exception as exc:  # missing folder, no network, not a model repo
-        advice = ("Give a local folder with config.json, or a hub id such as 'google/vit-base-patch16-224' "
-                  "(needs network).")
-        raise ModelNotFoundError(
-            f"Could not read a Hugging Face model config for {source!r} ({type(exc).__name__}). {advice}",
-            public=f"Could not read a Hugging Face model config for {shown!r} ({type(exc).__name__}). "
-                   f"{advice}") from None
+    local = Path(source).is_dir()
+    with (contextlib.nullcontext(True) if local else hub.hub_access(source)) as online:
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        except Exception as exc:  # missing folder, no network, not a model repo
+            why = type(exc).__name__ if online else "the hub is offline or does not answer"
+            advice = ("Give a local folder with config.json, or a hub id such as 'google/vit-base-patch16-224' "
+                      "(needs network).")
+            raise ModelNotFoundError(
+                f"Could not read a Hugging Face model config for {source!r} ({why}). {advice}",
+                public=f"Could not read a Hugging Face model config for {shown!r} ({why}). {advice}") from None
     if config.model_type not in HF_MODEL_TYPES:
         supported = f"vit_inspect supports these Hugging Face types: {', '.join(HF_MODEL_TYPES)}."
         raise UnsupportedModelError(f"{source!r} is a {config.model_type!r} model; {supported}",

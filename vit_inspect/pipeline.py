@@ -12,6 +12,7 @@ import os
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -22,11 +23,13 @@ from PIL import Image
 from .analysis import (FilterPCA, filter_pca, gradcam_from_tokens, legrad_map, patch_relevance,
                        pos_embed_similarity)
 from .analysis.attention_maps import readout
-from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream
+from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream, attention_rows
 from .attention_store import attention_map as store_attention_map
 from .attention_store import rollout as store_rollout
 from .capture import capture_attention
 from .errors import UnsupportedModelError, VitInspectError
+from .geometry import InputGeometry, prepare, seen_box
+from .gradient_rollouts import KEEP_FRACTION, GradientRollouts, gradient_rollouts
 from .head_pass import HeadPass, HeadStatsStream, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
@@ -61,6 +64,12 @@ class ImageAnalysis:
     legrad: np.ndarray | None = None  # (grid_h, grid_w) LeGrad (Bousselham et al. 2025), last LEGRAD_LAYERS layers
     attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
     patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
+    contrast: int | None = None  # gradients are of logit[target] - logit[contrast]; None: of logit[target]
+    gradient: GradientRollouts | None = None  # class-specific gradient rollout (vit-explain), within the N x D bound
+    geometry: str = "crop"  # `InputGeometry.mode` the input was made with
+    seen_box: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of the upload seen, pixels
+    preview: np.ndarray | None = None  # (h, w, 3) uint8 the whole upload, longer side at most PREVIEW_SIDE
+    source_size: tuple[int, int] | None = None  # (width, height) of the upload, pixels
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property
@@ -89,19 +98,45 @@ class ImageAnalysis:
                                    self.readout if query is None else query)
 
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
-                start_layer: int = 0, end_layer: int | None = None, query=None) -> np.ndarray:
-        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options (cached)."""
+                start_layer: int = 0, end_layer: int | None = None, query=None, discard: str = "row") -> np.ndarray:
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options (cached;
+        ``discard``: "row" ours, "matrix" vit-explain's; see `analysis.rollout_matrix`)."""
         query = self.readout if query is None else query
         selected = range(self.depth)[start_layer:end_layer]
-        key = (head_fusion, float(discard_ratio), bool(residual), selected.start, selected.stop, repr(query))
+        key = (head_fusion, float(discard_ratio), bool(residual), selected.start, selected.stop, repr(query), discard)
         if key not in self._rollouts:
             self._rollouts[key] = store_rollout(self.attention_store, self.layout, head_fusion=head_fusion,
                                                 discard_ratio=discard_ratio, residual=residual,
-                                                start_layer=start_layer, end_layer=end_layer, query=query)
+                                                start_layer=start_layer, end_layer=end_layer, query=query,
+                                                discard=discard)
             while len(self._rollouts) > ROLLOUT_CACHE:
                 self._rollouts.popitem(last=False)
         self._rollouts.move_to_end(key)
         return self._rollouts[key].copy()
+
+    def gradient_rollout(self, discard_ratio: float = 0.9, start_layer: int = 0, end_layer: int | None = None,
+                         query=None, discard: str = "matrix") -> np.ndarray | None:
+        """(grid_h, grid_w) class-specific gradient rollout (vit-explain) for this result's target
+        (and contrast); None for a model without a head. See `gradient_rollouts` for what is kept."""
+        if self.gradient is None:
+            return None
+        return self.gradient.rollout(self.layout, discard_ratio, start_layer=start_layer, end_layer=end_layer,
+                                     query=self.readout if query is None else query, discard=discard)
+
+    def head_maps(self, layer: int, query=None) -> np.ndarray:
+        """(heads, grid_h, grid_w) raw attention of every head of one layer from a query token."""
+        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query)
+        return np.stack([self.layout.to_grid(self.layout.patches(row)) for row in rows])
+
+    def prefix_share(self, layer: int, head: int | None = None, query=None) -> dict[str, float]:
+        """{prefix token name: share of the query's attention on it} for one layer and head (None: mean):
+        the entries `analysis.prefix_shares` takes from the query's row, rebuilt from the store."""
+        if head is not None and not 0 <= head < self.num_heads:
+            raise ValueError(f"head {head} out of range: layer {layer} has {self.num_heads} heads (0..{self.num_heads - 1})")
+        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query)
+        row = rows.mean(axis=0) if head is None else rows[head]  # (N,)
+        shares = self.layout.split(row.astype(np.float64))[0]
+        return dict(zip(self.layout.prefix_names(), (float(v) for v in shares)))
 
     def attention_arrays(self, max_bytes: int = 64 * 2 ** 20) -> dict[str, np.ndarray]:
         """Arrays for a download: the (depth, heads, N, N) float16 maps when they fit in ``max_bytes``,
@@ -112,11 +147,12 @@ class ImageAnalysis:
         return {"attention_queries": store.queries, "attention_keys": store.keys, "attention_scale": store.scale}
 
     def nbytes(self) -> int:
-        """Memory held by the arrays of this result: its attention store, LeGrad, AttnLRP, the patch
-        features, the head statistics and the cached rollouts included."""
+        """Memory held by the arrays of this result: its attention store, gradient rollout, LeGrad, AttnLRP,
+        the patch features, the preview, the head statistics and the cached rollouts included."""
         arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
-                  self.patch_features, *self._rollouts.values())
+                  self.patch_features, self.preview, *self._rollouts.values())
         return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
+                + (self.gradient.nbytes() if self.gradient is not None else 0)
                 + (self.heads.nbytes() if self.heads is not None else 0))
 
 
@@ -135,7 +171,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
 
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
                   input_size: tuple[int, int] | None = None, gradients: bool = True,
-                  autocast: bool = False, limits: ImageLimits = ImageLimits()) -> ImageAnalysis:
+                  autocast: bool = False, limits: ImageLimits = ImageLimits(),
+                  geometry: InputGeometry | None = None, contrast: int | None = None) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
@@ -148,9 +185,20 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
+
+    `geometry` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
+    squashed, or the whole image with its aspect ratio on a non-square grid); without it, the model's
+    crop at `input_size`. With `contrast`, the backward pass starts from logit[target] - logit[contrast]
+    ("why target and not contrast?"). For vit-explain's gradient rollout the result keeps the head-fused
+    gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
+    the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    pixels, rgb = handle.preprocess.apply(picture, input_size)
+    if geometry is None:
+        pixels, rgb = handle.preprocess.apply(picture, input_size)
+        box = seen_box(handle.preprocess, picture.size, rgb.shape[:2])
+    else:
+        pixels, rgb, box = prepare(handle.preprocess, picture, geometry, handle.patch_size)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
@@ -173,11 +221,15 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = first_order = legrad = attnlrp = None
+    store = stream.store()
+    chosen = gradcam = chefer = first_order = legrad = attnlrp = gradient = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
-        if not 0 <= chosen < len(probs):
-            raise VitInspectError(f"Target class {chosen} is out of range: the model has {len(probs)} classes.")
+        for index in (chosen, contrast):
+            if index is not None and not 0 <= index < len(probs):
+                raise VitInspectError(f"Class {index} is out of range: the model has classes 0 to {len(probs) - 1}.")
+        if contrast is not None and contrast == chosen:
+            raise VitInspectError("The contrast class is the target class itself; choose another class to compare.")
         last = range(handle.depth)[-LEGRAD_LAYERS:]
         with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
             legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
@@ -185,10 +237,14 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         with suppress(UnsupportedModelError):
             attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
                                       layout).astype(np.float32)
-        rec.backward(logits[0, chosen].float())
+        score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
+        rec.backward(score.float())
         logits = logits.detach()  # the graph is no longer needed
         chefer = chefer_relevance_layers(rec, layout, query).astype(np.float32)
         first_order = stats.first_order(rec.attention_tensors(), rec.attention_grad_tensors())
+        gradient = gradient_rollouts(partial(gradient_fused_layer, rec), handle.depth, layout, query,
+                                     keep_stack=handle.depth * layout.num_tokens ** 2 * 2
+                                     <= KEEP_FRACTION * store.nbytes())
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
@@ -198,9 +254,30 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
-        attention_store=stream.store(), mean_distance=stream.mean_distance(),
+        attention_store=store, mean_distance=stream.mean_distance(),
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
-        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16))
+        patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16),
+        contrast=contrast if use_grad else None, gradient=gradient,
+        geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
+        source_size=picture.size)
+
+
+PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result
+
+
+def _preview(picture: Image.Image) -> np.ndarray:
+    """(h, w, 3) uint8 copy of the whole upload, its longer side at most PREVIEW_SIDE."""
+    thumb = picture.convert("RGB")
+    thumb.thumbnail((PREVIEW_SIDE, PREVIEW_SIDE), Image.Resampling.BILINEAR)
+    return np.asarray(thumb, dtype=np.uint8)
+
+
+def gradient_fused_layer(rec, layer: int) -> np.ndarray:
+    """(N, N) float64 G_l = max(0, mean_h(A_lh * dy/dA_lh)) of one layer from a recorder after its backward
+    pass: `analysis.gradient_fused_attention` for that layer, never the (depth, heads, N, N) stacks."""
+    attention = rec.attention_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
+    grad = rec.attention_grad_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
+    return np.maximum((attention.astype(np.float64) * grad).mean(axis=0), 0.0)
 
 
 def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:

@@ -5,16 +5,19 @@ upsampling to the image and the colormap.
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import textwrap
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
+from matplotlib import font_manager
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 from .analysis.filters import FilterPCA
 
@@ -28,17 +31,29 @@ HIGHLIGHT_COLOR = "tab:red"
 HEAD_COLOR = "tab:blue"
 HIGHLIGHT_AREA = 60  # scatter marker area of a highlighted head, points²
 TITLE_CHARS = 30  # panel titles in maps_figure wrap at this many characters
+MASK_DIM = 0.3  # brightness kept outside a threshold mask
+COLORBAR_PIXELS = 110  # width of map_panel's colour bar column, tick labels and unit included
+CAPTION_LINE_PIXELS = 13  # height of one caption line under a map_panel
+OUTLINE_COLOR = (0, 255, 255)  # the seen region on the upload preview
 
 
-def _normalized(grid_map: np.ndarray, relu: bool) -> np.ndarray:
-    """Optional ReLU, then min-max to [0, 1]; a constant map becomes all zeros."""
+def _normalized(grid_map: np.ndarray, relu: bool, vmin: float | None = None, vmax: float | None = None) -> np.ndarray:
+    """Optional ReLU, then [vmin, vmax] (default: the map's own min and max) to [0, 1], clipped;
+    an empty range maps everything to 0."""
     values = grid_map.astype(np.float64)
     if relu:
         values = np.maximum(values, 0.0)
-    low, high = values.min(), values.max()
+    low = values.min() if vmin is None else vmin
+    high = values.max() if vmax is None else vmax
     if not high > low:
         return np.zeros_like(values)
-    return (values - low) / (high - low)
+    return np.clip((values - low) / (high - low), 0.0, 1.0)
+
+
+def map_range(grid_map: np.ndarray, relu: bool = False) -> tuple[float, float]:
+    """(min, max) of a map after the optional ReLU: the per-map colour range."""
+    values = np.maximum(grid_map, 0.0) if relu else grid_map
+    return float(values.min()), float(values.max())
 
 
 def _upsample(grid_values: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -65,39 +80,159 @@ def _draw_marker(rgb: np.ndarray, grid_shape: tuple[int, int], marker: tuple[int
 
 
 def overlay(rgb: np.ndarray, grid_map: np.ndarray, cmap: str = "inferno", alpha: float = 0.55,
-            relu: bool = False, marker: tuple[int, int] | None = None) -> np.ndarray:
+            relu: bool = False, marker: tuple[int, int] | None = None, vmin: float | None = None,
+            vmax: float | None = None, mask: np.ndarray | None = None) -> np.ndarray:
     """Blend a (grid_h, grid_w) map over an (H, W, 3) uint8 image; returns (H, W, 3) uint8.
 
     The map is optionally ReLU'd, min-max normalised (a constant map shows as the colormap's low end),
     bilinearly upsampled to (H, W), coloured with ``cmap`` and alpha-blended (``alpha`` = weight of the
-    map). ``marker`` = (row, col) outlines that patch, patch size (H / grid_h, W / grid_w) pixels.
+    map). ``vmin``/``vmax`` fix the colour range (values outside are clipped). ``marker`` = (row, col)
+    outlines that patch, patch size (H / grid_h, W / grid_w) pixels. ``mask`` (grid_h, grid_w) bool
+    darkens the patches outside it (DINO-style thresholded maps).
     """
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
         raise ValueError(f"expected an (H, W, 3) uint8 image, got shape {rgb.shape} dtype {rgb.dtype}")
     if grid_map.ndim != 2:
         raise ValueError(f"expected a (grid_h, grid_w) map, got shape {grid_map.shape}")
     height, width = rgb.shape[:2]
-    upsampled = _upsample(_normalized(grid_map, relu), height, width)  # (H, W) in [0, 1]
+    upsampled = _upsample(_normalized(grid_map, relu, vmin, vmax), height, width)  # (H, W) in [0, 1]
     colors = matplotlib.colormaps[cmap](upsampled)[..., :3]  # (H, W, 3) in [0, 1]
     blended = (1.0 - alpha) * (rgb / 255.0) + alpha * colors
+    if mask is not None:
+        if mask.shape != grid_map.shape:
+            raise ValueError(f"mask {mask.shape} does not match the map {grid_map.shape}")
+        rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
+        cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
+        blended = np.where(mask[rows][:, cols][..., None], blended, MASK_DIM * blended)
     out = np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
     if marker is not None:
         _draw_marker(out, grid_map.shape, marker)
     return out
 
 
+def _colorbar(fig: Figure, low: float, high: float, unit: str, cmap: str = "inferno", **where):
+    mappable = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(low, high if high > low else low + 1e-12),
+                                            cmap=cmap)
+    bar = fig.colorbar(mappable, **where)
+    bar.set_label(unit, fontsize="small")
+    bar.ax.tick_params(labelsize="x-small")
+    return bar
+
+
 def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
-                marker: tuple[int, int] | None = None) -> Figure:
-    """One row of overlays, one per named (grid_h, grid_w) map; maps named in ``relu_names`` are ReLU'd."""
+                marker: tuple[int, int] | None = None, units: dict[str, str] | None = None,
+                ranges: dict[str, tuple[float, float]] | None = None, title: str = "") -> Figure:
+    """One row of overlays, one per named (grid_h, grid_w) map, each with a colour bar labelled with its
+    unit (``units``, default "value"). Maps named in ``relu_names`` are ReLU'd; ``ranges`` fixes a map's
+    colour range (default: its own min-max)."""
     if not maps:
         raise ValueError("no maps to show")
-    fig = Figure(figsize=(PANEL_INCHES * len(maps), PANEL_INCHES), layout="constrained")
+    height, width = rgb.shape[:2]
+    panel_w = PANEL_INCHES * max(1.0, width / height)
+    fig = Figure(figsize=((panel_w + 1.0) * len(maps), PANEL_INCHES + (0.4 if title else 0.0)), layout="constrained")
     for position, (name, grid_map) in enumerate(maps.items(), start=1):
+        relu = name in relu_names
+        low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
         ax = fig.add_subplot(1, len(maps), position)
-        ax.imshow(overlay(rgb, grid_map, relu=name in relu_names, marker=marker))
+        ax.imshow(overlay(rgb, grid_map, relu=relu, marker=marker, vmin=low, vmax=high))
         ax.set_title(textwrap.fill(name, TITLE_CHARS), fontsize="medium")
         ax.set_axis_off()
+        _colorbar(fig, low, high, (units or {}).get(name, "value"), ax=ax, fraction=0.046, pad=0.02)
+    if title:
+        chars = int(fig.get_figwidth() * 11)
+        fig.suptitle("\n".join(textwrap.fill(part, chars) for part in title.split("\n")), fontsize="medium")
     return fig
+
+
+@functools.lru_cache(maxsize=4)
+def _font(size: int) -> ImageFont.FreeTypeFont:
+    """Matplotlib's own DejaVu Sans at ``size`` pixels, for text drawn with PIL."""
+    return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+
+
+def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vmin: float | None = None,
+              vmax: float | None = None, relu: bool = False, marker: tuple[int, int] | None = None,
+              mask: np.ndarray | None = None, cmap: str = "inferno") -> np.ndarray:
+    """One map as an (H', W', 3) uint8 picture: the overlay (`overlay`) at its own pixels in the top-left
+    corner, so that pixel (x, y) of the panel is pixel (x, y) of the crop; a colour bar with its range
+    and ``unit`` to the right; the ``caption`` (what the map is: model, layer, head, class, settings)
+    wrapped underneath. Drawn with PIL, not a matplotlib figure, so a slider redraw stays fast."""
+    low, high = map_range(grid_map, relu) if vmin is None or vmax is None else (vmin, vmax)
+    image = overlay(rgb, grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
+    height, width = image.shape[:2]
+    small, text = _font(10), _font(11)
+    total_w = width + COLORBAR_PIXELS
+    chars = max(20, total_w // 6)
+    lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, chars)]
+    caption_h = CAPTION_LINE_PIXELS * len(lines) + 8
+    panel = Image.new("RGB", (total_w, height + caption_h), (255, 255, 255))
+    panel.paste(Image.fromarray(image), (0, 0))
+    pen = ImageDraw.Draw(panel)
+    top, bottom, left = 6, max(7, height - 6), width + 8
+    ramp = matplotlib.colormaps[cmap](np.linspace(1.0, 0.0, bottom - top))[:, :3]  # (rows, 3), high at the top
+    bar = np.repeat((ramp * 255).astype(np.uint8)[:, None], 12, axis=1)  # (rows, 12, 3)
+    panel.paste(Image.fromarray(bar), (left, top))
+    pen.rectangle((left, top, left + 11, bottom - 1), outline=(0, 0, 0))
+    if high > low:
+        for value in matplotlib.ticker.MaxNLocator(5).tick_values(low, high):
+            if low - 1e-12 <= value <= high + 1e-12:
+                y = bottom - 1 - (value - low) / (high - low) * (bottom - top - 1)
+                pen.line((left + 12, y, left + 15, y), fill=(0, 0, 0))
+                pen.text((left + 18, y), f"{value:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
+    else:
+        pen.text((left + 18, bottom - 1), f"{low:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
+    label = Image.new("RGB", (max(1, bottom - top), 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((label.width // 2, 7), unit, fill=(0, 0, 0), font=small, anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (total_w - 16, top))
+    for index, line in enumerate(lines):
+        pen.text((4, height + 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+    return np.asarray(panel)
+
+
+def heads_grid_figure(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
+                      vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
+                      ncols: int = 6) -> Figure:
+    """Every head of one layer (``maps`` (heads, grid_h, grid_w)) as overlays on one shared colour range
+    (default: the min-max over all heads) with one colour bar; ``masks`` (heads, grid_h, grid_w) bool
+    darkens what lies outside each head's threshold mask (Caron et al. 2021, DINO, Fig. 3)."""
+    heads = maps.shape[0]
+    if len(titles) != heads:
+        raise ValueError(f"{heads} maps but {len(titles)} titles")
+    low = float(maps.min()) if vmin is None else vmin
+    high = float(maps.max()) if vmax is None else vmax
+    ncols = min(ncols, heads)
+    nrows = math.ceil(heads / ncols)
+    height, width = rgb.shape[:2]
+    tile_w, tile_h = 2.2 * math.sqrt(width / height), 2.2 * math.sqrt(height / width)
+    fig = Figure(figsize=(tile_w * ncols + 1.2, (tile_h + 0.35) * nrows + 0.5), layout="constrained")
+    axes = []
+    for index in range(heads):
+        ax = fig.add_subplot(nrows, ncols, index + 1)
+        ax.imshow(overlay(rgb, maps[index], vmin=low, vmax=high, mask=None if masks is None else masks[index]))
+        ax.set_title(titles[index], fontsize="small")
+        ax.set_axis_off()
+        axes.append(ax)
+    _colorbar(fig, low, high, unit, ax=axes, fraction=0.03, pad=0.01)
+    if title:
+        chars = int(fig.get_figwidth() * 11)  # about 11 medium-size characters per inch
+        fig.suptitle("\n".join(textwrap.fill(part, chars) for part in title.split("\n")), fontsize="medium")
+    return fig
+
+
+def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
+                   source_size: tuple[int, int]) -> np.ndarray:
+    """The preview of a whole upload (h, w, 3) uint8 with ``box`` = (left, top, right, bottom), in the
+    pixels of the upload of (width, height) = ``source_size``, outlined; everything outside it dimmed."""
+    height, width = preview.shape[:2]
+    scale_x, scale_y = width / source_size[0], height / source_size[1]
+    left, top = int(round(box[0] * scale_x)), int(round(box[1] * scale_y))
+    right, bottom = int(round(box[2] * scale_x)), int(round(box[3] * scale_y))
+    out = (preview.astype(np.float32) * 0.45).astype(np.uint8)
+    out[top:bottom, left:right] = preview[top:bottom, left:right]
+    image = Image.fromarray(out)
+    ImageDraw.Draw(image).rectangle((left, top, max(left, right - 1), max(top, bottom - 1)), outline=OUTLINE_COLOR,
+                                    width=max(2, round(min(width, height) / 100)))
+    return np.asarray(image)
 
 
 def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
@@ -154,7 +289,8 @@ def pos_similarity_figure(similarity: np.ndarray, title: str = "Position embeddi
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
-    fig.colorbar(image, ax=ax, label="cosine similarity", shrink=0.8)
+    # a wide grid is drawn shorter than its axes box: the bar shrinks with it instead of overhanging
+    fig.colorbar(image, ax=ax, label="cosine similarity", shrink=0.8 * min(1.0, grid_h / grid_w))
     ax.set_title(title)
     ax.set_xlabel("input patch column")
     ax.set_ylabel("input patch row")
@@ -189,7 +325,7 @@ def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int |
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(np.arange(depth))
-    ax.set_ylim(bottom=0.0)
+    ax.set_ylim(0.0, 1.08 * float(distances.max()) + 1.0)  # room above the highest dot: nothing clips
     if image_width is not None:
         secondary = ax.secondary_yaxis("right", functions=(lambda d: d / image_width, lambda f: f * image_width))
         secondary.set_ylabel("fraction of image width")

@@ -109,9 +109,15 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
     b_pos = None if bias is None else bias + gamma * bias.clamp(min=0)
     b_neg = None if bias is None else bias + gamma * bias.clamp(max=0)
 
+    w_pos, w_neg = w_pos.float(), w_neg.float()  # the rule runs in float32, also under half-precision autocast
+    b_pos = None if b_pos is None else b_pos.float()
+    b_neg = None if b_neg is None else b_neg.float()
+
     def rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x, y, grad = x.float(), y.float(), grad.float()
         relevance_out = grad * y
-        with torch.enable_grad():
+        with torch.enable_grad(), torch.autocast(x.device.type, enabled=False):
             inputs = [x.clamp(min=0), x.clamp(max=0), x.clamp(min=0), x.clamp(max=0)]
             inputs = [i.detach().requires_grad_() for i in inputs]
             outputs = [forward(inputs[0], w_pos, b_pos), forward(inputs[1], w_neg, None),
@@ -120,7 +126,7 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
             lower = (y < 0) * relevance_out / stabilize(outputs[2] + outputs[3], stabilizer)
             grads = torch.autograd.grad(outputs, inputs, [upper, upper, lower, lower])
         relevance_in = sum(i.detach() * g for i, g in zip(inputs, grads))
-        return relevance_in / stabilize(x, 1e-10)
+        return (relevance_in / stabilize(x, 1e-10)).to(dtype)
     return rule
 
 

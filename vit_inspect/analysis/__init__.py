@@ -1,14 +1,17 @@
 """Analyses of a ViT: pure functions from plain arrays to raw numbers (no clamping, normalising or upsampling)."""
 from .attention_distance import (AttentionDistanceAccumulator, distance_as_fraction_of_width, distances_per_image,
                                  mean_attention_distance)
-from .attention_maps import Query, attention_map, readout
+from .attention_maps import Query, attention_map, prefix_shares, readout
+from .classes import class_name, search_classes
 from .chefer import chefer_matrix, chefer_relevance
 from .entropy import attention_entropy
 from .filters import FilterPCA, filter_pca
 from .gradcam import gradcam_from_tokens
+from .masks import mass_mask
 from .legrad import legrad_map, patch_relevance
 from .pos_embed import pos_embed_similarity
-from .rollout import rollout, rollout_matrix
+from .rollout import (gradient_fused_attention, gradient_rollout, gradient_rollout_matrix, rollout,
+                      rollout_matrix)
 
 __all__ = [
     "AttentionDistanceAccumulator",
@@ -17,16 +20,23 @@ __all__ = [
     "attention_entropy",
     "attention_map",
     "chefer_matrix",
+    "class_name",
     "chefer_relevance",
     "distance_as_fraction_of_width",
     "distances_per_image",
     "filter_pca",
     "gradcam_from_tokens",
+    "gradient_fused_attention",
+    "gradient_rollout",
+    "gradient_rollout_matrix",
+    "mass_mask",
     "legrad_map",
     "mean_attention_distance",
     "patch_relevance",
     "pos_embed_similarity",
+    "prefix_shares",
     "readout",
     "rollout",
     "rollout_matrix",
+    "search_classes",
 ]

@@ -59,3 +59,27 @@ def attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, head: 
     else:
         raise ValueError(f"head {head} out of range: layer {layer} has {heads} heads (0..{heads - 1})")
     return readout(matrix, layout, query)
+
+
+def prefix_shares(matrix: np.ndarray, layout: TokenLayout, query: Query = None) -> np.ndarray:
+    """(num_prefix_tokens,) the share of the query's attention that goes to each prefix token
+    (class, distillation, registers, in `layout.prefix_names()` order), from an (N, N) attention matrix.
+
+    These are the entries `readout` drops: with attention rows summing to 1, they and the patch map add
+    up to 1 (for ``query="mean"``, averaged over patch queries). Dimensionless, in [0, 1].
+    """
+    if matrix.shape != (layout.num_tokens, layout.num_tokens):
+        raise ValueError(f"expected a ({layout.num_tokens}, {layout.num_tokens}) token matrix, got shape {matrix.shape}")
+    if query is None:
+        query = "class" if layout.has_class_token else "mean"
+    if query == "mean":
+        row = layout.patches(matrix, axis=0).mean(axis=0)  # (N,)
+    elif query == "class":
+        if not layout.has_class_token:
+            raise ValueError("query='class' but this model has no class token; use None or a (row, col) patch")
+        row = matrix[layout.class_token_index]
+    elif isinstance(query, str):
+        raise ValueError(f"unknown query {query!r}; use None, 'class', 'mean' or a (row, col) patch")
+    else:
+        row = matrix[layout.token_index(*query)]
+    return np.asarray(layout.split(row)[0], dtype=np.float64)

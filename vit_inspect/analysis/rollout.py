@@ -11,8 +11,19 @@ from .attention_maps import Query, readout
 HEAD_FUSIONS = {"mean": np.mean, "max": np.max, "min": np.min}
 
 
+def _lowest(values: np.ndarray, count: int) -> np.ndarray:
+    """Boolean mask of the ``count`` lowest entries along the last axis, ties broken by position (earlier
+    first): the first ``count`` of a stable argsort, found with a partition (O(n), not O(n log n))."""
+    threshold = np.partition(values, count - 1, axis=-1)[..., count - 1:count]  # the count-th lowest value
+    below = values < threshold
+    equal = values == threshold
+    room = count - below.sum(axis=-1, keepdims=True)  # how many of the tied entries still go
+    return below | (equal & (np.cumsum(equal, axis=-1) <= room))
+
+
 def _discard_lowest(fused: np.ndarray, discard_ratio: float, keep_column: int | None) -> np.ndarray:
-    """Zero the lowest floor(discard_ratio * N) entries of each row of (N, N), never column ``keep_column``."""
+    """Zero the lowest floor(discard_ratio * N) entries of each row of (N, N), never column ``keep_column``
+    (ties: earlier columns first)."""
     num_tokens = fused.shape[-1]
     num_discard = math.floor(discard_ratio * num_tokens)
     if num_discard == 0:
@@ -20,15 +31,68 @@ def _discard_lowest(fused: np.ndarray, discard_ratio: float, keep_column: int | 
     ranking = fused.copy()
     if keep_column is not None:
         ranking[:, keep_column] = np.inf
-    lowest = np.argsort(ranking, axis=-1, kind="stable")[:, :num_discard]  # (N, num_discard)
-    kept = fused.copy()
-    np.put_along_axis(kept, lowest, 0.0, axis=-1)
-    return kept
+    return np.where(_lowest(ranking, num_discard), 0.0, fused)
+
+
+DISCARDS = ("row", "matrix")  # where the lowest entries are discarded: per query row, or over the whole matrix
+
+
+def _discard_lowest_in_matrix(fused: np.ndarray, discard_ratio: float, keep_token: int | None) -> np.ndarray:
+    """vit-explain's whole-matrix discard: of the N² entries of (N, N), select the floor(discard_ratio * N²)
+    lowest (ties: earlier entries in row-major order first) and zero them, except the entry
+    (keep_token, keep_token) (the class token's attention to itself)."""
+    num_tokens = fused.shape[-1]
+    num_discard = math.floor(discard_ratio * num_tokens * num_tokens)
+    if num_discard == 0:
+        return fused
+    lowest = _lowest(fused.reshape(-1), num_discard).reshape(fused.shape)
+    if keep_token is not None:
+        lowest[keep_token, keep_token] = False
+    return np.where(lowest, 0.0, fused)
+
+
+def check_options(discard_ratio: float, discard: str) -> None:
+    if discard not in DISCARDS:
+        raise ValueError(f"unknown discard {discard!r}; choose one of {DISCARDS}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+
+
+def prepare_layer(fused: np.ndarray, layer: int, discard_ratio: float, discard: str, residual: bool,
+                  keep_token: int | None) -> np.ndarray:
+    """One head-fused (N, N) layer made ready to multiply (`rollout_matrix` steps 2-4): discard, residual,
+    rows renormalised to sum 1."""
+    if discard_ratio > 0:
+        fused = (_discard_lowest(fused, discard_ratio, keep_token) if discard == "row"
+                 else _discard_lowest_in_matrix(fused, discard_ratio, keep_token))
+    if residual:
+        fused = 0.5 * fused + 0.5 * np.eye(fused.shape[-1])
+    row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
+    if np.any(row_sums <= 0):
+        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
+    return fused / row_sums
+
+
+def _roll(fused_layers, num_tokens: int, discard_ratio: float, discard: str, residual: bool,
+          keep_token: int | None) -> np.ndarray:
+    """R = A_last ... A_first from head-fused (N, N) layers: discard, residual, row renormalisation."""
+    check_options(discard_ratio, discard)
+    result = np.eye(num_tokens)
+    for layer, fused in fused_layers:
+        result = prepare_layer(fused, layer, discard_ratio, discard, residual, keep_token) @ result
+    return result
+
+
+def _layers(depth: int, start_layer: int, end_layer: int | None) -> range:
+    layers = range(depth)[start_layer:end_layer]
+    if len(layers) == 0:
+        raise ValueError(f"no layers selected by start_layer={start_layer}, end_layer={end_layer} of depth {depth}")
+    return layers
 
 
 def rollout_matrix(attention: np.ndarray, head_fusion: str = "mean", discard_ratio: float = 0.0,
                    residual: bool = True, start_layer: int = 0, end_layer: int | None = None,
-                   layout: TokenLayout | None = None) -> np.ndarray:
+                   layout: TokenLayout | None = None, discard: str = "row") -> np.ndarray:
     """Attention rollout matrix (N, N): how much each query token's output draws on each input token.
 
     Abnar & Zuidema 2020, Sec. 3 ("attention rollout"): with the residual connection folded in,
@@ -37,10 +101,16 @@ def rollout_matrix(attention: np.ndarray, head_fusion: str = "mean", discard_rat
 
     1. heads are fused by ``head_fusion`` ("mean" as in the paper; "max"/"min" as in the common
        vit-explain variant);
-    2. if ``discard_ratio > 0`` the lowest ``floor(discard_ratio * N)`` entries of every row are set to 0,
-       never the class-token column (needs ``layout`` to know it; without a layout no column is kept);
+    2. if ``discard_ratio > 0`` low entries are set to 0. ``discard="row"`` (ours): the lowest
+       ``floor(discard_ratio * N)`` entries of every row, never the class-token column.
+       ``discard="matrix"`` (vit-explain, Gildenblat 2020): the lowest ``floor(discard_ratio * N²)``
+       entries of the whole matrix, never the class token's entry on itself. Rows with little
+       attention lose most under the whole-matrix rule, so the two maps differ (r ≈ 0.8 on DeiT-Ti at
+       0.9). Both need ``layout`` to know the class token; without one nothing is protected;
     3. if ``residual``, A = 0.5 A + 0.5 I;
-    4. rows are renormalised to sum 1 and R = A @ R, starting from R = I.
+    4. rows are renormalised to sum 1 and R = A @ R, starting from R = I. (vit-explain's code divides
+       by ``a.sum(dim=-1)`` without keeping the dimension, which broadcasts over columns; we follow the
+       paper and renormalise rows.)
 
     ``attention`` is (depth, heads, N, N), rows = queries. Rows of the result sum to 1 (dimensionless).
     """
@@ -53,32 +123,63 @@ def rollout_matrix(attention: np.ndarray, head_fusion: str = "mean", discard_rat
     depth, _, num_tokens, _ = attention.shape
     if layout is not None and layout.num_tokens != num_tokens:
         raise ValueError(f"attention has {num_tokens} tokens, layout has {layout.num_tokens}")
-    layers = range(depth)[start_layer:end_layer]
-    if len(layers) == 0:
-        raise ValueError(f"no layers selected by start_layer={start_layer}, end_layer={end_layer} of depth {depth}")
-    keep_column = layout.class_token_index if layout is not None else None
-    identity = np.eye(num_tokens)
-    result = identity
-    for layer in layers:
-        fused = HEAD_FUSIONS[head_fusion](attention[layer].astype(np.float64), axis=0)  # (N, N)
-        if discard_ratio > 0:
-            fused = _discard_lowest(fused, discard_ratio, keep_column)
-        if residual:
-            fused = 0.5 * fused + 0.5 * identity
-        row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
-        if np.any(row_sums <= 0):
-            raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
-        result = (fused / row_sums) @ result
-    return result
+    fused = ((layer, HEAD_FUSIONS[head_fusion](attention[layer].astype(np.float64), axis=0))  # (N, N)
+             for layer in _layers(depth, start_layer, end_layer))
+    keep = layout.class_token_index if layout is not None else None
+    return _roll(fused, num_tokens, discard_ratio, discard, residual, keep)
+
+
+def gradient_fused_attention(attention: np.ndarray, attention_grad: np.ndarray) -> np.ndarray:
+    """Per layer, the head-fused, gradient-weighted attention of vit-explain's class-specific rollout:
+
+        G_l = max(0, mean_h(A_lh ⊙ ∂y/∂A_lh))       (Gildenblat 2020, "vit-explain", grad_rollout)
+
+    ``attention`` and ``attention_grad`` are (depth, heads, N, N); y is the target logit (or a logit
+    difference). Returns (depth, N, N) in units of logit (attention × logit per attention). Unlike
+    Chefer et al. 2021 (`chefer_matrix`: mean of the positive parts), heads are averaged first and
+    the mean is then clipped at zero.
+    """
+    if attention.ndim != 4 or attention.shape != attention_grad.shape:
+        raise ValueError(
+            f"expected attention and its gradient both (depth, heads, N, N), got {attention.shape} and {attention_grad.shape}")
+    weighted = (attention.astype(np.float64) * attention_grad).mean(axis=1)  # (depth, N, N)
+    return np.maximum(weighted, 0.0)
+
+
+def gradient_rollout_matrix(fused: np.ndarray, discard_ratio: float = 0.9, residual: bool = True,
+                            start_layer: int = 0, end_layer: int | None = None,
+                            layout: TokenLayout | None = None, discard: str = "matrix") -> np.ndarray:
+    """Class-specific gradient rollout (vit-explain, Gildenblat 2020): rollout (`rollout_matrix` steps
+    2-4) over the gradient-weighted layers of `gradient_fused_attention` instead of the raw attention.
+
+    ``fused`` is (depth, N, N). vit-explain discards over the whole matrix (``discard="matrix"``, its
+    default ratio 0.9). Rows of the result sum to 1 (dimensionless).
+    """
+    if fused.ndim != 3:
+        raise ValueError(f"expected fused gradient attention (depth, N, N), got shape {fused.shape}")
+    depth, num_tokens, _ = fused.shape
+    if layout is not None and layout.num_tokens != num_tokens:
+        raise ValueError(f"attention has {num_tokens} tokens, layout has {layout.num_tokens}")
+    layers = ((layer, fused[layer].astype(np.float64)) for layer in _layers(depth, start_layer, end_layer))
+    keep = layout.class_token_index if layout is not None else None
+    return _roll(layers, num_tokens, discard_ratio, discard, residual, keep)
+
+
+def gradient_rollout(fused: np.ndarray, layout: TokenLayout, discard_ratio: float = 0.9, residual: bool = True,
+                     start_layer: int = 0, end_layer: int | None = None, query: Query = None,
+                     discard: str = "matrix") -> np.ndarray:
+    """Class-specific gradient rollout (`gradient_rollout_matrix`) read out for one query as (grid_h, grid_w)."""
+    matrix = gradient_rollout_matrix(fused, discard_ratio, residual, start_layer, end_layer, layout, discard)
+    return readout(matrix, layout, query)
 
 
 def rollout(attention: np.ndarray, layout: TokenLayout, head_fusion: str = "mean", discard_ratio: float = 0.0,
             residual: bool = True, start_layer: int = 0, end_layer: int | None = None,
-            query: Query = None) -> np.ndarray:
+            query: Query = None, discard: str = "row") -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020) read out for one query as a (grid_h, grid_w) map.
 
     See `rollout_matrix` for the parameters and `attention_maps.readout` for ``query``. Values are the
     raw rollout weights on the patch tokens (prefix-token keys dropped, not renormalised).
     """
-    matrix = rollout_matrix(attention, head_fusion, discard_ratio, residual, start_layer, end_layer, layout)
+    matrix = rollout_matrix(attention, head_fusion, discard_ratio, residual, start_layer, end_layer, layout, discard)
     return readout(matrix, layout, query)

@@ -1,0 +1,88 @@
+"""How an upload becomes the model's input: the model's centre crop, the whole image squashed, or the
+whole image with its aspect ratio kept on a non-square patch grid; and which part of the upload the
+model saw."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .images import Preprocess
+
+GEOMETRY_MODES = ("crop", "squash", "keep")
+MAX_KEEP_PATCHES_FACTOR = 4  # "keep" uses at most this many times the model's own number of patches
+
+
+@dataclass(frozen=True)
+class InputGeometry:
+    """What part of an upload the model sees, and at what size."""
+
+    mode: str = "crop"  # crop: the model's own preprocessing (resize, centre crop);
+    #                    squash: the whole image resized to the model's input size, aspect ratio ignored;
+    #                    keep: the whole image, aspect ratio kept, shorter side `size`, non-square grid
+    size: int | None = None  # keep: shorter side in pixels (rounded to whole patches); None: the model's
+
+    def __post_init__(self) -> None:
+        if self.mode not in GEOMETRY_MODES:
+            raise ValueError(f"unknown input geometry {self.mode!r}; choose one of {GEOMETRY_MODES}")
+        if self.size is not None and not 1 <= self.size <= 4096:
+            raise ValueError(f"the input size must be between 1 and 4096 pixels, got {self.size}")
+
+    def describe(self, input_size: tuple[int, int]) -> str:
+        """A short record, e.g. "keep aspect, 224×448 pixels"."""
+        name = {"crop": "model's centre crop", "squash": "whole image squashed", "keep": "whole image, aspect kept"}
+        return f"{name[self.mode]}, {input_size[0]}×{input_size[1]} pixels"
+
+
+def keep_aspect_size(image_size: tuple[int, int], shorter_side: int, patch_size: tuple[int, int],
+                     max_patches: int) -> tuple[int, int]:
+    """(H, W) in whole patches for an image of (width, height) = ``image_size``: the shorter side
+    about ``shorter_side`` pixels, the aspect ratio kept to within one patch, at most ``max_patches``."""
+    width, height = image_size
+    patch_h, patch_w = patch_size
+    scale = shorter_side / min(width, height)
+    rows = max(1, round(height * scale / patch_h))
+    cols = max(1, round(width * scale / patch_w))
+    if rows * cols > max_patches:
+        shrink = math.sqrt(max_patches / (rows * cols))
+        rows, cols = max(1, math.floor(rows * shrink)), max(1, math.floor(cols * shrink))
+    return rows * patch_h, cols * patch_w
+
+
+def seen_box(preprocess: Preprocess, image_size: tuple[int, int],
+             input_size: tuple[int, int]) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in the upload's pixels of the region `preprocess.crop` keeps."""
+    width, height = image_size
+    out_h, out_w = input_size
+    cover_h, cover_w = math.floor(out_h / preprocess.crop_pct), math.floor(out_w / preprocess.crop_pct)
+    if preprocess.mode == "squash":
+        new_h, new_w = cover_h, cover_w
+    elif cover_h / height >= cover_w / width:
+        new_h, new_w = cover_h, max(cover_w, int(cover_h * width / height))
+    else:
+        new_h, new_w = max(cover_h, int(cover_w * height / width)), cover_w
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
+    scale_x, scale_y = width / new_w, height / new_h
+    return left * scale_x, top * scale_y, (left + out_w) * scale_x, (top + out_h) * scale_y
+
+
+def prepare(preprocess: Preprocess, image: Image.Image, geometry: InputGeometry, patch_size: tuple[int, int],
+            ) -> tuple[torch.Tensor, np.ndarray, tuple[float, float, float, float]]:
+    """(model input (1, 3, H, W), the RGB crop it came from (H, W, 3) uint8, the seen region of the
+    upload as (left, top, right, bottom) pixels) for one geometry."""
+    if geometry.mode == "crop":
+        input_size = preprocess.input_size
+        used = preprocess
+    else:
+        used = replace(preprocess, mode="squash", crop_pct=1.0)  # the whole image, nothing cropped
+        if geometry.mode == "squash":
+            input_size = preprocess.input_size
+        else:
+            native = (preprocess.input_size[0] // patch_size[0]) * (preprocess.input_size[1] // patch_size[1])
+            input_size = keep_aspect_size(image.size, geometry.size or min(preprocess.input_size), patch_size,
+                                          MAX_KEEP_PATCHES_FACTOR * native)
+    pixels, rgb = used.apply(image, input_size)
+    return pixels, rgb, seen_box(used, image.size, input_size)

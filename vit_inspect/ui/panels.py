@@ -1,0 +1,128 @@
+"""The per-image panels of the app: maps with colour bars and captions, all heads, all maps side by side.
+
+No gradio here: `draw_panels(names, session, view)` turns a session's cached pass and the controls' `View`
+(both defined in app.py) into images. Only app.py imports this module.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import plotting
+from ..analysis import mass_mask
+from ..pipeline import ImageAnalysis
+
+MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
+IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")  # per-image outputs
+UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
+         "gradcam": "Grad-CAM (activation × gradient)", "relevance": "relevance (logit units)",
+         "heads": "attention weight (probability)"}
+
+
+def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
+    """One raw (grid_h, grid_w) map of MAP_NAMES; None for the gradient maps of a model without a head."""
+    if name == "attention":
+        return result.attention_map(view.layer, view.head, view.patch)
+    if name == "rollout":
+        if view.rollout_method == "gradient":
+            return result.gradient_rollout(view.discard_ratio, start_layer=view.first_layer,
+                                           end_layer=view.last_layer + 1, discard=view.discard)
+        return result.rollout(view.head_fusion, view.discard_ratio, start_layer=view.first_layer,
+                              end_layer=view.last_layer + 1, discard=view.discard)
+    if result.gradcam is None:
+        return None
+    return result.gradcam[view.gradcam_layer] if name == "gradcam" else result.chefer
+
+
+def colour_range(result: ImageAnalysis, view, name: str, grid_map: np.ndarray) -> tuple[tuple[float, float], str]:
+    """((low, high), words) of a map's colour range under the view's scale; scales that do not apply
+    to a map fall back to its own range, and the words say which range was used."""
+    if view.scale == "absolute" and name in ("attention", "rollout", "heads"):
+        return (0.0, 1.0), "colour 0 to 1"
+    if view.scale == "shared" and name in ("attention", "heads"):
+        top = max(float(result.head_maps(layer, view.patch).max()) for layer in range(result.depth))
+        return (0.0, top), "colour shared over all layers and heads"
+    if view.scale == "shared" and name == "gradcam":
+        return (0.0, float(np.maximum(result.gradcam, 0).max())), "colour shared over all blocks"
+    return plotting.map_range(grid_map, relu=name == "gradcam"), "colour: this map's own range"
+
+
+def share_text(shares: dict[str, float]) -> str:
+    return ("prefix tokens: " + ", ".join(f"{name} {value:.1%}" for name, value in shares.items())) if shares else ""
+
+
+def caption(session, view, name: str, range_words: str) -> str:
+    """What a map shows: model, map and settings, class, colour range (and the prefix share for attention)."""
+    result = session.result
+    lines = [f"{session.model_label} · {view.titles()[name]}"]
+    if name in ("gradcam", "relevance") or (name == "rollout" and view.rollout_method == "gradient"):
+        target, contrast = session.target
+        lines.append(f"class {session.class_text(target)}"
+                     + (f" versus {session.class_text(contrast)}" if contrast is not None else ""))
+    if name == "attention":
+        lines.append(share_text(result.prefix_share(view.layer, view.head, view.patch)))
+    lines.append(range_words)
+    return "\n".join(line for line in lines if line)
+
+
+def figure_image(fig) -> np.ndarray:
+    """Render a matplotlib Figure to (H, W, 3) uint8 and release what it drew."""
+    try:
+        return plotting.figure_to_rgb(fig)
+    finally:
+        fig.clear()
+
+
+def heads_figure(session, view) -> np.ndarray:
+    """Every head of the view's layer from its query, shared colour range, optional DINO threshold masks."""
+    result = session.result
+    maps = result.head_maps(view.layer, view.patch)  # (heads, grid_h, grid_w)
+    (low, high), words = colour_range(result, view, "heads", maps)
+    if view.scale == "own":
+        low, high, words = float(maps.min()), float(maps.max()), "colour shared over the heads of this layer"
+    titles = [f"head {h} · " + share_text(result.prefix_share(view.layer, h, view.patch)).replace("prefix tokens: ", "")
+              for h in range(result.num_heads)]
+    masks = None if view.threshold is None else mass_mask(maps, view.threshold)
+    mask_words = "" if masks is None else f" · bright: the patches holding {view.threshold:.0%} of each head's attention"
+    title = (f"{session.model_label} · layer {view.layer}, every head, from {view.query_text()}{mask_words}\n{words}")
+    return figure_image(plotting.heads_grid_figure(result.rgb, maps, titles, UNITS["heads"], title=title,
+                                                   vmin=low, vmax=high, masks=masks))
+
+
+def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None]:
+    """The images of the named panels, in order; None where the model has nothing to show.
+    Only the maps these panels need are computed, each once."""
+    result = session.result
+    maps = {}
+    titles = view.titles()
+
+    def grid_map(name: str) -> np.ndarray | None:
+        if name not in maps:
+            maps[name] = view_map(result, view, name)
+        return maps[name]
+
+    drawn = []
+    for name in names:
+        if name == "distance":
+            drawn.append(session.distance.draw((view.layer, view.head)))
+        elif name == "heads":
+            drawn.append(heads_figure(session, view))
+        elif name == "compare":
+            shown = {k: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
+            ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
+            extra = {k: v for k, v in (("LeGrad", getattr(result, "legrad", None)),
+                                       ("AttnLRP", getattr(result, "attnlrp", None))) if v is not None}
+            target, contrast = session.target
+            title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
+            title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
+            drawn.append(figure_image(plotting.maps_figure(
+                result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
+                units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
+                ranges={titles[k]: r for k, r in ranges.items()}, title=title)))
+        elif grid_map(name) is None:
+            drawn.append(None)
+        else:
+            (low, high), words = colour_range(result, view, name, grid_map(name))
+            drawn.append(plotting.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
+                                            UNITS[name], vmin=low, vmax=high, relu=name == "gradcam",
+                                            marker=view.patch if name == "attention" else None))
+    return drawn
