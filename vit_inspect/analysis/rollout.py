@@ -18,6 +18,8 @@ def _lowest(values: np.ndarray, count: int) -> np.ndarray:
     below = values < threshold
     equal = values == threshold
     room = count - below.sum(axis=-1, keepdims=True)  # how many of the tied entries still go
+    if np.array_equal(equal.sum(axis=-1, keepdims=True), room):  # every tied entry goes (no tie to break)
+        return below | equal
     return below | (equal & (np.cumsum(equal, axis=-1) <= room))
 
 
@@ -66,7 +68,8 @@ def prepare_layer(fused: np.ndarray, layer: int, discard_ratio: float, discard: 
         fused = (_discard_lowest(fused, discard_ratio, keep_token) if discard == "row"
                  else _discard_lowest_in_matrix(fused, discard_ratio, keep_token))
     if residual:
-        fused = 0.5 * fused + 0.5 * np.eye(fused.shape[-1])
+        fused = 0.5 * fused
+        fused[np.diag_indices_from(fused)] += 0.5
     row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
     if np.any(row_sums <= 0):
         raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
