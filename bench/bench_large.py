@@ -12,13 +12,16 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
   patch, every head of a layer, the prefix-token shares, rollout with default and non-default options
   (both discard rules), gradient rollout (vit-explain), each timed on its first (uncached) call.
 
-Today's design is the first release plus issue 10's gradient rollout stack (depth, N, N) float16.
+"today" is the first release's pass plus issue 10's gradient rollout stack (depth, N, N) float16, kept
+here (`analyze_today`); "main" is another checkout's own `analyze_image` (every method of that
+version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
+-x -C /tmp/main_tree`); "compact" is this checkout's.
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
 
     python -m bench.bench_large [--models deit_ti_224 vitb_224 ...] [--repeats 3] [--threads 2]
-                                [--device cuda] [--half]
+                                [--device cuda] [--half] [--main-tree /tmp/main_tree --designs today main compact]
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ MODELS = {
     "dinov2l_518": ("vit_large_patch14_reg4_dinov2", {}, (518, 518), "DINOv2-L/14 + 4 registers, 518 (no head)"),
 }
 DEFAULT_MODELS = ("deit_ti_224", "vitb_224", "vitb_384", "dinov2s_518", "dinov2l_518")
-DESIGNS = ("today", "compact")
+DESIGNS = ("today", "main", "compact")
 MB = 1e6
 
 
@@ -105,7 +108,7 @@ def _redraws(handle, design: str, result, layout) -> dict:
     patch = (layout.grid_h // 2, layout.grid_w // 2)
     query = readout_query(handle)
     if design == "today":
-        dense = result["attention"]
+        dense = result["attention"]  # (depth, heads, N, N) float16
 
         def att(q):
             return lambda: attention_map(dense[last:last + 1].astype(np.float32), layout, 0, None, q)
@@ -222,7 +225,8 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
                                   if handle.has_head else None),
         "slowest_redraw": max(redraw_s, key=redraw_s.get), "slowest_redraw_s": max(redraw_s.values()),
         "redraw_ratio": max(redraw_s.values()) / forward, "redraws_s": redraw_s,
-        "store_mode": None if design == "today" else result.attention_store.mode,
+        "store_mode": getattr(getattr(result, "attention_store", None), "mode", None),
+        "package": str(Path(sys.modules["vit_inspect"].__file__).parent),
     }
     if cuda:
         out["peak_gpu_MB"] = torch.cuda.max_memory_allocated() / MB
@@ -234,7 +238,9 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=sorted(MODELS))
-    parser.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=DESIGNS)
+    parser.add_argument("--designs", nargs="+", default=["today", "compact"], choices=DESIGNS)
+    parser.add_argument("--main-tree", type=Path, help="a folder holding another version's vit_inspect package "
+                        "(design 'main')")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (large models: 1 is enough)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -251,9 +257,16 @@ def main() -> None:
     rows, raw = [], []
     for key in args.models:
         for design in args.designs:  # one subprocess at a time: peak memory is each one's own
-            command = [sys.executable, "-m", "bench.bench_large", "--worker", key, design, "--repeats",
-                       str(args.repeats), "--threads", str(args.threads), "--device", args.device,
-                       "--image", str(args.image)] + (["--half"] if args.half else [])
+            flags = ["--worker", key, design, "--repeats", str(args.repeats), "--threads", str(args.threads),
+                     "--device", args.device, "--image", str(args.image)] + (["--half"] if args.half else [])
+            if design == "main":  # that version's vit_inspect first on the path, this bench module
+                if args.main_tree is None:
+                    parser.error("design 'main' needs --main-tree")
+                command = [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                           "runpy.run_module('bench.bench_large', run_name='__main__')", str(args.main_tree.resolve()),
+                           *flags]
+            else:
+                command = [sys.executable, "-m", "bench.bench_large", *flags]
             done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{key} {design}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
