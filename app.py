@@ -697,7 +697,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                   elem_id="threshold")
                         panel["heads"] = gr.Image(label="All heads", elem_id="heads-grid", **figure_out)
                     with gr.Tab("Heads") as heads_view:
-                        heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders)
+                        heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders, View.from_controls)
                     with gr.Tab("Rollout"):
                         with gr.Row():
                             panel["rollout"] = gr.Image(label="Rollout", elem_id="rollout-map", **map_out)
@@ -830,8 +830,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
               inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
         faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
-        heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], View.from_controls, shows_errors,
-                   model_pass, follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
+        heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
+                   follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")

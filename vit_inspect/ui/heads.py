@@ -153,11 +153,13 @@ def lens_table(handle, result: ImageAnalysis) -> tuple[list[str], list[list], st
 
 
 class HeadsTab:
-    """Build inside a gr.Tab with `HeadsTab(app, reference_images)`, then `wire(...)` once the shared
-    controls exist. `app` is app.py's Inspector (model cache, limits)."""
+    """Build inside a gr.Tab with `HeadsTab(...)`, then `wire(...)` once the shared controls exist.
+    `app` is app.py's Inspector (model cache, limits)."""
 
-    def __init__(self, app, reference_images: tuple[Path, ...], upload_folders: Callable[[], list[str]]):
+    def __init__(self, app, reference_images: tuple[Path, ...], upload_folders: Callable[[], list[str]],
+                 view_of: Callable):
         self.app = app
+        self.view_of = view_of  # app.py's View.from_controls: raw controls -> what to draw
         self.reference_images = reference_images  # the default reference set of mean ablation
         self.upload_folders = upload_folders
         self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
@@ -393,12 +395,11 @@ class HeadsTab:
 
     # ------------------------------------------------------------------------------------------- wiring
 
-    def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, view_of: Callable,
-             shows_errors: Callable, model_pass: dict, follow: list, **event_options) -> None:
+    def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, shows_errors: Callable,
+             model_pass: dict, follow: list, **event_options) -> None:
         """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
         cache; `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head);
-        `view_of` is app.py's View.from_controls; `controls` the shared controls (layer, head, ...)."""
-        self.view_of = view_of
+        `controls` are the shared controls (layer, head, ...)."""
         layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
         redrawn = [*self.maps, self.importance, self.first_order]
         overview = dict(fn=shows_errors(self.overview), inputs=[session, self.state], inputs_kwargs=controls,
