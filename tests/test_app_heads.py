@@ -3,6 +3,7 @@ each number checked against the library call it shows (ablation effect, head imp
 bad head specs, cancellation, heatmap clicks and the lens of a model without a head."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -19,6 +20,7 @@ from vit_inspect.errors import VitInspectError  # noqa: E402
 from vit_inspect.geometry import InputGeometry  # noqa: E402
 from vit_inspect.model_cache import ModelCache  # noqa: E402
 from vit_inspect.pipeline import analyze_image  # noqa: E402
+from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap, lens_table, parse_head_spec  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
@@ -120,6 +122,13 @@ def test_bad_modes_are_sentences(served, mode):
     inspector, handle, session, tab = served
     with pytest.raises(gr.Error, match="ablation mode must be one of zero, mean, uniform"):
         app.shows_errors(tab.ablate)(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+
+
+@pytest.mark.parametrize("files", [["/etc/passwd"], [str(CHELSEA)], [{"path": str(CHELSEA), "meta": {}}]])
+def test_reference_files_outside_the_upload_folder_are_refused(served, files):
+    inspector, handle, session, tab = served
+    with pytest.raises(gr.Error, match=re.escape(NOT_AVAILABLE)):
+        app.shows_errors(tab.ablate)(session, None, "3:1", "mean", files, progress=Progress(), **CONTROLS)
 
 
 def test_head_specs_parse_negative_and_duplicate_heads():

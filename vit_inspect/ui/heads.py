@@ -356,13 +356,14 @@ class HeadsTab:
     def pick(self, which: str):
         """A click on heatmap `which` selects that cell's layer and head in every tab."""
         def handler(evt: gr.SelectData, session, state: HeadsState | None):
-            if session is None or state is None or evt.index is None or state.key != result_key(session):
+            index = getattr(evt, "index", None)
+            if session is None or state is None or index is None or state.key != result_key(session):
                 return gr.skip(), gr.skip(), gr.skip()
-            if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
+            if not isinstance(index, (list, tuple)) or len(index) < 2:
                 raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
             box = dict(state.boxes).get(which)
-            x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6)
-            y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6)
+            x = finite_float(index[0], "The clicked x", -1e6, 1e6)
+            y = finite_float(index[1], "The clicked y", -1e6, 1e6)
             cell = None if box is None else cell_at(box, (session.result.depth, session.result.num_heads), x, y)
             if cell is None:  # the title, the colour bar or the margins
                 return gr.skip(), gr.skip(), gr.skip()
