@@ -21,7 +21,7 @@ from vit_inspect.geometry import InputGeometry  # noqa: E402
 from vit_inspect.model_cache import ModelCache  # noqa: E402
 from vit_inspect.pipeline import analyze_image  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
-from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap, lens_table, parse_head_spec  # noqa: E402
+from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap, lens_table, parse_head_spec, refusals_warn  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -111,24 +111,29 @@ def test_redraws_come_from_the_cached_ablated_pass(served):
                                          (float("nan"), "could not read"), ("", "No heads given"),
                                          (["3:1"], "must be text"), ("3:1\x00", "printable")])
 def test_bad_head_specs_are_sentences(served, spec, words):
+    """As wired: a warning with the sentence, and every panel of the tab left as it was."""
     inspector, handle, session, tab = served
-    with pytest.raises(gr.Error, match=words) as caught:
-        app.shows_errors(tab.ablate)(session, None, spec, "zero", None, progress=Progress(), **CONTROLS)
-    assert "Traceback" not in str(caught.value) and "Something went wrong" not in str(caught.value)
+    with pytest.warns(UserWarning, match=words) as caught:
+        outputs = app.shows_errors(refusals_warn(6)(tab.ablate))(session, None, spec, "zero", None,
+                                                                  progress=Progress(), **CONTROLS)
+    assert outputs == (gr.skip(),) * 6
+    assert all("Traceback" not in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("mode", ["bogus", None, 3, float("inf")])
 def test_bad_modes_are_sentences(served, mode):
     inspector, handle, session, tab = served
-    with pytest.raises(gr.Error, match="ablation mode must be one of zero, mean, uniform"):
-        app.shows_errors(tab.ablate)(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    with pytest.warns(UserWarning, match="ablation mode must be one of zero, mean, uniform"):
+        refusals_warn(6)(tab.ablate)(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    with pytest.raises(VitInspectError, match="ablation mode must be one of"):
+        tab.rank(session, None, mode, None, Request("s0"), progress=Progress(), **CONTROLS)
 
 
 @pytest.mark.parametrize("files", [["/etc/passwd"], [str(CHELSEA)], [{"path": str(CHELSEA), "meta": {}}]])
 def test_reference_files_outside_the_upload_folder_are_refused(served, files):
     inspector, handle, session, tab = served
-    with pytest.raises(gr.Error, match=re.escape(NOT_AVAILABLE)):
-        app.shows_errors(tab.ablate)(session, None, "3:1", "mean", files, progress=Progress(), **CONTROLS)
+    with pytest.raises(VitInspectError, match=re.escape(NOT_AVAILABLE)):
+        tab.ablate(session, None, "3:1", "mean", files, progress=Progress(), **CONTROLS)
 
 
 def test_head_specs_parse_negative_and_duplicate_heads():

@@ -17,6 +17,7 @@ heads' mean outputs of one reference set are kept.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from dataclasses import dataclass, replace
@@ -35,7 +36,7 @@ from ..heads_report import lens_record
 from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outputs, parse_heads
 from ..pipeline import ImageAnalysis
 from .panels import draw_panels
-from .untrusted import client_files, finite_float, text
+from .untrusted import client_files, finite_float, redact_paths, text
 
 MAX_REFERENCE_IMAGES = 32  # uploaded images one mean ablation averages over
 IMPORTANCE_BATCH = 16  # rows per forward of head importance
@@ -56,6 +57,21 @@ class HeadsState:
     importance_words: str = ""  # its mode and reference set
     means: tuple[tuple, HeadMeans] | None = None  # (reference key, head means) of the last mean ablation
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
+
+
+def refusals_warn(outputs: int):
+    """A refused request (a library error: bad heads, no image yet, a file it may not read) becomes a
+    warning and leaves all `outputs` as they were, rather than marking every panel of the tab as failed."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except VitInspectError as exc:
+                gr.Warning(redact_paths(exc.public))
+                return (gr.skip(),) * outputs
+        return wrapper
+    return decorate
 
 
 def result_key(session) -> tuple:
@@ -410,11 +426,11 @@ class HeadsTab:
         gr.on([tab.select], api_name="heads_overview", **overview)
         for index, dependency in enumerate(refreshed):
             dependency.success(api_name=f"heads_overview_{index}", **overview)
-        gr.on([self.ablate_button.click, self.spec.submit], shows_errors(self.ablate),
+        gr.on([self.ablate_button.click, self.spec.submit], shows_errors(refusals_warn(3 + len(self.maps))(self.ablate)),
               inputs=[session, self.state, self.spec, self.mode, self.references], inputs_kwargs=controls,
               outputs=[self.state, self.effect, self.top, *self.maps], api_name="ablate_heads",
               **event_options, **model_pass)
-        gr.on([self.importance_button.click], shows_errors(self.rank),
+        gr.on([self.importance_button.click], shows_errors(refusals_warn(4)(self.rank)),
               inputs=[session, self.state, self.mode, self.references], inputs_kwargs=controls,
               outputs=[self.state, self.importance, self.first_order, self.importance_note],
               api_name="head_importance", **event_options, **model_pass)
