@@ -38,6 +38,7 @@ from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.faithfulness import FaithfulnessTab
+from vit_inspect.ui.heads import HeadsTab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.zerogpu import gpu_pass
@@ -714,6 +715,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
                                                   elem_id="threshold")
                         panel["heads"] = gr.Image(label="All heads", elem_id="heads-grid", **figure_out)
+                    with gr.Tab("Heads") as heads_view:
+                        heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders, View.from_controls)
                     with gr.Tab("Rollout"):
                         with gr.Row():
                             panel["rollout"] = gr.Image(label="Rollout", elem_id="rollout-map", **map_out)
@@ -815,7 +818,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
               outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
               ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
-        gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
+        analyzed = gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls,
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
               api_name="analyze", **raw, **model_pass)
@@ -841,11 +844,13 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **raw)
-        gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
+        retargeted = gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
-        gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
+        searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
               inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
         faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
+        heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
+                   follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")

@@ -68,6 +68,16 @@ def tiny_handle(kind: str, seed: int = 0):
                             input_size=TINY_TIMM[kind][1])
 
 
+def sharpen_attention(handle):
+    """Random init gives near-uniform attention; larger query/key weights make every head matter."""
+    with torch.no_grad():
+        for attn in handle.attention_modules:
+            for name in ("qkv", "q_proj", "k_proj"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.mul_(8)
+    return handle
+
+
 def tiny_hf(distilled: bool = False, seed: int = 0):
     """A 2-layer random Hugging Face ViT (or DeiT with teacher) built from a config, no download."""
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTConfig, ViTForImageClassification

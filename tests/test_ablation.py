@@ -6,21 +6,12 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import PHOTOS, TINY_TIMM, tiny_handle, tiny_hf
+from conftest import PHOTOS, TINY_TIMM, sharpen_attention, tiny_handle, tiny_hf
 from vit_inspect.ablation import ablation_effect, analyze_ablated, head_importance
 from vit_inspect.errors import Cancelled, VitInspectError
 from vit_inspect.interventions import ablate_heads, head_output_module
 from vit_inspect.models import handle_from_hf
 from vit_inspect.pipeline import analyze_image
-
-
-def _sharp(handle):
-    with torch.no_grad():
-        for attn in handle.attention_modules:
-            for name in ("qkv", "q_proj", "k_proj"):
-                if hasattr(attn, name):
-                    getattr(attn, name).weight.mul_(8)
-    return handle
 
 
 def _picture(size):
@@ -65,7 +56,7 @@ def test_hf_lens_and_the_note_for_models_without_a_head():
 
 def test_first_order_equals_the_derivative_of_scaling_the_head_output():
     """sum_ij A dy/dA = dy/dxi for the head output scaled by xi: checked by central differences."""
-    handle = _sharp(tiny_handle("cls"))
+    handle = sharpen_attention(tiny_handle("cls"))
     picture = _picture((32, 32))
     result = analyze_image(handle, picture)
     layer, head, eps = 1, 0, 1e-3
@@ -90,7 +81,7 @@ def test_first_order_equals_the_derivative_of_scaling_the_head_output():
 
 @pytest.mark.parametrize("mode", ["zero", "uniform"])
 def test_importance_equals_one_ablation_per_head(mode):
-    handle = _sharp(tiny_handle("distilled"))
+    handle = sharpen_attention(tiny_handle("distilled"))
     picture = _picture((32, 32))
     calls = []
     importance = head_importance(handle, picture, mode=mode, batch_size=3, progress=lambda d, t: calls.append((d, t)))
@@ -124,7 +115,7 @@ def test_importance_can_be_cancelled_and_checks_its_input():
 
 
 def test_analyze_ablated_shows_the_ablated_model():
-    handle = _sharp(tiny_handle("cls"))
+    handle = sharpen_attention(tiny_handle("cls"))
     picture = _picture((32, 32))
     original = analyze_image(handle, picture)
     ablated = analyze_ablated(handle, picture, [(1, 0)], "uniform", target=original.target)

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from PIL import Image
 
 from conftest import REPO
-from test_app import CHELSEA, WEIGHTS, Server, analyze, launch
+from test_app import CHELSEA, WEIGHTS, analyze, launch, server  # noqa: F401  (the served app fixture)
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio import utils as gradio_utils  # noqa: E402
@@ -44,13 +43,6 @@ RAW_PYTHON = ("could not convert", "embedded null byte", "cannot convert", "Trac
               "unsupported operand", "invalid literal", "not supported between", "Something went wrong")
 SERVER_PATHS = tuple({str(REPO), str(REPO.parent), "/tmp/", "/root", "/etc/", "/home/", tempfile.gettempdir() + "/",
                       str(Path.home()) + "/"})
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = Server()
-    yield served
-    served.demo.close()
 
 
 @pytest.fixture(scope="module")

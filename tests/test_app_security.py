@@ -8,13 +8,13 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 from conftest import IMAGENET, PHOTOS
 from hostile import corpus
-from test_app import CATS, WEIGHTS, Server, analyze, pixels
+from test_app import CATS, WEIGHTS, Server, analyze, pixels, server  # noqa: F401  (the served app fixture)
+from test_app_attack import queue_call
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
@@ -28,13 +28,6 @@ pytestmark = [
 ]
 
 CLIENTS, REQUESTS = 8, 5
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = Server()
-    yield served
-    served.demo.close()
 
 
 def images() -> list[Path]:
@@ -73,26 +66,6 @@ def test_concurrent_clients_get_their_own_answers(server):
     assert problems == []
 
 
-def _raw_call(server, api_name: str, data: list) -> dict:
-    """Call an event with hand-made data, as a hostile client could, and return the completion message."""
-    client = Client(server.url, verbose=False)
-    dependency = next(d for d in client.config["dependencies"] if d.get("api_name") == api_name)
-    base = client.src.rstrip("/") + "/gradio_api"
-    payload = {"data": data, "fn_index": dependency["id"], "session_hash": client.session_hash,
-               "trigger_id": dependency["targets"][0][0]}
-    joined = httpx.post(f"{base}/queue/join", json=payload, timeout=30)
-    if joined.status_code != 200:
-        return {"success": False, "output": {"error": joined.text}}
-    event_id = joined.json()["event_id"]
-    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=60) as s:
-        for line in s.iter_lines():
-            if line.startswith("data:"):
-                message = json.loads(line[5:])
-                if message.get("event_id") == event_id and message.get("msg") == "process_completed":
-                    return message
-    raise AssertionError("no completion")
-
-
 @pytest.mark.parametrize("path", ["/etc/passwd", str(WEIGHTS), "../../../../etc/hostname"])
 def test_a_forged_upload_path_outside_gradios_folder_is_refused(server, path):
     """The image events skip Gradio's preprocessing, but Gradio still checks every file path a client
@@ -100,7 +73,7 @@ def test_a_forged_upload_path_outside_gradios_folder_is_refused(server, path):
     forged = {"path": path, "orig_name": "cat.png", "meta": {"_type": "gradio.FileData"}}
     client = Client(server.url, verbose=False)
     inputs = len(next(d for d in client.config["dependencies"] if d.get("api_name") == "analyze")["inputs"])
-    message = _raw_call(server, "analyze", [forged] + [None] * (inputs - 1))
+    message = queue_call(client, "analyze", [forged] + [None] * (inputs - 1))
     assert message["success"] is False
     assert "root:" not in json.dumps(message)
 

@@ -27,14 +27,7 @@ if not CHROMIUM.is_file():
     pytest.skip(f"no browser at {CHROMIUM} (apt-get install -y chromium)", allow_module_level=True)
 
 sync_api = pytest.importorskip("playwright.sync_api")
-from test_app import CHELSEA, Server, pytestmark  # noqa: E402,F401  (the same served app, weights check and filters)
-
-
-@pytest.fixture(scope="module")
-def server():
-    served = Server()
-    yield served
-    served.demo.close()
+from test_app import CHELSEA, pytestmark, server  # noqa: E402,F401  (the same served app fixture, weights check and filters)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,8 @@ def page(server):
         page = browser.new_page(viewport={"width": 2400, "height": 1000})  # every tab in one row (narrower pages fold tabs into a menu)
         page.set_default_timeout(TIMEOUT_MS)
         sync_api.expect.set_options(timeout=TIMEOUT_MS)
-        page.goto(server.url)
+        page.goto(server.url, wait_until="load")  # Gradio keeps a connection open: never "networkidle"
+        page.wait_for_selector("#input-image")
         yield page
         browser.close()
 

@@ -10,29 +10,8 @@ import re
 import pytest
 
 from conftest import dog_and_cat
-from test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, ARTIFACTS, image_src, open_tab, sync_api
-from test_app import CHELSEA, WEIGHTS, Server, pytestmark  # noqa: F401  (weights check and filters)
-
-@pytest.fixture(scope="module")
-def server():
-    served = Server()
-    yield served
-    served.demo.close()
-
-
-@pytest.fixture(scope="module")
-def page(server):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 2400, "height": 1000})  # every tab in one row
-        page.set_default_timeout(TIMEOUT_MS)
-        sync_api.expect.set_options(timeout=TIMEOUT_MS)
-        page.goto(server.url, wait_until="load")
-        page.wait_for_selector("#input-image")
-        yield page
-        browser.close()
-
+from test_browser import ARTIFACTS, image_src, open_tab, page, server, sync_api  # noqa: F401  (shared fixtures)
+from test_app import CHELSEA, WEIGHTS, pytestmark  # noqa: F401  (weights check and filters)
 
 def shot(page, name: str, full: bool = False) -> None:
     page.screenshot(path=str(ARTIFACTS / f"r{name}.png"), full_page=full)

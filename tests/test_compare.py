@@ -9,7 +9,8 @@ from PIL import Image
 from conftest import PHOTOS, make_tiny_timm, tiny_handle
 from vit_inspect.analysis.compare import (common_grid, map_agreement, matching_layer, relative_depth, resample_map,
                                           spearman, top_overlap, top_patches)
-from vit_inspect.analysis.dino import feature_pca, mass_threshold_mask
+from vit_inspect.analysis.dino import feature_pca
+from vit_inspect.analysis.masks import mass_mask
 from vit_inspect.comparison import aligned_maps, agreement_record, compare_images, token_agreement
 from vit_inspect.pipeline import analyze_image
 
@@ -100,18 +101,18 @@ def test_spearman_matches_scipy_with_ties():
 
 # ------------------------------------------------------------------------------------ DINO masks
 
-def test_mass_threshold_mask_by_hand():
+def test_mass_mask_on_a_grid_by_hand():
     grid = np.array([[0.5, 0.3], [0.15, 0.05]])
-    np.testing.assert_array_equal(mass_threshold_mask(grid, 0.6), [[True, True], [False, False]])
-    np.testing.assert_array_equal(mass_threshold_mask(grid, 0.5), [[True, False], [False, False]])
-    np.testing.assert_array_equal(mass_threshold_mask(grid, 0.9), [[True, True], [True, False]])
-    np.testing.assert_array_equal(mass_threshold_mask(grid * 7, 0.6), mass_threshold_mask(grid, 0.6))  # unnormalised
-    assert not mass_threshold_mask(np.zeros((2, 3))).any()
+    np.testing.assert_array_equal(mass_mask(grid, 0.6), [[True, True], [False, False]])
+    np.testing.assert_array_equal(mass_mask(grid, 0.5), [[True, False], [False, False]])
+    np.testing.assert_array_equal(mass_mask(grid, 0.9), [[True, True], [True, False]])
+    np.testing.assert_array_equal(mass_mask(grid * 7, 0.6), mass_mask(grid, 0.6))  # unnormalised
+    assert not mass_mask(np.zeros((2, 3)), 0.6).any()
     with pytest.raises(ValueError, match="non-negative"):
-        mass_threshold_mask(-grid)
+        mass_mask(-grid, 0.6)
 
 
-def test_mass_threshold_mask_matches_dino_code():
+def test_mass_mask_matches_dino_code():
     """The formulation of DINO's visualize_attention.py: sort ascending, keep where cumsum > 1 - threshold."""
     rng = np.random.default_rng(1)
     for _ in range(20):
@@ -121,7 +122,7 @@ def test_mass_threshold_mask_matches_dino_code():
         values = values / values.sum(dim=1, keepdim=True)
         keep_sorted = torch.cumsum(values, dim=1) > (1 - 0.6)
         dino = torch.zeros_like(keep_sorted).scatter(1, index, keep_sorted)[0].numpy().reshape(14, 14)
-        np.testing.assert_array_equal(mass_threshold_mask(attention, 0.6), dino)
+        np.testing.assert_array_equal(mass_mask(attention, 0.6), dino)
 
 
 # ------------------------------------------------------------------------------------ feature PCA
@@ -241,7 +242,7 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
     assert sum(ax.get_label() == "<colorbar>" for sub in fig.subfigs for ax in sub.axes) == len(aligned)
     maps, masks = last_layer_heads(pair.a)
     assert maps.shape == masks.shape == (2, 4, 4)
-    np.testing.assert_array_equal(masks[1], mass_threshold_mask(pair.a.attention_map(1, 1), 0.6))
+    np.testing.assert_array_equal(masks[1], mass_mask(pair.a.attention_map(1, 1), 0.6))
     heads = compare_plots.dino_heads_figure(pair.a, maps, masks, "A: tiny", 0.6)
     assert "60% of the mass" in heads._suptitle.get_text()
     distance = compare_plots.compare_distance_figure([pair.a.mean_distance, pair.b.mean_distance], ["A", "B"],

@@ -7,21 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_handle, tiny_hf
+from conftest import sharpen_attention, tiny_handle, tiny_hf
 from vit_inspect.capture import capture_attention
 from vit_inspect.errors import InterventionError
 from vit_inspect.interventions import ablate_heads, head_mask, mean_head_outputs, parse_heads
 from vit_inspect.models import handle_from_hf, handle_from_timm
-
-
-def _sharp(handle):
-    """Random init gives near-uniform attention; larger query/key weights make every head matter."""
-    with torch.no_grad():
-        for attn in handle.attention_modules:
-            for name in ("qkv", "q_proj", "k_proj"):
-                if hasattr(attn, name):
-                    getattr(attn, name).weight.mul_(8)
-    return handle
 
 
 def _x(handle, batch=2, seed=0):
@@ -54,7 +44,7 @@ def _surgery_timm(handle, layer, head, mode):
 @pytest.mark.parametrize("mode", ["zero", "uniform"])
 @pytest.mark.parametrize("kind", ["cls", "distilled", "reg4"])
 def test_timm_ablation_equals_weight_surgery(kind, mode):
-    handle = _sharp(tiny_handle(kind))
+    handle = sharpen_attention(tiny_handle(kind))
     x = _x(handle)
     expected = _surgery_timm(handle, 1, 0, mode).forward(x)
     with torch.no_grad():
@@ -140,7 +130,7 @@ def test_mean_ablation_refuses_other_token_counts():
 
 @pytest.mark.parametrize("mode", ["zero", "uniform"])
 def test_per_row_masks_equal_separate_ablations(mode):
-    handle = _sharp(tiny_handle("distilled"))
+    handle = sharpen_attention(tiny_handle("distilled"))
     x = _x(handle, 1)
     pairs = [(0, 0), (0, 1), (1, 0), (1, 1)]
     mask = torch.zeros(len(pairs), 2, 2, dtype=torch.bool)
@@ -155,7 +145,7 @@ def test_per_row_masks_equal_separate_ablations(mode):
 
 
 def test_uniform_attention_is_what_capture_records():
-    handle = _sharp(tiny_handle("cls"))
+    handle = sharpen_attention(tiny_handle("cls"))
     x = _x(handle, 2)
     with torch.no_grad(), capture_attention(handle) as rec, ablate_heads(handle, [(1, 0)], "uniform"):
         logits = handle.forward(x)
@@ -221,7 +211,7 @@ def _hf_surgery(model, layer, head, mode):
 @pytest.mark.parametrize("distilled", [False, True])
 def test_hf_ablation_equals_weight_surgery(mode, distilled):
     model = tiny_hf(distilled=distilled)
-    handle = _sharp(handle_from_hf(model, device="cpu"))
+    handle = sharpen_attention(handle_from_hf(model, device="cpu"))
     surgery = handle_from_hf(_hf_surgery(model, 1, 1, mode), device="cpu")
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

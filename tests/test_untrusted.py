@@ -219,20 +219,28 @@ def test_weights_with_nan_or_inf_are_refused(tmp_path):
             read_state_dict(path)
 
 
-def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
+def refuse_real_builds(monkeypatch) -> list:
+    """Make timm.create_model fail the test if it builds a real model; a build on the meta device (the
+    ViT check) holds no memory and is allowed. Returns the list of real builds (empty if none)."""
     import timm
-    from safetensors.torch import save_file
-    from vit_inspect.models import load_model
 
-    path = tmp_path / "nan.safetensors"
-    save_file({"patch_embed.proj.weight": torch.full((4, 3, 16, 16), float("nan"))}, str(path))
     built = []
-    def create_model(*args, **kwargs):  # a build on the meta device (the ViT check) holds no memory
+    def create_model(*args, **kwargs):
         if torch.get_default_device().type != "meta":
             built.append(args)
             pytest.fail("model built")
         raise RuntimeError("not built in this test")
     monkeypatch.setattr(timm, "create_model", create_model)
+    return built
+
+
+def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+    from vit_inspect.models import load_model
+
+    path = tmp_path / "nan.safetensors"
+    save_file({"patch_embed.proj.weight": torch.full((4, 3, 16, 16), float("nan"))}, str(path))
+    built = refuse_real_builds(monkeypatch)
     with pytest.raises(WeightsError, match="NaN/Inf"):
         load_model("deit_tiny_patch16_224", weights=path, device="cpu")
     assert built == []
@@ -240,18 +248,11 @@ def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["vit_base_patch16_224", "deit_small_patch16_224"])
 def test_missing_hub_weights_offline_build_no_model_and_hide_server_paths(monkeypatch, tmp_path, name):
-    import timm
     from vit_inspect.models import load_model
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_hub_cache"))
-    built = []
-    def create_model(*args, **kwargs):  # a build on the meta device (the ViT check) holds no memory
-        if torch.get_default_device().type != "meta":
-            built.append(args)
-            pytest.fail("model built")
-        raise RuntimeError("not built in this test")
-    monkeypatch.setattr(timm, "create_model", create_model)
+    built = refuse_real_builds(monkeypatch)
     with pytest.raises(WeightsNotFoundError) as error:
         load_model(name, device="cpu", checkpoint_dir=tmp_path)
     assert built == []  # nothing was built, so nothing is left in memory

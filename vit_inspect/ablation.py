@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from .errors import Cancelled, VitInspectError
+from .geometry import InputGeometry
 from .images import ImageLimits, load_image
 from .interventions import HeadMeans, HeadSet, ablate_heads
 from .models import ViTHandle
@@ -25,11 +26,13 @@ ImageInput = Image.Image | str | os.PathLike | bytes
 
 def analyze_ablated(handle: ViTHandle, image: ImageInput, heads: HeadSet, mode: str = "zero",
                     mean: HeadMeans | None = None, target: int | None = None,
-                    input_size: tuple[int, int] | None = None, limits: ImageLimits = ImageLimits()) -> ImageAnalysis:
+                    input_size: tuple[int, int] | None = None, limits: ImageLimits = ImageLimits(),
+                    geometry: InputGeometry | None = None) -> ImageAnalysis:
     """`analyze_image` of the model with `heads` ablated (see `ablate_heads`): its probabilities, maps,
-    Grad-CAM, lens and head statistics, from one forward and one backward pass."""
+    Grad-CAM, lens and head statistics, from one forward and one backward pass. `geometry` makes the
+    same input as the unablated pass it is compared with (see `analyze_image`)."""
     with ablate_heads(handle, heads, mode, mean):
-        return analyze_image(handle, image, target=target, input_size=input_size, limits=limits)
+        return analyze_image(handle, image, target=target, input_size=input_size, limits=limits, geometry=geometry)
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def dino_heads_figure(result: ImageAnalysis, maps: np.ndarray, masks: np.ndarray
     min-max scaled, with the outline (cyan) of the smallest patch set holding `fraction` of its mass.
 
     ``maps`` and ``masks`` are (heads, grid_h, grid_w), from `ImageAnalysis.attention_map` and
-    `analysis.dino.mass_threshold_mask`.
+    `analysis.mass_mask`.
     """
     heads = maps.shape[0]
     ncols = min(ncols, heads)

@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 
 from .analysis.compare import Agreement, Box, map_agreement, matching_layer, relative_depth
-from .analysis.dino import DINO_MASS, mass_threshold_mask
+from .analysis.dino import DINO_MASS
+from .analysis.masks import mass_mask
 from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .pipeline import ImageAnalysis, analyze_image
@@ -143,6 +144,6 @@ def agreement_record(comparison: Comparison, aligned: list[AlignedMap]) -> dict:
 
 def last_layer_heads(result: ImageAnalysis, fraction: float = DINO_MASS) -> tuple[np.ndarray, np.ndarray]:
     """DINO's view (Caron et al. 2021, Fig. 3): (maps, masks), both (heads, grid_h, grid_w): the readout
-    token's last-layer attention of every head, and `mass_threshold_mask` of each at `fraction`."""
+    token's last-layer attention of every head, and `analysis.mass_mask` of each at `fraction`."""
     maps = np.stack([result.attention_map(result.depth - 1, head) for head in range(result.num_heads)])
-    return maps, np.stack([mass_threshold_mask(m, fraction) for m in maps])
+    return maps, mass_mask(maps, fraction)

@@ -1,5 +1,5 @@
-"""The views people know from DINO and DINOv2: attention masks holding a share of the mass, and the
-PCA of patch features shown as RGB."""
+"""The views people know from DINO and DINOv2: the PCA of patch features shown as RGB, and the share
+of attention mass DINO's masks keep (the masks themselves: `analysis.masks.mass_mask`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,31 +9,6 @@ import numpy as np
 
 DINO_MASS = 0.6  # Caron et al. 2021 keep 60 % of the attention mass
 BACKGROUND_THRESHOLD = 0.5  # first component, min-max scaled to [0, 1], below this is background
-
-
-def mass_threshold_mask(grid_map: np.ndarray, fraction: float = DINO_MASS) -> np.ndarray:
-    """The smallest set of cells holding at least `fraction` of a non-negative map's mass, as a bool mask.
-
-    Caron et al. 2021 ("Emerging Properties in Self-Supervised Vision Transformers", DINO), Fig. 3 and
-    `visualize_attention.py`: the class token's last-layer attention of one head over the patches is
-    normalised to sum 1, sorted, and the largest values are kept until their cumulative sum reaches
-    `fraction` (their code: keep where the ascending cumulative sum exceeds 1 - fraction). Ties are
-    broken by row-major order. Works on any (grid_h, grid_w) map of non-negative values (attention,
-    rollout); an all-zero map gives an empty mask.
-    """
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    values = grid_map.astype(np.float64).ravel()
-    if np.any(values < 0):
-        raise ValueError("the mass threshold needs a non-negative map (attention or rollout)")
-    total = values.sum()
-    mask = np.zeros(values.size, dtype=bool)
-    if total > 0:
-        order = np.argsort(-values, kind="stable")
-        cumulative = np.cumsum(values[order]) / total  # (cells,) mass held by the top-1, top-2, ... cells
-        keep = int(np.searchsorted(cumulative, fraction - 1e-12)) + 1  # first prefix reaching the fraction
-        mask[order[:min(keep, values.size)]] = True
-    return mask.reshape(grid_map.shape)
 
 
 @dataclass(frozen=True)
