@@ -86,6 +86,18 @@ class Slot:
         return self
 
 
+class Detached:
+    """A value held outside the store behind a slot's `get` (e.g. a pass drawn once and not kept there)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def get(self) -> Any:
+        return self._value
+
+
 class SessionStore:
     """Values with a byte count, held under ``budget`` bytes minus ``reserved()``; thread-safe, LRU."""
 
