@@ -8,24 +8,19 @@ sliders, clicks and options redraw from it without calling the model. Models liv
 from __future__ import annotations
 
 import argparse
-import atexit
-import functools
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
-from gradio import utils as gradio_utils
 from PIL import Image
 
 from vit_inspect import plotting
-from vit_inspect.analysis import class_name, filter_pca, search_classes
+from vit_inspect.analysis import class_name, search_classes
 from vit_inspect.cli import analysis_record, class_record
 from vit_inspect.errors import InputError, VitInspectError
 from vit_inspect.geometry import InputGeometry
@@ -33,12 +28,16 @@ from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimit
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
-from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance, pos_similarity_at
+from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
+from vit_inspect.ui.common import (describe, download_folder, geometry_updates, model_label, names_python_file, own_upload_folder,
+                                   prediction_labels, public_message, shown_model, shows_errors, upload_folders,
+                                   upload_source, weights_label)
 from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
+from vit_inspect.ui.model_tab import ModelTab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.zerogpu import gpu_pass
@@ -73,8 +72,6 @@ ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollou
 DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
-MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
-MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
@@ -206,113 +203,6 @@ class View:
                 "threshold_mass": self.threshold}
 
 
-def public_message(exc: VitInspectError) -> str:
-    """What a web user sees of a library error: its public sentence, with any server path cut to its
-    last component (the operator's console and the CLI keep `str(exc)`, the full detail)."""
-    return redact_paths(exc.public)
-
-
-def shows_errors(fn):
-    """Handlers turn the library's exceptions into a gr.Error with their public sentence. Anything
-    else is a bug: the user gets a sentence, the operator's console the traceback."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error:
-            raise
-        except VitInspectError as exc:
-            log.info("%s refused: %s", fn.__name__, exc)
-            raise gr.Error(public_message(exc), print_exception=False) from None
-        except Exception:
-            log.exception("unexpected error in %s", fn.__name__)
-            raise gr.Error(f"Something went wrong on the server while handling this request "
-                           f"({fn.__name__.replace('_', ' ')}); it has been logged. Please try again "
-                           "or with other settings.", print_exception=False) from None
-    return wrapper
-
-
-def upload_folders() -> list[str]:
-    """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
-    Gradio puts uploads and its copies of the example images."""
-    return [gradio_utils.get_upload_folder()]
-
-
-def own_upload_folder() -> str:
-    """Give this process a Gradio folder of its own, unless the operator chose one (GRADIO_TEMP_DIR).
-
-    Gradio keeps uploads and every image it serves in one folder, by default /tmp/gradio for all Gradio
-    processes of the machine, each file named by a hash of its content (so the same image drawn by two
-    servers is one file); and a server built with `delete_cache` deletes every file it handed out when it
-    stops, whatever its age. So when another Gradio server on the machine stops, this one's links to the
-    same images answer 403. A folder of its own also narrows what a client's file reference may name
-    (`upload_folders`) to this server's files. Call it before building the Blocks: Gradio reads the folder
-    when it builds and launches. The folder is removed when the process exits.
-    """
-    if not os.environ.get("GRADIO_TEMP_DIR"):
-        folder = tempfile.mkdtemp(prefix="vit_inspect_gradio_")
-        os.environ["GRADIO_TEMP_DIR"] = folder
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return gradio_utils.get_upload_folder()
-
-
-def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
-    """(file path or bytes, file name) of a raw gr.Image value; None when the image was cleared.
-
-    The image events skip Gradio's preprocessing so that `load_image`, not PIL inside Gradio,
-    reads the upload and explains what is wrong with it. Gradio checks a path only when the payload
-    carries its `meta` field, so every shape goes through the one gate, `client_file`.
-    """
-    return client_file(payload, upload_folders(), max_bytes)
-
-
-def model_label(name: str) -> str:
-    """A model name as web users see it: a folder on this server (only the operator's --model can be
-    one) by its base name, anything else (timm name, hub id) as it is."""
-    return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
-
-
-def names_python_file(name: str) -> bool:
-    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
-    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
-
-
-def weights_label(handle: ViTHandle) -> str:
-    """Where the weights came from, without revealing server folders."""
-    return model_label(handle.weights)
-
-
-def describe(handle: ViTHandle) -> str:
-    layout = handle.layout()
-    prefix = ", ".join(layout.prefix_names()) or "none"
-    return (f"**Model** `{model_label(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
-            f"{handle.depth} layers × {handle.num_heads} heads · "
-            f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
-            f"prefix tokens: {prefix}"
-            + ("" if handle.has_head else " · no classification head (no predictions or Grad-CAM)"))
-
-
-def geometry_updates(handle: ViTHandle) -> list[dict]:
-    """Ranges and defaults of layer, head, rollout range, Grad-CAM layer and patch boxes for a model."""
-    last = handle.depth - 1
-    layout = handle.layout()
-    return [gr.update(maximum=last, value=last), gr.update(maximum=handle.num_heads - 1, value=0),
-            gr.update(maximum=last, value=0), gr.update(maximum=last, value=last), gr.update(maximum=last, value=last),
-            gr.update(maximum=layout.grid_h - 1), gr.update(maximum=layout.grid_w - 1)]
-
-
-def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
-    """The gr.Label value of a result's top 5."""
-    if not result.probs.size:
-        return None
-    return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(result.probs, 5)}
-
-
-def shown_model(handle: ViTHandle) -> str:
-    """Model and weights as every caption names them, without server folders."""
-    return f"{model_label(handle.name)} ({weights_label(handle)})"
-
-
 class Inspector:
     """The event handlers: UI values in, library calls, UI values out. Holds models, never user data."""
 
@@ -325,9 +215,7 @@ class Inspector:
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
         self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
         self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
-        # Model-level figures depend only on the model: drawn once, kept beside the cache.
-        self.filter_figure_of = functools.lru_cache(maxsize=cache.max_size)(self._filter_figure)
-        self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache.max_size)(self._similarity_figure)
+        self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
 
     def handle(self, key: CacheKey) -> ViTHandle:
         # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
@@ -538,55 +426,6 @@ class Inspector:
         return image, note
 
     @shows_errors
-    def filter_figure(self, key: CacheKey, progress=gr.Progress()):
-        """Principal components of the patch-embedding filters, drawn once per model."""
-        progress(0, desc="Drawing the patch-embedding filters")
-        return self.filter_figure_of(key)
-
-    def _filter_figure(self, key: CacheKey) -> np.ndarray:
-        handle = self.handle(key)
-        fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
-        fig.suptitle(f"{shown_model(handle)}\n{fig.get_suptitle()}")
-        return figure_image(fig)
-
-    @shows_errors
-    def native_similarity(self, key: CacheKey, progress=gr.Progress()):
-        """Position-embedding similarity on the grid the model was trained for, drawn once per model."""
-        progress(0, desc="Drawing the position-embedding similarity")
-        return self.similarity_figure_of(key, self.handle(key).native_grid)
-
-    @shows_errors
-    def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
-        """Position-embedding similarity at another input size, interpolated as the model does it."""
-        handle = self.handle(key)
-        ph, pw = handle.patch_size
-        height = finite_int(height, "The input height (pixels)", ph, MAX_INPUT_SIDE, clamp=False)
-        width = finite_int(width, "The input width (pixels)", pw, MAX_INPUT_SIDE, clamp=False)
-        layout = handle.layout((height, width))
-        if max(layout.grid_h, layout.grid_w) > MAX_SIMILARITY_GRID:
-            raise InputError(f"{height}×{width} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
-                             f"figure draws at most {MAX_SIMILARITY_GRID} patches per side "
-                             f"(up to {MAX_SIMILARITY_GRID * ph}×{MAX_SIMILARITY_GRID * pw} pixels for this model).")
-        progress(0, desc=f"Drawing a {layout.grid_h}×{layout.grid_w} grid")
-        return self.similarity_figure_of(key, (layout.grid_h, layout.grid_w))
-
-    def _similarity_figure(self, key: CacheKey, grid: tuple[int, int]) -> np.ndarray:
-        handle = self.handle(key)
-        similarity = pos_similarity_at(handle, grid)
-        if similarity is None:
-            raise InputError("This model has no learned position embeddings to compare.")
-        fig = plotting.pos_similarity_figure(
-            similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
-                              f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
-        return figure_image(fig)
-
-    @staticmethod
-    def _download_folder() -> Path:
-        cache_dir = Path(gradio_utils.get_upload_folder())  # Gradio serves and cleans files found here
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
-
-    @shows_errors
     def downloads(self, session: Session | None, **controls) -> list[str]:
         """The current image's figures as PNG (each captioned with its model, class and settings), its
         numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
@@ -595,7 +434,7 @@ class Inspector:
         result = session.result
         view = View.from_controls(result, **controls)
         handle = self.handle(session.model)
-        folder = self._download_folder()
+        folder = download_folder()
         stem = Path(session.name).stem or "image"
         paths = []
         for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, session, view)):
@@ -616,29 +455,6 @@ class Inspector:
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
         return [str(p) for p in paths]
-
-    @shows_errors
-    def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
-        """The Model tab's figures as PNG and its numbers as .npz: filter components and explained
-        variance, position-embedding similarity at the model's own grid."""
-        handle = self.handle(key)
-        folder = self._download_folder()
-        stem = handle.name.replace("/", "_")
-        pca = filter_pca(handle.patch_embed_weight())
-        paths = [folder / f"{stem}_filters.png"]
-        Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
-        arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
-                  "settings_json": np.array(json.dumps({"model": handle.name, "weights": weights_label(handle),
-                                                        "grid": list(handle.native_grid)}))}
-        similarity = pos_similarity_at(handle, handle.native_grid)
-        if similarity is not None:
-            paths.append(folder / f"{stem}_position_similarity.png")
-            Image.fromarray(self.similarity_figure_of(key, handle.native_grid)).save(paths[-1])
-            arrays["pos_similarity"] = similarity
-        paths.append(folder / f"{stem}_model.npz")
-        np.savez_compressed(paths[-1], **arrays)
-        return [str(p) for p in paths]
-
 
 def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None) -> gr.Blocks:
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
@@ -853,12 +669,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                    follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
-        gr.on([model_tab.select], app.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
-        gr.on([model_tab.select], app.native_similarity, inputs=[key], outputs=similarity,
+        gr.on([model_tab.select], app.model_tab.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
+        gr.on([model_tab.select], app.model_tab.native_similarity, inputs=[key], outputs=similarity,
               api_name="native_similarity")
-        gr.on([similarity_button.click], app.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
+        gr.on([similarity_button.click], app.model_tab.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
               api_name="pos_similarity", **raw)
-        gr.on([model_download_button.click], app.model_downloads, inputs=[key, height, width], outputs=[model_files],
+        gr.on([model_download_button.click], app.model_tab.model_downloads, inputs=[key, height, width], outputs=[model_files],
               api_name="model_downloads", **raw)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
               outputs=[download_files], api_name="downloads", **raw)

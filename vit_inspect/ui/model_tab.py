@@ -1,0 +1,100 @@
+"""The Model tab: what a ViT learned before it sees any image (Dosovitskiy et al. 2021, Fig. 7 left and
+centre): the principal components of the patch-embedding filters and the cosine similarity of the
+position embeddings, at the model's own grid or at another input size. Each figure depends only on the
+model, so it is drawn once per model (and grid) and kept beside the model cache."""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Callable
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from .. import plotting
+from ..analysis import filter_pca
+from ..errors import InputError
+from ..model_cache import CacheKey
+from ..models import ViTHandle
+from ..pipeline import pos_similarity_at
+from .common import download_folder, shown_model, shows_errors, weights_label
+from .panels import figure_image
+from .untrusted import finite_int
+
+MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
+MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
+
+
+class ModelTab:
+    """The Model tab's handlers. `handle` gives the model of a cache key (loading it through the cache)."""
+
+    def __init__(self, handle: Callable[[CacheKey], ViTHandle], cache_size: int):
+        self.handle = handle
+        self.filter_figure_of = functools.lru_cache(maxsize=cache_size)(self._filter_figure)
+        self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache_size)(self._similarity_figure)
+
+    @shows_errors
+    def filter_figure(self, key: CacheKey, progress=gr.Progress()):
+        """Principal components of the patch-embedding filters, drawn once per model."""
+        progress(0, desc="Drawing the patch-embedding filters")
+        return self.filter_figure_of(key)
+
+    def _filter_figure(self, key: CacheKey) -> np.ndarray:
+        handle = self.handle(key)
+        fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
+        fig.suptitle(f"{shown_model(handle)}\n{fig.get_suptitle()}")
+        return figure_image(fig)
+
+    @shows_errors
+    def native_similarity(self, key: CacheKey, progress=gr.Progress()):
+        """Position-embedding similarity on the grid the model was trained for, drawn once per model."""
+        progress(0, desc="Drawing the position-embedding similarity")
+        return self.similarity_figure_of(key, self.handle(key).native_grid)
+
+    @shows_errors
+    def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
+        """Position-embedding similarity at another input size, interpolated as the model does it."""
+        handle = self.handle(key)
+        ph, pw = handle.patch_size
+        height = finite_int(height, "The input height (pixels)", ph, MAX_INPUT_SIDE, clamp=False)
+        width = finite_int(width, "The input width (pixels)", pw, MAX_INPUT_SIDE, clamp=False)
+        layout = handle.layout((height, width))
+        if max(layout.grid_h, layout.grid_w) > MAX_SIMILARITY_GRID:
+            raise InputError(f"{height}×{width} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
+                             f"figure draws at most {MAX_SIMILARITY_GRID} patches per side "
+                             f"(up to {MAX_SIMILARITY_GRID * ph}×{MAX_SIMILARITY_GRID * pw} pixels for this model).")
+        progress(0, desc=f"Drawing a {layout.grid_h}×{layout.grid_w} grid")
+        return self.similarity_figure_of(key, (layout.grid_h, layout.grid_w))
+
+    def _similarity_figure(self, key: CacheKey, grid: tuple[int, int]) -> np.ndarray:
+        handle = self.handle(key)
+        similarity = pos_similarity_at(handle, grid)
+        if similarity is None:
+            raise InputError("This model has no learned position embeddings to compare.")
+        fig = plotting.pos_similarity_figure(
+            similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
+                              f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
+        return figure_image(fig)
+
+    @shows_errors
+    def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
+        """The Model tab's figures as PNG and its numbers as .npz: filter components and explained
+        variance, position-embedding similarity at the model's own grid."""
+        handle = self.handle(key)
+        folder = download_folder()
+        stem = handle.name.replace("/", "_")
+        pca = filter_pca(handle.patch_embed_weight())
+        paths = [folder / f"{stem}_filters.png"]
+        Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
+        arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
+                  "settings_json": np.array(json.dumps({"model": handle.name, "weights": weights_label(handle),
+                                                        "grid": list(handle.native_grid)}))}
+        similarity = pos_similarity_at(handle, handle.native_grid)
+        if similarity is not None:
+            paths.append(folder / f"{stem}_position_similarity.png")
+            Image.fromarray(self.similarity_figure_of(key, handle.native_grid)).save(paths[-1])
+            arrays["pos_similarity"] = similarity
+        paths.append(folder / f"{stem}_model.npz")
+        np.savez_compressed(paths[-1], **arrays)
+        return [str(p) for p in paths]
