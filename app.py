@@ -29,6 +29,7 @@ from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance
+from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.common import (describe, download_folder, geometry_updates, model_label, names_python_file, own_upload_folder,
@@ -39,6 +40,7 @@ from vit_inspect.ui.heads import HeadsTab
 from vit_inspect.ui.model_tab import ModelTab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+from vit_inspect.zerogpu import gpu_pass
 
 log = logging.getLogger("vit_inspect.app")
 
@@ -86,6 +88,7 @@ class AppConfig:
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
     max_sessions: int = 100  # sessions whose results stay in memory; the oldest is dropped beyond this
+    memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
 
     @property
@@ -100,7 +103,7 @@ class Session:
     model: CacheKey  # the model the passes ran on
     source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
     name: str  # the upload's file name, for the downloads
-    results: dict[tuple[int | None, int | None], ImageAnalysis]  # one pass per (target, contrast) class pair
+    slot: Slot  # its results in the server's byte-bounded store: {(target, contrast): ImageAnalysis}, one pass per pair
     target: tuple[int | None, int | None]  # the pass shown now
     distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
     labels: tuple[str, ...] = ()  # the model's class names
@@ -108,11 +111,22 @@ class Session:
     geometry: InputGeometry = InputGeometry()  # how the upload became the input
 
     @property
+    def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
+        """One pass per (target, contrast) pair (target None: a model without a head); ResultDropped if evicted."""
+        return self.slot.get()
+
+    @property
     def result(self) -> ImageAnalysis:
         return self.results[self.target]
 
     def class_text(self, index: int | None) -> str:
         return "" if index is None else class_name(self.labels, index)
+
+
+def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:
+    """Bytes held by a session's results, the attention store they share counted once."""
+    stores = {id(r.attention_store): r.attention_store.nbytes() for r in results.values()}
+    return sum(r.nbytes() - r.attention_store.nbytes() for r in results.values()) + sum(stores.values())
 
 
 @dataclass(frozen=True)
@@ -195,7 +209,11 @@ class Inspector:
     def __init__(self, config: AppConfig, cache: ModelCache):
         self.config = config
         self.cache = cache
+        # session results, bounded in bytes together with the loaded models' weights
+        self.store = SessionStore(config.memory_budget,
+                                  reserved=lambda: sum(module_nbytes(h.model) for h in cache.handles()))
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
+        self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
         self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
 
@@ -251,7 +269,7 @@ class Inspector:
         return key.name
 
     def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None) -> ImageAnalysis:
-        return analyze_image(handle, source, target=target, contrast=contrast, limits=self.config.limits,
+        return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
                              geometry=geometry)
 
     @staticmethod
@@ -276,9 +294,9 @@ class Inspector:
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
                                             title=f"{model_label(handle.name)} · this image")
-        session = Session(model=key, source=source, name=name, results={(result.target, None): result},
-                          target=(result.target, None), distance=scatter, labels=handle.labels,
-                          model_label=shown_model(handle), geometry=geometry)
+        slot = self.store.put({(result.target, None): result}, result.nbytes())
+        session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry)
         target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
                             interactive=True) if result.probs.size else gr.update(choices=[], value=None))
         try:
@@ -338,10 +356,11 @@ class Inspector:
             progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
             fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast)
             # same image, same model: the attention is the same, so every target shares one copy
-            results[(target, contrast)] = replace(fresh, attention=session.result.attention)
+            results[(target, contrast)] = replace(fresh, attention_store=session.result.attention_store)
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
-        return replace(session, results=results, target=(target, contrast))
+        session.slot.set(results, results_nbytes(results))
+        return replace(session, target=(target, contrast))
 
     def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
                    **controls):
@@ -429,7 +448,7 @@ class Inspector:
         record = analysis_record(handle, result, session.name) | {"settings": settings}
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
-        arrays = {"attention": result.attention, "mean_distance": result.mean_distance, "probs": result.probs,
+        arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
                   "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
                   "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
@@ -689,6 +708,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
                         help=f"largest file an upload may be, MiB (default {AppConfig.max_upload_mb:g})")
     parser.add_argument("--max-image-pixels", type=int, default=AppConfig.max_image_pixels,
                         help=f"largest image, width x height, refused before decoding (default {AppConfig.max_image_pixels:,})")
+    parser.add_argument("--memory-budget", type=float, default=AppConfig.memory_budget / 2 ** 30,
+                        help="GiB of session results plus loaded models; the least recently used results are "
+                             f"dropped beyond this (default {AppConfig.memory_budget / 2 ** 30:g})")
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
@@ -699,7 +721,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
                        cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
-                       max_sessions=args.max_sessions)
+                       max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30))
     return config, args
 
 

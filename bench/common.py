@@ -99,6 +99,13 @@ def plain_forward_backward(model: torch.nn.Module, pixels: torch.Tensor, target:
     model(pixels)[0, target].backward()
 
 
+def plain_forward_input_backward(model: torch.nn.Module, pixels: torch.Tensor, target: int) -> None:
+    """One plain forward + a backward to the input only, `autograd.grad(model(x)[0, target], x)`: the least
+    work any gradient method needs (no weight gradients are computed)."""
+    x = pixels.detach().clone().requires_grad_(True)
+    torch.autograd.grad(model(x)[0, target], x)
+
+
 def machine_rows() -> list[tuple[str, str]]:
     """(fact, value) rows: CPU, cores, threads, versions, load at the time of the call."""
     cpu = platform.processor() or platform.machine()

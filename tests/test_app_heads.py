@@ -20,6 +20,7 @@ from vit_inspect.errors import VitInspectError  # noqa: E402
 from vit_inspect.geometry import InputGeometry  # noqa: E402
 from vit_inspect.model_cache import ModelCache  # noqa: E402
 from vit_inspect.pipeline import analyze_image  # noqa: E402
+from vit_inspect.session_store import Detached  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap, lens_table, parse_head_spec, refusals_warn  # noqa: E402
 
@@ -56,7 +57,8 @@ def served():
     geometry = InputGeometry()
     result = inspector._pass(handle, str(CHELSEA), geometry)
     session = app.Session(model=inspector.default_key, source=str(CHELSEA), name="chelsea.png",
-                          results={(result.target, None): result}, target=(result.target, None),
+                          slot=inspector.store.put({(result.target, None): result}, result.nbytes()),
+                          target=(result.target, None),
                           distance=plotting.distance_scatter(result.mean_distance, image_width=224, title="t"),
                           labels=handle.labels, model_label=app.shown_model(handle), geometry=geometry)
     with gr.Blocks():
@@ -103,7 +105,7 @@ def test_redraws_come_from_the_cached_ablated_pass(served):
     np.testing.assert_array_equal(first[1], other[1])  # the same rollout
     assert first[3] is None  # no importance run yet; the first-order heatmap is drawn
     assert first[4].ndim == 3
-    stale = replace(session, target=(5, None), results={(5, None): session.result})
+    stale = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     assert tab.redraw(stale, state, **CONTROLS) == [gr.skip()] * 5  # results of another class are not shown
 
 
@@ -223,7 +225,7 @@ def test_overview_draws_from_the_pass_and_clears_another_class(served):
     state = tab.ablate(session, None, "0:0", "zero", None, progress=Progress(), **CONTROLS)[0]
     outputs = tab.overview(session, state, **CONTROLS)
     assert outputs[0].ablated is state.ablated and outputs[2].ndim == 3 and outputs[4].ndim == 3
-    other = replace(session, target=(5, None), results={(5, None): session.result})
+    other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     cleared = tab.overview(other, state, **CONTROLS)
     assert cleared[0].ablated is None and cleared[1] is None and cleared[8] == "" and cleared[-1] is None
 

@@ -192,7 +192,7 @@ def test_class_and_distillation_tokens_of_a_distilled_model():
     handle = tiny_handle("distilled")
     result = analyze_image(handle, Image.open(PHOTOS / "rocket.jpg"))
     layout = result.layout
-    mean_heads = result.attention.astype(np.float32).mean(axis=1)  # (depth, N, N)
+    mean_heads = result.attention_stack().astype(np.float32).mean(axis=1)  # (depth, N, N)
     np.testing.assert_allclose(result.attention_map(1, None, "distillation"),
                                layout.to_grid(layout.patches(mean_heads[1, 1])), rtol=1e-6)
     scores = token_agreement(result)

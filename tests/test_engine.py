@@ -79,7 +79,7 @@ def test_order_batching_and_shards_do_not_change_the_result(tmp_path):
     for other in runs[1:]:
         np.testing.assert_allclose(other.distances, runs[0].distances, rtol=1e-5)
     # by hand: the mean over images of the per-image distances, one image at a time
-    singles = [mean_attention_distance(analyze_image(handle, p, gradients=False).attention.astype(np.float32),
+    singles = [mean_attention_distance(analyze_image(handle, p, gradients=False).attention_stack().astype(np.float32),
                                        handle.layout()) for p in paths]
     np.testing.assert_allclose(runs[0].distances, np.mean(singles, axis=0), rtol=1e-3)
 

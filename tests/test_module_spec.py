@@ -71,7 +71,7 @@ def test_captured_maps_equal_the_models_own_returned_weights(handle):
     result = analyze_image(handle, CHELSEA)
     pixels, _ = handle.preprocess.apply(Image.open(CHELSEA))
     own = torch.stack(own_attention(handle.model, pixels), dim=1)[0].numpy()  # (depth, heads, N, N)
-    np.testing.assert_allclose(result.attention.astype(np.float32), own, atol=1e-3)
+    np.testing.assert_allclose(result.attention_stack().astype(np.float32), own, atol=1e-3)
     for layer, head in ((0, 0), (5, 3)):  # class-token query over the 8x8 patches, row-major
         np.testing.assert_allclose(result.attention_map(layer, head), own[layer, head, 0, 1:].reshape(8, 8), atol=1e-3)
 
@@ -81,7 +81,7 @@ def test_gradcam_rollout_and_relevance_run_through_the_pipeline(handle):
     assert result.target == 3 and result.probs.shape == (10,) and result.readout == "class"
     assert result.gradcam.shape == (6, 8, 8) and result.chefer.shape == (8, 8)
     assert result.mean_distance.shape == (6, 4) and np.all(result.mean_distance > 0)
-    np.testing.assert_allclose(result.rollout(), rollout(result.attention, result.layout, query="class"), atol=1e-6)
+    np.testing.assert_allclose(result.rollout(), rollout(result.attention_stack(), result.layout, query="class"), atol=1e-6)
     # Grad-CAM of the last block, computed here from the toy's own LayerNorm output and its gradient
     pixels, _ = handle.preprocess.apply(Image.open(CHELSEA))
     seen = {}

@@ -22,9 +22,11 @@ def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
 def _check_result(handle, result):
     layout = result.layout
     grid = (layout.grid_h, layout.grid_w)
-    assert result.attention.shape == (handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens)
-    assert result.attention.dtype == np.float16
-    np.testing.assert_allclose(result.attention.astype(np.float32).sum(-1), 1.0, atol=5e-3)
+    stack = result.attention_stack()
+    assert stack.shape == (handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens)
+    assert stack.dtype == np.float16
+    np.testing.assert_allclose(stack.astype(np.float32).sum(-1), 1.0, atol=5e-3)
+    assert result.attention_store.mode == "qk16"  # plain softmax(q k^T / sqrt(d)): rebuilt from float16 q, k
     assert result.rgb.shape == (*layout.input_size, 3)
     assert result.probs.shape == (len(handle.labels),) and abs(result.probs.sum() - 1) < 1e-5
     assert result.target == int(np.argmax(result.probs))

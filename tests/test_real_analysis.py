@@ -63,7 +63,7 @@ def test_half_precision_autocast_agrees_with_float32(deit):
     half = analyze_image(deit, PHOTOS / "chelsea.png", autocast=True)
     assert half.target == full.target
     assert np.abs(half.probs - full.probs).max() < 0.02
-    assert np.abs(half.attention.astype(np.float32) - full.attention.astype(np.float32)).max() < 0.05
+    assert np.abs(half.attention_stack().astype(np.float32) - full.attention_stack().astype(np.float32)).max() < 0.05
     assert np.abs(half.mean_distance - full.mean_distance).max() < 1.0
     for a, b in ((full.rollout(), half.rollout()), (full.chefer, half.chefer), (full.gradcam[-1], half.gradcam[-1])):
         assert np.corrcoef(a.ravel(), b.ravel())[0, 1] >= 0.995

@@ -10,7 +10,7 @@ on leaving - normally or through an exception - every hook is removed and every 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -27,20 +27,26 @@ class AttentionRecorder:
     layer. It uses `torch.autograd.grad` on those tensors only: no parameter `.grad` is allocated.
     """
 
-    def __init__(self, depth: int, activation_layers: Sequence[int]):
+    def __init__(self, depth: int, activation_layers: Sequence[int], keep_attention: bool = True,
+                 on_attention: Callable[[int, torch.Tensor], None] | None = None):
         self.depth = depth
         self.activation_layers = tuple(activation_layers)
+        self.keep_attention = keep_attention  # False: maps are handed to on_attention and not kept
+        self.on_attention = on_attention  # called with (layer, (B, heads, N, N) probabilities) as they appear
         self._attention: list[torch.Tensor | None] = [None] * depth
         self._activations: dict[int, torch.Tensor] = {}
         self._residual: dict[int, torch.Tensor] = {}
-        self._attention_grad: torch.Tensor | None = None
+        self._attention_grads: list[torch.Tensor] | None = None
         self._activation_grads: dict[int, torch.Tensor] = {}
 
     def _attention_hook(self, layer: int):
         def hook(module: nn.Module, args: tuple, output: object) -> None:
             probs = output[1] if isinstance(output, tuple) else output  # HF returns (out, weights)
             if isinstance(probs, torch.Tensor):
-                self._attention[layer] = probs
+                if self.on_attention is not None:
+                    self.on_attention(layer, probs)
+                if self.keep_attention:
+                    self._attention[layer] = probs
         return hook
 
     def _activation_hook(self, layer: int):
@@ -58,7 +64,7 @@ class AttentionRecorder:
         self._attention = [None] * self.depth
         self._activations = {}
         self._residual = {}
-        self._attention_grad = None
+        self._attention_grads = None
         self._activation_grads = {}
 
     def attention_tensors(self) -> list[torch.Tensor]:
@@ -83,8 +89,7 @@ class AttentionRecorder:
         if not target.requires_grad:
             raise CaptureError("The forward pass ran without gradients; run it under torch.enable_grad().")
         grads = torch.autograd.grad(target, inputs, allow_unused=True)
-        self._attention_grad = torch.stack(
-            [torch.zeros_like(a) if g is None else g for a, g in zip(attention, grads)], dim=1)
+        self._attention_grads = [torch.zeros_like(a) if g is None else g for a, g in zip(attention, grads)]
         self._activation_grads = {i: g if g is not None else torch.zeros_like(self._activations[i])
                                   for i, g in zip(layers, grads[len(attention):])}
 
@@ -96,9 +101,13 @@ class AttentionRecorder:
 
     def attention_grad(self) -> torch.Tensor:
         """(B, depth, heads, N, N) gradients of the backward target w.r.t. the attention probabilities."""
-        if self._attention_grad is None:
+        return torch.stack(self.attention_grad_tensors(), dim=1)
+
+    def attention_grad_tensors(self) -> list[torch.Tensor]:
+        """Per-layer (B, heads, N, N) gradients w.r.t. the attention probabilities (no stacked copy)."""
+        if self._attention_grads is None:
             raise CaptureError("No attention gradients yet: call backward(target) after the forward pass.")
-        return self._attention_grad
+        return self._attention_grads
 
     def activation(self, layer: int) -> torch.Tensor:
         """(B, N, D) output of block `layer`'s first LayerNorm."""
@@ -114,17 +123,20 @@ class AttentionRecorder:
 
 
 @contextmanager
-def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = (),
-                      residual: bool = False) -> Iterator[AttentionRecorder]:
+def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = (), residual: bool = False,
+                      keep_attention: bool = True,
+                      on_attention: Callable[[int, torch.Tensor], None] | None = None) -> Iterator[AttentionRecorder]:
     """Record attention probabilities of every block (and the first-LayerNorm output of
     `activation_layers`, and with `residual` every block's output) for forward passes run inside the block.
+    With ``on_attention`` each layer's probabilities are handed to it as they appear; ``keep_attention=False``
+    then lets them go (a pass without gradients never holds every layer's maps at once).
 
     >>> with capture_attention(handle) as rec:
     ...     logits = handle.forward(x)
     >>> rec.attention.shape  # (B, depth, heads, N, N)
     """
     layers = [range(handle.depth)[i] for i in activation_layers]  # negative indices allowed, range checked
-    recorder = AttentionRecorder(handle.depth, layers)
+    recorder = AttentionRecorder(handle.depth, layers, keep_attention, on_attention)
     hooks: list[torch.utils.hooks.RemovableHandle] = []
     saved_fused: list[tuple[nn.Module, bool]] = []
     saved_impl: str | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from PIL import Image
@@ -41,11 +42,12 @@ class Comparison:
 
 def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
                    input_size_a: tuple[int, int] | None = None, input_size_b: tuple[int, int] | None = None,
-                   limits: ImageLimits = ImageLimits()) -> Comparison:
-    """One `analyze_image` pass per model (forward + backward each) on the same decoded image."""
+                   limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image) -> Comparison:
+    """One `analyze_image` pass per model (forward + backward each) on the same decoded image; ``run_pass``
+    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`)."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    result_a = analyze_image(handle_a, picture, input_size=input_size_a)
-    result_b = analyze_image(handle_b, picture, input_size=input_size_b)
+    result_a = run_pass(handle_a, picture, input_size=input_size_a)
+    result_b = run_pass(handle_b, picture, input_size=input_size_b)
     return Comparison(a=result_a, b=result_b, image_size=picture.size,
                       box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
                       box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))

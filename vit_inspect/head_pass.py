@@ -3,7 +3,9 @@ attention entropy, attention on prefix tokens and the first-order head importanc
 
 `analyze_image` builds a `HeadPass` from what its one forward (and one backward) already recorded:
 the residual stream after every block is read through the model's head (see `lens.lens_readouts`)
-under `torch.no_grad()`; no extra pass through the blocks.
+under `torch.no_grad()`; no extra pass through the blocks. The attention statistics are reduced layer
+by layer as the pass produces each layer's maps (`HeadStatsStream`), so no (depth, heads, N, N) stack of
+the maps or of their gradients is ever built for them.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 
 from .analysis.heads import first_order_importance, head_entropy, prefix_attention_share, token_norms
 from .capture import AttentionRecorder
+from .errors import CaptureError
 from .lens import NO_HEAD, lens_readouts
 from .models import ViTHandle
 from .tokens import TokenLayout
@@ -36,13 +39,55 @@ class HeadPass:
         return sum(a.nbytes for a in arrays if a is not None)
 
 
-def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, attention: np.ndarray,
-                    attention_grad: np.ndarray | None, layout: TokenLayout, tolerance: float = 1e-3) -> HeadPass:
+class HeadStatsStream:
+    """Per-layer form of the attention statistics of image 0: `head_entropy` and `prefix_attention_share`
+    of each layer's (heads, N, N) float32 maps as the pass produces them (`on_attention`, a
+    `capture_attention` callback), and `first_order_importance` layer by layer from a recorder's
+    per-layer maps and gradients. Each equals the stacked function's row for that layer (the reductions
+    run over the last two axes only)."""
+
+    def __init__(self, depth: int, layout: TokenLayout) -> None:
+        self.depth = depth
+        self.layout = layout
+        self._entropy: list[np.ndarray | None] = [None] * depth  # (heads,) nats per layer
+        self._prefix: list[np.ndarray | None] = [None] * depth  # (heads,) fraction per layer
+
+    def on_attention(self, layer: int, probs: torch.Tensor) -> None:
+        """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to its per-head entropy and prefix share."""
+        maps = probs[0].detach().float().cpu().numpy()  # (heads, N, N)
+        self._entropy[layer] = head_entropy(maps)
+        self._prefix[layer] = prefix_attention_share(maps, self.layout)
+
+    def _stacked(self, values: list[np.ndarray | None], name: str) -> np.ndarray:
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the per-head {name}.")
+        return np.stack(values).astype(np.float32)  # type: ignore[arg-type]
+
+    def entropy(self) -> np.ndarray:
+        """(depth, heads) float32 mean attention entropy, nats (see `head_entropy`)."""
+        return self._stacked(self._entropy, "entropy")
+
+    def prefix_share(self) -> np.ndarray:
+        """(depth, heads) float32 mean attention share on prefix tokens (see `prefix_attention_share`)."""
+        return self._stacked(self._prefix, "prefix share")
+
+    @staticmethod
+    def first_order(attention: list[torch.Tensor], attention_grad: list[torch.Tensor]) -> np.ndarray:
+        """(depth, heads) float32 `first_order_importance` of image 0 from per-layer (B, heads, N, N) maps
+        and their gradients, one layer at a time."""
+        return np.stack([first_order_importance(a[0].detach().float().cpu().numpy(), g[0].float().cpu().numpy())
+                         for a, g in zip(attention, attention_grad)]).astype(np.float32)
+
+
+def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray,
+                    prefix_share: np.ndarray, first_order: np.ndarray | None, tolerance: float = 1e-3) -> HeadPass:
     """The `HeadPass` of image 0 of a pass recorded with ``capture_attention(..., residual=True)``.
 
-    ``attention`` is that image's (depth, heads, N, N) float32 attention, ``attention_grad`` its gradient
-    (or None). The lens is kept only if its reading after the last block reproduces the model's logits
-    within `tolerance` times their largest magnitude.
+    ``entropy``, ``prefix_share`` and ``first_order`` (None without gradients) are that image's
+    (depth, heads) attention statistics, reduced per layer by a `HeadStatsStream`. The lens is kept only
+    if its reading after the last block reproduces the model's logits within `tolerance` times their
+    largest magnitude.
     """
     residual = [rec.residual(i)[:1].float() for i in range(handle.depth)]  # depth x (1, N, D)
     model_logits = logits.detach()[0].float() if handle.has_head else torch.zeros(0)
@@ -62,6 +107,5 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     norms = np.stack([token_norms(x[0].cpu().numpy()) for x in residual]).astype(np.float32)  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
-        entropy=head_entropy(attention).astype(np.float32),
-        prefix_share=prefix_attention_share(attention, layout).astype(np.float32),
-        first_order=None if attention_grad is None else first_order_importance(attention, attention_grad).astype(np.float32))
+        entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),
+        first_order=None if first_order is None else np.asarray(first_order, dtype=np.float32))

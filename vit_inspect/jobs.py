@@ -7,7 +7,7 @@ folder (`vit-inspect evaluate`), as the running sums of a `FaithfulnessAccumulat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +25,7 @@ from .errors import VitInspectError
 from .faithfulness import DEFAULT_BATCH_SIZE, FaithfulnessAccumulator, ImageFaithfulness, evaluate_image
 from .models import ViTHandle, load_model
 from .module_spec import parse_model_file
-from .pipeline import DatasetDistance
+from .pipeline import DATASET_MAP_BYTES, DatasetDistance
 
 
 def model_source(handle: ViTHandle) -> tuple[str, str | None]:
@@ -45,25 +45,46 @@ def absolute_model_file(model_file: str | None) -> str | None:
 
 
 class AttentionDistanceWorker:
-    """Holds a loaded model; maps a batch of images to the sum of their per-head mean attention distances."""
+    """Holds a loaded model; maps a batch of images to the sum of their per-head mean attention distances.
 
-    def __init__(self, handle: ViTHandle, input_size: tuple[int, int] | None = None, renormalize: bool = True) -> None:
+    Each layer's maps are reduced to distances as the forward pass produces them and then dropped
+    (`capture_attention(keep_attention=False, on_attention=...)`), and a batch runs in chunks of at most
+    ``max_map_bytes // (heads * N^2 * 4)`` images: one layer's float32 maps of one chunk bound the memory,
+    so a folder of 518-px images (N = 1374) never holds a batch's (B, depth, heads, N, N) attention stack.
+    """
+
+    def __init__(self, handle: ViTHandle, input_size: tuple[int, int] | None = None, renormalize: bool = True,
+                 max_map_bytes: int = DATASET_MAP_BYTES) -> None:
         self.handle = handle
         self.input_size = input_size
         self.renormalize = renormalize
         self.layout = handle.layout(input_size or handle.input_size)
+        one_image = handle.num_heads * self.layout.num_tokens ** 2 * 4  # one layer's float32 maps of one image
+        self.chunk = max(1, int(max_map_bytes) // one_image)  # images per forward
+
+    def _distances(self, pixels: torch.Tensor) -> np.ndarray:
+        """(B, depth, heads) per-image mean attention distance of one chunk, reduced layer by layer."""
+        per_layer: list[np.ndarray | None] = [None] * self.handle.depth  # (B, heads) each
+
+        def reduce(layer: int, probs: torch.Tensor) -> None:
+            per_layer[layer] = distances_per_image(probs.detach().float().cpu().numpy()[:, None], self.layout,
+                                                   self.renormalize)[:, 0]
+
+        with torch.no_grad(), capture_attention(self.handle, keep_attention=False, on_attention=reduce):
+            self.handle.forward(pixels.to(self.handle.device))
+        missing = [i for i, d in enumerate(per_layer) if d is None]
+        if missing:
+            raise VitInspectError(f"No attention map was recorded for layer(s) {missing} of {self.handle.name!r}.")
+        return np.stack(per_layer, axis=1)  # type: ignore[arg-type]
 
     def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """Sums {"distance": (depth, heads) pixels summed over the batch}, count = len(images)."""
         pixels = torch.cat([self.handle.preprocess.apply(Image.fromarray(rgb), self.input_size)[0]
                             for rgb in images])  # (B, 3, H, W)
-        with torch.no_grad(), capture_attention(self.handle) as rec:
-            self.handle.forward(pixels)
-        # layer by layer from the recorded tensors: never one (B, depth, heads, N, N) copy of all maps
-        per_layer = [distances_per_image(a.float().cpu().numpy()[:, None], self.layout, self.renormalize)  # (B, 1, heads)
-                     for a in rec.attention_tensors()]
-        per_image = np.concatenate(per_layer, axis=1)  # (B, depth, heads)
-        return Sums({"distance": per_image.sum(axis=0, dtype=np.float64)}, per_image.shape[0])
+        total = np.zeros((self.handle.depth, self.handle.num_heads))
+        for start in range(0, len(pixels), self.chunk):
+            total += self._distances(pixels[start:start + self.chunk]).sum(axis=0, dtype=np.float64)
+        return Sums({"distance": total}, len(pixels))
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,8 @@ class AttentionDistanceJob:
     name: str = "attention_distance"
 
     model_file: str | None = None  # "path.py:function" of a hand-written ViT (operator only; see `load_model_file`)
+    # bytes of one layer's float32 maps per forward (chunking only: the numbers do not depend on it)
+    max_map_bytes: int = field(default=DATASET_MAP_BYTES, repr=False)
 
     @classmethod
     def for_handle(cls, handle: ViTHandle, device: str | None = None, model_file: str | None = None,
@@ -88,7 +111,7 @@ class AttentionDistanceJob:
 
     def open(self) -> AttentionDistanceWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
-        return AttentionDistanceWorker(handle, self.input_size, self.renormalize)
+        return AttentionDistanceWorker(handle, self.input_size, self.renormalize, self.max_map_bytes)
 
     def merge(self, a: Sums, b: Sums) -> Sums:
         return a + b

@@ -87,6 +87,11 @@ class ModelCache:
         with self._lock:
             return len(self._entries)
 
+    def handles(self) -> list[ViTHandle]:
+        """Cached handles, least recently used first (does not mark them used)."""
+        with self._lock:
+            return list(self._entries.values())
+
     def keys(self) -> list[CacheKey]:
         """Cached keys, least recently used first."""
         with self._lock:

@@ -1,15 +1,18 @@
 """One pass per image: a single forward with capture and a single backward feed every method.
 
-`analyze_image` returns an `ImageAnalysis` of plain, compact arrays (attention in float16). Raw
-attention, rollout and mean distance for any option are recomputed from it without the model;
+`analyze_image` returns an `ImageAnalysis` of plain, compact arrays (attention as per-layer queries and
+keys in float16, see `attention_store`). Raw attention and rollout for any option are rebuilt from it
+without the model; mean attention distance is computed in the pass;
 Grad-CAM (every layer) and gradient-weighted attention are computed during the pass for the target.
 `model_report` and `dataset_attention_distance` are the model-level and folder-level analyses.
 """
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -17,31 +20,41 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .analysis import (FilterPCA, attention_map, chefer_relevance, filter_pca, gradcam_from_tokens,
-                       gradient_fused_attention, gradient_rollout, legrad_map, mean_attention_distance,
-                       patch_relevance, pos_embed_similarity, prefix_shares, rollout)
+from .analysis import (FilterPCA, filter_pca, gradcam_from_tokens, legrad_map, patch_relevance,
+                       pos_embed_similarity)
+from .analysis.attention_maps import readout
+from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream, attention_rows
+from .attention_store import attention_map as store_attention_map
+from .attention_store import rollout as store_rollout
 from .capture import capture_attention
 from .errors import UnsupportedModelError, VitInspectError
 from .geometry import InputGeometry, prepare, seen_box
-from .head_pass import HeadPass, build_head_pass
+from .gradient_rollouts import KEEP_FRACTION, GradientRollouts, gradient_rollouts
+from .head_pass import HeadPass, HeadStatsStream, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .relevance import relevance_rules
 from .tokens import TokenLayout
 
+DATASET_MAP_BYTES = 256 * 2 ** 20  # one layer's float32 maps of one chunk of a dataset batch, at most
 LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 
 
 @dataclass(frozen=True)
 class ImageAnalysis:
-    """The cached result of one pass over one image: everything the maps need, no tensors."""
+    """The cached result of one pass over one image: everything the maps need, no tensors.
+
+    Attention is held by an `AttentionStore` (per layer the queries and keys in float16, depth x N x D)
+    and every map is rebuilt from it on demand; what needs all maps at once (mean distance, Chefer
+    relevance) was computed during the pass. Rollouts are cached per option (`ROLLOUT_CACHE` entries).
+    """
 
     model_name: str
     layout: TokenLayout  # token geometry of this input size
     rgb: np.ndarray  # (H, W, 3) uint8, the exact crop the model saw
     probs: np.ndarray  # (num_classes,) float32 softmax; empty for a model without a head
-    attention: np.ndarray  # (depth, heads, N, N) float16 attention probabilities
+    attention_store: AttentionStore  # every layer's attention, rebuilt on demand
     mean_distance: np.ndarray  # (depth, heads) mean attention distance in input pixels
     target: int | None  # class the gradients were taken for; None without a head
     gradcam: np.ndarray | None  # (depth, grid_h, grid_w) raw Grad-CAM at each block's first LayerNorm
@@ -52,58 +65,98 @@ class ImageAnalysis:
     attnlrp: np.ndarray | None = None  # (grid_h, grid_w) AttnLRP relevance per patch (Achtibat et al. 2024)
     patch_features: np.ndarray | None = None  # (grid_h, grid_w, D) float16 last block's output patch tokens
     contrast: int | None = None  # gradients are of logit[target] - logit[contrast]; None: of logit[target]
-    grad_attention: np.ndarray | None = None  # (depth, N, N) float16 `gradient_fused_attention`, for gradient rollout
+    gradient: GradientRollouts | None = None  # class-specific gradient rollout (vit-explain), within the N x D bound
     geometry: str = "crop"  # `InputGeometry.mode` the input was made with
     seen_box: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of the upload seen, pixels
     preview: np.ndarray | None = None  # (h, w, 3) uint8 the whole upload, longer side at most PREVIEW_SIDE
     source_size: tuple[int, int] | None = None  # (width, height) of the upload, pixels
+    _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property
     def depth(self) -> int:
-        return self.attention.shape[0]
+        return self.attention_store.depth
 
     @property
     def num_heads(self) -> int:
-        return self.attention.shape[1]
+        return self.attention_store.num_heads
+
+    def attention_rows(self, layer: int, tokens) -> np.ndarray:
+        """(heads, len(tokens), N) float32 attention probabilities of the query tokens (sequence indices)."""
+        return self.attention_store.rows(layer, tokens)
+
+    def attention_layer(self, layer: int) -> np.ndarray:
+        """(heads, N, N) float32 attention probabilities of one layer, rows = queries (rebuilt)."""
+        return self.attention_store.layer(layer)
+
+    def attention_stack(self) -> np.ndarray:
+        """(depth, heads, N, N) float16 every map, as the first release kept them: allocates all of it."""
+        return self.attention_store.stack()
 
     def attention_map(self, layer: int, head: int | None = None, query=None) -> np.ndarray:
         """(grid_h, grid_w) raw attention of one layer/head (None: mean of heads) from a query token."""
-        return attention_map(self.attention[layer:layer + 1].astype(np.float32), self.layout, 0, head,
-                             self.readout if query is None else query)
+        return store_attention_map(self.attention_store, self.layout, layer, head,
+                                   self.readout if query is None else query)
 
     def rollout(self, head_fusion: str = "mean", discard_ratio: float = 0.0, residual: bool = True,
                 start_layer: int = 0, end_layer: int | None = None, query=None, discard: str = "row") -> np.ndarray:
-        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options
-        (``discard``: "row" ours, "matrix" vit-explain's; see `analysis.rollout_matrix`)."""
-        return rollout(self.attention, self.layout, head_fusion=head_fusion, discard_ratio=discard_ratio,
-                       residual=residual, start_layer=start_layer, end_layer=end_layer,
-                       query=self.readout if query is None else query, discard=discard)
+        """(grid_h, grid_w) attention rollout (Abnar & Zuidema 2020) with the given options (cached;
+        ``discard``: "row" ours, "matrix" vit-explain's; see `analysis.rollout_matrix`)."""
+        query = self.readout if query is None else query
+        selected = range(self.depth)[start_layer:end_layer]
+        key = (head_fusion, float(discard_ratio), bool(residual), selected.start, selected.stop, repr(query), discard)
+        if key not in self._rollouts:
+            self._rollouts[key] = store_rollout(self.attention_store, self.layout, head_fusion=head_fusion,
+                                                discard_ratio=discard_ratio, residual=residual,
+                                                start_layer=start_layer, end_layer=end_layer, query=query,
+                                                discard=discard)
+            while len(self._rollouts) > ROLLOUT_CACHE:
+                self._rollouts.popitem(last=False)
+        self._rollouts.move_to_end(key)
+        return self._rollouts[key].copy()
 
     def gradient_rollout(self, discard_ratio: float = 0.9, start_layer: int = 0, end_layer: int | None = None,
                          query=None, discard: str = "matrix") -> np.ndarray | None:
         """(grid_h, grid_w) class-specific gradient rollout (vit-explain) for this result's target
-        (and contrast); None for a model without a head."""
-        if self.grad_attention is None:
+        (and contrast); None for a model without a head. See `gradient_rollouts` for what is kept."""
+        if self.gradient is None:
             return None
-        return gradient_rollout(self.grad_attention, self.layout, discard_ratio, start_layer=start_layer,
-                                end_layer=end_layer, query=self.readout if query is None else query, discard=discard)
+        return self.gradient.rollout(self.layout, discard_ratio, start_layer=start_layer, end_layer=end_layer,
+                                     query=self.readout if query is None else query, discard=discard)
 
     def head_maps(self, layer: int, query=None) -> np.ndarray:
         """(heads, grid_h, grid_w) raw attention of every head of one layer from a query token."""
-        return np.stack([self.attention_map(layer, head, query) for head in range(self.num_heads)])
+        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query)
+        return np.stack([self.layout.to_grid(self.layout.patches(row)) for row in rows])
 
     def prefix_share(self, layer: int, head: int | None = None, query=None) -> dict[str, float]:
-        """{prefix token name: share of the query's attention on it} for one layer and head (None: mean)."""
-        heads = self.attention[layer].astype(np.float32)  # (heads, N, N)
-        matrix = heads.mean(axis=0) if head is None else heads[head]
-        shares = prefix_shares(matrix, self.layout, self.readout if query is None else query)
+        """{prefix token name: share of the query's attention on it} for one layer and head (None: mean):
+        the entries `analysis.prefix_shares` takes from the query's row, rebuilt from the store."""
+        if head is not None and not 0 <= head < self.num_heads:
+            raise ValueError(f"head {head} out of range: layer {layer} has {self.num_heads} heads (0..{self.num_heads - 1})")
+        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query)
+        row = rows.mean(axis=0) if head is None else rows[head]  # (N,)
+        shares = self.layout.split(row.astype(np.float64))[0]
         return dict(zip(self.layout.prefix_names(), (float(v) for v in shares)))
 
+    def attention_arrays(self, max_bytes: int = 64 * 2 ** 20) -> dict[str, np.ndarray]:
+        """Arrays for a download: the (depth, heads, N, N) float16 maps when they fit in ``max_bytes``,
+        otherwise what rebuilds them (queries, keys, scale: softmax(scale * q k^T) per layer and head)."""
+        store = self.attention_store
+        if store.maps is not None or store.depth * store.num_heads * store.num_tokens ** 2 * 2 <= max_bytes:
+            return {"attention": store.stack()}
+        return {"attention_queries": store.queries, "attention_keys": store.keys, "attention_scale": store.scale}
+
     def nbytes(self) -> int:
-        """Memory held by the arrays of this result."""
-        arrays = (self.rgb, self.probs, self.attention, self.mean_distance, self.gradcam, self.chefer, self.legrad,
-                  self.attnlrp, self.patch_features, self.grad_attention, self.preview)
-        return sum(a.nbytes for a in arrays if a is not None) + (self.heads.nbytes() if self.heads else 0)
+        """Memory held by the arrays of this result: its attention store, gradient rollout, LeGrad, AttnLRP,
+        the patch features, the preview, the head statistics and the cached rollouts included."""
+        arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
+                  self.patch_features, self.preview, *self._rollouts.values())
+        return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
+                + (self.gradient.nbytes() if self.gradient is not None else 0)
+                + (self.heads.nbytes() if self.heads is not None else 0))
+
+
+ROLLOUT_CACHE = 8  # rollout maps kept per result, least recently used dropped
 
 
 def readout_query(handle: ViTHandle) -> str:
@@ -136,8 +189,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     `geometry` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
     squashed, or the whole image with its aspect ratio on a non-square grid); without it, the model's
     crop at `input_size`. With `contrast`, the backward pass starts from logit[target] - logit[contrast]
-    ("why target and not contrast?"). The result also keeps, per layer, the head-fused gradient-weighted
-    attention of vit-explain's gradient rollout (`analysis.gradient_fused_attention`, float16).
+    ("why target and not contrast?"). For vit-explain's gradient rollout the result keeps the head-fused
+    gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
+    the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
     """
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     if geometry is None:
@@ -149,14 +203,26 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    with (torch.set_grad_enabled(use_grad), capture_attention(handle, activation_layers=layers, residual=True) as rec,
-          relevance_rules(handle) as lrp, torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
+    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE)
+    stats = HeadStatsStream(handle.depth, layout)
+
+    def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
+        stream.on_attention(layer, probs)
+        stats.on_attention(layer, probs)
+
+    # without gradients each layer's maps are reduced and dropped as the pass goes; with them, capture keeps
+    # the per-layer tensors for the backward (never a stacked copy)
+    with (torch.set_grad_enabled(use_grad), stream.hooks(),
+          capture_attention(handle, activation_layers=layers, residual=True, keep_attention=use_grad,
+                            on_attention=on_attention) as rec,
+          relevance_rules(handle) as lrp,
+          torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
-    attention = rec.attention[0].float().cpu().numpy()  # (depth, heads, N, N)
     features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
     probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
     query = readout_query(handle)
-    chosen = gradcam = chefer = attention_grad = legrad = attnlrp = grad_attention = None
+    store = stream.store()
+    chosen = gradcam = chefer = first_order = legrad = attnlrp = gradient = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         for index in (chosen, contrast):
@@ -173,21 +239,25 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
                                       layout).astype(np.float32)
         score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
         rec.backward(score.float())
-        attention_grad = rec.attention_grad()[0].float().cpu().numpy()  # (depth, heads, N, N)
-        chefer = chefer_relevance(attention, attention_grad, layout, query=query).astype(np.float32)
-        grad_attention = gradient_fused_attention(attention, attention_grad).astype(np.float16)  # (depth, N, N)
+        logits = logits.detach()  # the graph is no longer needed
+        chefer = chefer_relevance_layers(rec, layout, query).astype(np.float32)
+        first_order = stats.first_order(rec.attention_tensors(), rec.attention_grad_tensors())
+        gradient = gradient_rollouts(partial(gradient_fused_layer, rec), handle.depth, layout, query,
+                                     keep_stack=handle.depth * layout.num_tokens ** 2 * 2
+                                     <= KEEP_FRACTION * store.nbytes())
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
-    heads = build_head_pass(handle, rec, logits, attention, attention_grad, layout,
+    heads = build_head_pass(handle, rec, logits, stats.entropy(), stats.prefix_share(), first_order,
                             tolerance=5e-2 if autocast else 1e-3)
+    rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
-        attention=attention.astype(np.float16), mean_distance=mean_attention_distance(attention, layout),
+        attention_store=store, mean_distance=stream.mean_distance(),
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
         patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16),
-        contrast=contrast if use_grad else None, grad_attention=grad_attention,
+        contrast=contrast if use_grad else None, gradient=gradient,
         geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
         source_size=picture.size)
 
@@ -200,6 +270,27 @@ def _preview(picture: Image.Image) -> np.ndarray:
     thumb = picture.convert("RGB")
     thumb.thumbnail((PREVIEW_SIDE, PREVIEW_SIDE), Image.Resampling.BILINEAR)
     return np.asarray(thumb, dtype=np.uint8)
+
+
+def gradient_fused_layer(rec, layer: int) -> np.ndarray:
+    """(N, N) float64 G_l = max(0, mean_h(A_lh * dy/dA_lh)) of one layer from a recorder after its backward
+    pass: `analysis.gradient_fused_attention` for that layer, never the (depth, heads, N, N) stacks."""
+    attention = rec.attention_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
+    grad = rec.attention_grad_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
+    return np.maximum((attention.astype(np.float64) * grad).mean(axis=0), 0.0)
+
+
+def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:
+    """Chefer et al. 2021 relevance (`analysis.chefer_matrix`, Eq. 5-6) accumulated layer by layer from
+    a recorder after its backward pass: R = prod_l (I + E_h[(dA_l * A_l)^+]) with one layer's maps and
+    gradients in float64 at a time, never the (depth, heads, N, N) stacks."""
+    attention, grads = rec.attention_tensors(), rec.attention_grad_tensors()
+    relevance = np.eye(layout.num_tokens)
+    for a, g in zip(attention, grads):
+        weighted = g[0].detach().float().cpu().numpy().astype(np.float64) * a[0].detach().float().cpu().numpy()
+        fused = np.maximum(weighted, 0.0).mean(axis=0)  # (N, N)
+        relevance = relevance + fused @ relevance
+    return readout(relevance, layout, query)
 
 
 @dataclass(frozen=True)
@@ -247,15 +338,21 @@ class DatasetDistance:
 def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.PathLike | Image.Image],
                                batch_size: int = 16, input_size: tuple[int, int] | None = None,
                                progress: Callable[[int, int], None] | None = None,
-                               limits: ImageLimits = ImageLimits()) -> DatasetDistance:
+                               limits: ImageLimits = ImageLimits(),
+                               max_map_bytes: int = DATASET_MAP_BYTES) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
     streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
     In-process with this handle; `engine.run_job` with a `jobs.AttentionDistanceJob` runs the same
-    job on Ray."""
+    job on Ray.
+
+    Each layer's maps are reduced to distances as the forward pass produces them and then dropped, and a
+    batch is run in chunks of at most ``max_map_bytes // (heads * N^2 * 4)`` images, so one layer's
+    float32 maps of one chunk bound the memory (a folder of 518-px images at N = 1374 never holds a
+    batch's attention stack; see `jobs.AttentionDistanceWorker`)."""
     from .engine import EngineOptions, run_job
     from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 
-    job = AttentionDistanceJob(handle.name, input_size=input_size)
+    job = AttentionDistanceJob(handle.name, input_size=input_size, max_map_bytes=max_map_bytes)
     result, _ = run_job(job, images, "local", EngineOptions(batch_size=batch_size, limits=limits), progress,
-                        worker=AttentionDistanceWorker(handle, input_size))
+                        worker=AttentionDistanceWorker(handle, input_size, max_map_bytes=max_map_bytes))
     return result

@@ -1,6 +1,8 @@
 """Mean attention distance per head (Dosovitskiy et al. 2021, Fig. 7 right and Appendix D.7)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..tokens import TokenLayout
@@ -15,10 +17,14 @@ def _as_batch(attention: np.ndarray) -> np.ndarray:
     raise ValueError(f"expected attention (depth, heads, N, N) or (B, depth, heads, N, N), got shape {attention.shape}")
 
 
+@functools.lru_cache(maxsize=8)
 def _patch_distances(layout: TokenLayout) -> np.ndarray:
-    """(P, P) Euclidean distances between patch centres in input pixels."""
+    """(P, P) Euclidean distances between patch centres in input pixels; cached per layout (the pass asks
+    once per layer), read-only."""
     centers = layout.patch_centers()  # (P, 2)
-    return np.linalg.norm(centers[:, None, :] - centers[None, :, :], axis=-1)
+    distances = np.linalg.norm(centers[:, None, :] - centers[None, :, :], axis=-1)
+    distances.flags.writeable = False
+    return distances
 
 
 def distances_per_image(attention: np.ndarray, layout: TokenLayout, renormalize: bool = True) -> np.ndarray:

@@ -11,8 +11,21 @@ from .attention_maps import Query, readout
 HEAD_FUSIONS = {"mean": np.mean, "max": np.max, "min": np.min}
 
 
+def _lowest(values: np.ndarray, count: int) -> np.ndarray:
+    """Boolean mask of the ``count`` lowest entries along the last axis, ties broken by position (earlier
+    first): the first ``count`` of a stable argsort, found with a partition (O(n), not O(n log n))."""
+    threshold = np.partition(values, count - 1, axis=-1)[..., count - 1:count]  # the count-th lowest value
+    below = values < threshold
+    equal = values == threshold
+    room = count - below.sum(axis=-1, keepdims=True)  # how many of the tied entries still go
+    if np.array_equal(equal.sum(axis=-1, keepdims=True), room):  # every tied entry goes (no tie to break)
+        return below | equal
+    return below | (equal & (np.cumsum(equal, axis=-1) <= room))
+
+
 def _discard_lowest(fused: np.ndarray, discard_ratio: float, keep_column: int | None) -> np.ndarray:
-    """Zero the lowest floor(discard_ratio * N) entries of each row of (N, N), never column ``keep_column``."""
+    """Zero the lowest floor(discard_ratio * N) entries of each row of (N, N), never column ``keep_column``
+    (ties: earlier columns first)."""
     num_tokens = fused.shape[-1]
     num_discard = math.floor(discard_ratio * num_tokens)
     if num_discard == 0:
@@ -20,10 +33,7 @@ def _discard_lowest(fused: np.ndarray, discard_ratio: float, keep_column: int | 
     ranking = fused.copy()
     if keep_column is not None:
         ranking[:, keep_column] = np.inf
-    lowest = np.argsort(ranking, axis=-1, kind="stable")[:, :num_discard]  # (N, num_discard)
-    kept = fused.copy()
-    np.put_along_axis(kept, lowest, 0.0, axis=-1)
-    return kept
+    return np.where(_lowest(ranking, num_discard), 0.0, fused)
 
 
 DISCARDS = ("row", "matrix")  # where the lowest entries are discarded: per query row, or over the whole matrix
@@ -31,38 +41,48 @@ DISCARDS = ("row", "matrix")  # where the lowest entries are discarded: per quer
 
 def _discard_lowest_in_matrix(fused: np.ndarray, discard_ratio: float, keep_token: int | None) -> np.ndarray:
     """vit-explain's whole-matrix discard: of the N² entries of (N, N), select the floor(discard_ratio * N²)
-    lowest and zero them, except the entry (keep_token, keep_token) (the class token's attention to itself)."""
+    lowest (ties: earlier entries in row-major order first) and zero them, except the entry
+    (keep_token, keep_token) (the class token's attention to itself)."""
     num_tokens = fused.shape[-1]
     num_discard = math.floor(discard_ratio * num_tokens * num_tokens)
     if num_discard == 0:
         return fused
-    lowest = np.argsort(fused, axis=None, kind="stable")[:num_discard]  # flat indices
+    lowest = _lowest(fused.reshape(-1), num_discard).reshape(fused.shape)
     if keep_token is not None:
-        lowest = lowest[lowest != keep_token * num_tokens + keep_token]
-    kept = fused.copy()
-    kept.flat[lowest] = 0.0
-    return kept
+        lowest[keep_token, keep_token] = False
+    return np.where(lowest, 0.0, fused)
+
+
+def check_options(discard_ratio: float, discard: str) -> None:
+    if discard not in DISCARDS:
+        raise ValueError(f"unknown discard {discard!r}; choose one of {DISCARDS}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+
+
+def prepare_layer(fused: np.ndarray, layer: int, discard_ratio: float, discard: str, residual: bool,
+                  keep_token: int | None) -> np.ndarray:
+    """One head-fused (N, N) layer made ready to multiply (`rollout_matrix` steps 2-4): discard, residual,
+    rows renormalised to sum 1."""
+    if discard_ratio > 0:
+        fused = (_discard_lowest(fused, discard_ratio, keep_token) if discard == "row"
+                 else _discard_lowest_in_matrix(fused, discard_ratio, keep_token))
+    if residual:
+        fused = 0.5 * fused
+        fused[np.diag_indices_from(fused)] += 0.5
+    row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
+    if np.any(row_sums <= 0):
+        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
+    return fused / row_sums
 
 
 def _roll(fused_layers, num_tokens: int, discard_ratio: float, discard: str, residual: bool,
           keep_token: int | None) -> np.ndarray:
     """R = A_last ... A_first from head-fused (N, N) layers: discard, residual, row renormalisation."""
-    if discard not in DISCARDS:
-        raise ValueError(f"unknown discard {discard!r}; choose one of {DISCARDS}")
-    if not 0.0 <= discard_ratio < 1.0:
-        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    identity = np.eye(num_tokens)
-    result = identity
+    check_options(discard_ratio, discard)
+    result = np.eye(num_tokens)
     for layer, fused in fused_layers:
-        if discard_ratio > 0:
-            fused = (_discard_lowest(fused, discard_ratio, keep_token) if discard == "row"
-                     else _discard_lowest_in_matrix(fused, discard_ratio, keep_token))
-        if residual:
-            fused = 0.5 * fused + 0.5 * identity
-        row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
-        if np.any(row_sums <= 0):
-            raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
-        result = (fused / row_sums) @ result
+        result = prepare_layer(fused, layer, discard_ratio, discard, residual, keep_token) @ result
     return result
 
 

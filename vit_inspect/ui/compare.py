@@ -2,7 +2,9 @@
 
 Gradio lives here and in app.py only (the library never imports it). `compare_tab(app, image, key,
 models)` is called inside app.py's `gr.Tabs()`; `app` is its `Inspector` (model cache, limits, and the
-validated `load_model`). Both passes run on the model-pass queue; sliders redraw from `gr.State`.
+validated `load_model`). Both passes run on the model-pass queue through the app's pass (`app.run_pass`, under
+ZeroGPU when available); the comparison lives in the app's byte-bounded session store (`app.store`) and
+gr.State holds only its slot, so sliders redraw from there and an evicted comparison says so.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from ..compare_cli import model_label
 from ..comparison import MAP_TITLES, Comparison, aligned_maps, compare_images, last_layer_heads, token_agreement
 from ..errors import InputError, VitInspectError
 from ..images import load_image
-from ..pipeline import analyze_image, model_report
+from ..pipeline import model_report
+from ..session_store import Slot
 from .untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
@@ -30,13 +33,18 @@ TABLE_HEADERS = ["map", "layers compared", "Spearman rank correlation", "top-10 
 
 @dataclass(frozen=True)
 class CompareSession:
-    """One user's comparison, held in gr.State: both passes (memory is their sum) and the PCA inputs."""
+    """One user's comparison, held in the app's session store: both passes (memory is their sum) and the PCA
+    inputs."""
 
     comparison: Comparison
     labels: tuple[str, str]  # "A: name (H×W)", "B: name (H×W)"
     features: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: (grid_h, grid_w, D) per image
     crops: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: the crop of each PCA image
     names: tuple[str, ...]  # file names of the PCA images
+
+    def nbytes(self) -> int:
+        """Bytes held: both passes, the PCA features and crops."""
+        return self.comparison.nbytes() + sum(a.nbytes for group in (*self.features, *self.crops) for a in group)
 
 
 def _image(fig) -> np.ndarray:
@@ -147,7 +155,7 @@ class Compare:
                 raise InputError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
                                  "choose a smaller input size for B.")
         progress(0.3, desc="One pass per model (forward and backward)")
-        comparison = compare_images(handle_a, handle_b, picture, None, size)
+        comparison = compare_images(handle_a, handle_b, picture, None, size, run_pass=self.app.run_pass)
         labels = (model_label(handle_a, "A", None), model_label(handle_b, "B", size))
         state = CompareSession(comparison=comparison, labels=labels,
                                features=((comparison.a.patch_features.astype(np.float32),),
@@ -169,30 +177,33 @@ class Compare:
                       for r, label in zip(reports, labels) if r.pos_similarity is not None]
         heads = dino_views(state, mass)
         pca = pca_views(state, remove_background, threshold)
-        return (state, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
+        slot = self.app.store.put(state, state.nbytes())
+        return (slot, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
                 compare_plots.side_by_side(similarity) if similarity else None, *heads, *pca)
 
-    def relayer(self, state: CompareSession | None, layer):
-        if state is None:
+    def relayer(self, slot: Slot | None, layer):
+        if slot is None:
             return gr.skip(), gr.skip(), gr.skip()
+        state = slot.get()
         last = state.comparison.a.depth - 1
         return layer_views(state, finite_int(layer, "A's layer", 0, last, default=last))
 
-    def remask(self, state: CompareSession | None, mass):
-        if state is None:
+    def remask(self, slot: Slot | None, mass):
+        if slot is None:
             return gr.skip(), gr.skip()
-        return dino_views(state, _mass(mass))
+        return dino_views(slot.get(), _mass(mass))
 
-    def repca(self, state: CompareSession | None, remove_background, threshold):
-        if state is None:
+    def repca(self, slot: Slot | None, remove_background, threshold):
+        if slot is None:
             return gr.skip(), gr.skip()
-        return pca_views(state, *_background(remove_background, threshold))
+        return pca_views(slot.get(), *_background(remove_background, threshold))
 
-    def joint_pca(self, state: CompareSession | None, files: list[str] | None, key_a, key_b, remove_background,
+    def joint_pca(self, slot: Slot | None, files: list[str] | None, key_a, key_b, remove_background,
                   threshold, progress=gr.Progress()):
         """Add the uploaded images to both models' feature PCA (one forward pass each, no gradients)."""
-        if state is None:
+        if slot is None:
             raise InputError("Press Compare first; the joint PCA adds images to that comparison.")
+        state = slot.get()
         background = _background(remove_background, threshold)
         if isinstance(files, (list, tuple)) and len(files) > MAX_PCA_IMAGES - 1:
             raise InputError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
@@ -208,12 +219,13 @@ class Compare:
             progress((done, len(uploads)), unit="images")
             picture = load_image(source, self.app.config.limits)
             for index in range(2):
-                result = analyze_image(handles[index], picture, input_size=sizes[index], gradients=False)
+                result = self.app.run_pass(handles[index], picture, input_size=sizes[index], gradients=False)
                 features[index].append(result.patch_features.astype(np.float32))
                 crops[index].append(result.rgb)
             names.append(file_name)
         state = replace(state, features=tuple(map(tuple, features)), crops=tuple(map(tuple, crops)), names=tuple(names))
-        return state, *pca_views(state, *background)
+        slot.set(state, state.nbytes())
+        return slot, *pca_views(state, *background)
 
 
 def _titled(fig, label: str):
@@ -231,7 +243,8 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
     figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
     with gr.Tab("Compare"):
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
-                    "passes stay in your session, so it holds both (memory is the sum).")
+                    "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
+                    "memory budget).")
         key_b = gr.State(None)
         state = gr.State(None, time_to_live=app.config.session_ttl_s)
         with gr.Row():

@@ -35,6 +35,8 @@ from ..errors import Cancelled, InputError, VitInspectError
 from ..heads_report import lens_record
 from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outputs, parse_heads
 from ..pipeline import ImageAnalysis
+from ..session_store import Detached
+from ..zerogpu import gpu_pass
 from .panels import draw_panels
 from .untrusted import client_files, finite_float, redact_paths, text
 
@@ -179,6 +181,7 @@ class HeadsTab:
         self.reference_images = reference_images  # the default reference set of mean ablation
         self.upload_folders = upload_folders
         self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
+        self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
         figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
         gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
                     "change (one forward and one backward pass), rank every head by the drop of the class's "
@@ -258,7 +261,7 @@ class HeadsTab:
             state, means, reference = self._means(state, handle, session, files, progress)
         progress(0.5, desc="The ablated model: one forward and one backward pass")
         result = session.result
-        ablated = analyze_ablated(handle, session.source, pairs, mode, means, target=result.target,
+        ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
                                   limits=self.app.config.limits, geometry=session.geometry)
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated=ablated, ablated_heads=pairs, ablated_words=words)
@@ -271,7 +274,7 @@ class HeadsTab:
         if state.ablated is None:
             return [None] * len(ABLATED_PANELS)
         target = (session.target[0], None)  # the ablated pass explains the class alone, never "versus"
-        shown = replace(session, results={target: state.ablated}, target=target,
+        shown = replace(session, slot=Detached({target: state.ablated}), target=target,
                         model_label=f"{session.model_label} · {state.ablated_words}")
         return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls))
 

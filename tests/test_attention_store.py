@@ -1,0 +1,231 @@
+"""The compact attention store: maps rebuilt from float16 queries/keys equal the recorded maps to float16
+precision on every token layout, rollout/attention/distance equal the dense reference functions, and
+models whose attention is not softmax(s q k^T) fall back to stored maps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import TINY_TIMM, make_layout, tiny_handle, tiny_hf
+from vit_inspect import attention_store
+from vit_inspect.analysis import attention_map, mean_attention_distance, prefix_shares, rollout
+from vit_inspect.attention_store import AttentionStore
+from vit_inspect.capture import capture_attention
+from vit_inspect.models import handle_from_hf
+from vit_inspect.pipeline import analyze_image
+
+F16 = 2e-3  # float16 precision of a probability in [0, 1], with the rebuild's own rounding
+
+
+def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, size=(*size, 3), dtype=np.uint8))
+
+
+def _dense(handle, result):
+    """The first release's pass: every map recorded by capture_attention, float32."""
+    pixels = handle.preprocess.apply(_image(), result.layout.input_size)[0]
+    with torch.no_grad(), capture_attention(handle) as rec:
+        handle.forward(pixels)
+    return rec.attention[0].numpy()  # (depth, heads, N, N)
+
+
+def _queries(layout):
+    return ([None, "mean", (0, 0), (layout.grid_h - 1, layout.grid_w - 1)] + (["class"] if layout.has_class_token else [])
+            + (["distillation"] if layout.num_dist_tokens else []))
+
+
+def _compare(handle, result):
+    dense = _dense(handle, result)
+    layout = result.layout
+    assert np.abs(result.attention_stack().astype(np.float32) - dense).max() < F16
+    for layer in range(handle.depth):
+        np.testing.assert_allclose(result.attention_layer(layer), dense[layer], atol=F16)
+        for head in (None, handle.num_heads - 1):
+            for query in _queries(layout):
+                expected = attention_map(dense, layout, layer, head, query or result.readout)
+                np.testing.assert_allclose(result.attention_map(layer, head, query), expected, atol=F16)
+    for options in (dict(), dict(head_fusion="max", discard_ratio=0.5), dict(head_fusion="min", residual=False),
+                    dict(start_layer=1, query="mean"), dict(end_layer=1, query=(0, 1))):
+        # today's design: rollout over the float16-stored maps (discarding ranks entries, so the reference
+        # must round like the stored maps do)
+        expected = rollout(dense.astype(np.float16), layout, **({"query": result.readout} | options))
+        np.testing.assert_allclose(result.rollout(**options), expected, atol=F16, rtol=1e-2)
+    for options in (dict(discard_ratio=0.9, discard="matrix"), dict(discard_ratio=0.3, discard="matrix", start_layer=1)):
+        expected = rollout(dense.astype(np.float16), layout, **({"query": result.readout} | options))
+        np.testing.assert_allclose(result.rollout(**options), expected, atol=F16, rtol=1e-2)
+    for layer in range(handle.depth):
+        heads = np.stack([attention_map(dense, layout, layer, h, result.readout) for h in range(handle.num_heads)])
+        np.testing.assert_allclose(result.head_maps(layer), heads, atol=F16)
+        for head in (None, 0):
+            for query in (None, "mean", (0, 0)):  # the first release's prefix shares, read from the stack
+                matrix = dense[layer].mean(axis=0) if head is None else dense[layer, head]
+                expected = prefix_shares(matrix, layout, query or result.readout)
+                np.testing.assert_allclose(list(result.prefix_share(layer, head, query).values()), expected, atol=F16)
+    np.testing.assert_allclose(result.mean_distance, mean_attention_distance(dense, layout), rtol=1e-5)
+
+
+def test_rebuilt_maps_equal_recorded_maps_on_every_layout(tiny_kind):
+    handle = tiny_handle(tiny_kind)
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1])
+    assert result.attention_store.mode == "qk16" and result.attention_store.maps is None
+    assert result.attention_store.max_error < attention_store.TOLERANCE
+    _compare(handle, result)
+
+
+@pytest.mark.parametrize("distilled", [False, True])
+def test_rebuilt_maps_on_hf_models(distilled):
+    handle = handle_from_hf(tiny_hf(distilled=distilled), device="cpu", input_size=(32, 48))
+    result = analyze_image(handle, _image())
+    assert result.attention_store.mode == "qk16"
+    _compare(handle, result)
+
+
+def test_no_head_pass_keeps_the_same_store():
+    handle = tiny_handle("reg4")
+    with_grad = analyze_image(handle, _image(), input_size=(32, 32))
+    without = analyze_image(handle, _image(), input_size=(32, 32), gradients=False)
+    np.testing.assert_array_equal(with_grad.attention_store.queries, without.attention_store.queries)
+    np.testing.assert_allclose(with_grad.mean_distance, without.mean_distance)
+    assert without.chefer is None and without.gradcam is None
+
+
+def test_store_size_grows_like_depth_n_d():
+    """q and k of every layer in float16: depth * 2 * N * D * 2 bytes, nothing quadratic in N."""
+    handle = tiny_handle("cls")
+    store = analyze_image(handle, _image(), input_size=(64, 64)).attention_store  # N = 1 + 64
+    assert store.nbytes() == handle.depth * 2 * 65 * handle.embed_dim * 2 + store.scale.nbytes
+
+
+def test_wrong_rebuild_falls_back_to_maps(monkeypatch):
+    """A model that does not compute softmax(s q k^T) (here: a scale the module does not use) is caught by
+    the check during the pass; the maps are then stored and still equal the recorded ones."""
+    real = attention_store._qk_modules
+
+    def wrong_scale(attn):
+        q, k, shape, scale = real(attn)
+        return q, k, shape, scale * 3.0
+
+    monkeypatch.setattr(attention_store, "_qk_modules", wrong_scale)
+    handle = tiny_handle("distilled")
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    store = result.attention_store
+    assert store.mode == "maps" and store.queries is None and store.max_error > attention_store.TOLERANCE
+    _compare(handle, result)
+
+
+def test_large_logits_keep_float32_queries():
+    """qk-norm with a large gain: logits so large that float16 q, k cannot reproduce the probabilities to
+    the tolerance; the store keeps q, k in float32 and the maps stay exact."""
+    from timm.models.vision_transformer import VisionTransformer
+    from vit_inspect.models import handle_from_timm
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=1, num_classes=10,
+                              qk_norm=True).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q_norm.weight.fill_(8.0)
+            block.attn.k_norm.weight.fill_(8.0)
+    handle = handle_from_timm(model, name="tiny-qknorm", device="cpu", input_size=(32, 32))
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    assert result.attention_store.mode == "qk32"
+    _compare(handle, result)
+
+
+def test_store_rows_by_hand():
+    """Two tokens, one head, d = 1: A = softmax(s q k^T) computed by hand."""
+    q = np.array([[[[1.0], [0.0]]]], np.float16)  # (depth 1, heads 1, N 2, d 1)
+    k = np.array([[[[2.0], [0.0]]]], np.float16)
+    store = AttentionStore("qk16", q, k, np.array([0.5]), None, 0.0)
+    e = np.exp(1.0)  # row 0: logits (0.5 * 1 * 2, 0) = (1, 0)
+    np.testing.assert_allclose(store.rows(0, [0]), [[[e / (e + 1), 1 / (e + 1)]]], rtol=1e-3)  # float16 values
+    np.testing.assert_allclose(store.layer(0)[0, 1], [0.5, 0.5])  # row 1: logits (0, 0)
+    layout = make_layout(True, 0, 0, grid_h=1, grid_w=1)
+    # rollout over one layer, residual: row 0 of 0.5 A + 0.5 I, patch key = 0.5 * 1/(e+1)
+    from vit_inspect.attention_store import rollout as store_rollout
+    np.testing.assert_allclose(store_rollout(store, layout), [[0.5 / (e + 1)]], rtol=1e-3)
+    with pytest.raises(ValueError, match="out of range"):
+        store.rows(1, [0])
+
+
+def test_rollout_is_cached_per_option():
+    handle = tiny_handle("cls")
+    result = analyze_image(handle, _image(), input_size=(32, 32))
+    first = result.rollout(head_fusion="max")
+    calls = []
+    real = attention_store.AttentionStore.fused_layer
+    try:
+        attention_store.AttentionStore.fused_layer = lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
+        np.testing.assert_array_equal(result.rollout(head_fusion="max"), first)
+        assert calls == []
+        result.rollout(head_fusion="min")
+        assert len(calls) == handle.depth
+    finally:
+        attention_store.AttentionStore.fused_layer = real
+
+
+def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, tmp_path):
+    """A byte bound of one layer's maps for one image makes every forward a single image; the averages
+    equal one big batch's, and only one layer's maps of one chunk are ever reduced at a time."""
+    from vit_inspect import jobs, pipeline
+
+    handle = tiny_handle("reg4")
+    paths = []
+    for i in range(5):
+        paths.append(tmp_path / f"{i}.png")
+        _image(i).save(paths[-1])
+    whole = pipeline.dataset_attention_distance(handle, paths, batch_size=8)
+    shapes = []
+    real = jobs.distances_per_image  # the folder job's worker reduces each layer as it appears
+    monkeypatch.setattr(jobs, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
+    num_tokens = handle.layout().num_tokens
+    one_map = handle.num_heads * num_tokens ** 2 * 4
+    chunked = pipeline.dataset_attention_distance(handle, paths, batch_size=8, max_map_bytes=2 * one_map)
+    np.testing.assert_allclose(chunked.distances, whole.distances, rtol=1e-5)
+    assert chunked.num_images == whole.num_images == 5
+    assert len(shapes) == 3 * handle.depth  # chunks of 2, 2, 1 images, one reduction per layer
+    assert all(s[0] <= 2 and s[1] == 1 for s in shapes)  # (chunk, one layer, heads, N, N)
+
+
+def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monkeypatch):
+    """Issue 13's per-head entropy, prefix share and first-order estimate, reduced layer by layer in the
+    streaming pass, equal the stacked functions on an independent dense pass; the pass never builds the
+    (depth, heads, N, N) stack of the maps or of their gradients."""
+    from vit_inspect.analysis.heads import first_order_importance, head_entropy, prefix_attention_share
+    from vit_inspect.capture import AttentionRecorder
+
+    handle = tiny_handle(tiny_kind)
+    size = TINY_TIMM[tiny_kind][1]
+    with monkeypatch.context() as patched:
+        def refuse(self):
+            raise AssertionError("the pass stacked every layer")
+        patched.setattr(AttentionRecorder, "attention", property(refuse))
+        patched.setattr(AttentionRecorder, "attention_grad", refuse)
+        result = analyze_image(handle, _image(), input_size=size)
+        no_grad = analyze_image(handle, _image(), input_size=size, gradients=False)
+    pixels = handle.preprocess.apply(_image(), size)[0].requires_grad_()
+    with torch.enable_grad(), capture_attention(handle) as rec:
+        logits = handle.forward(pixels)
+    rec.backward(logits[0, result.target])
+    dense, grad = rec.attention[0].numpy(), rec.attention_grad()[0].numpy()  # (depth, heads, N, N)
+    for heads in (result.heads, no_grad.heads):
+        np.testing.assert_allclose(heads.entropy, head_entropy(dense), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(heads.prefix_share, prefix_attention_share(dense, result.layout), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(result.heads.first_order, first_order_importance(dense, grad), rtol=1e-4, atol=1e-6)
+    assert no_grad.heads.first_order is None
+    assert result.heads.entropy.shape == (handle.depth, handle.num_heads) and result.heads.entropy.dtype == np.float32
+
+
+def test_nbytes_counts_the_store_legrad_attnlrp_features_gradient_preview_and_heads():
+    handle = tiny_handle("cls")
+    result = analyze_image(handle, _image())
+    assert result.legrad is not None and result.attnlrp is not None and result.heads is not None
+    assert result.patch_features is not None and result.preview is not None and result.gradient.fused is not None
+    arrays = (result.rgb, result.probs, result.mean_distance, result.gradcam, result.chefer, result.legrad,
+              result.attnlrp, result.patch_features, result.preview, result.gradient.fused)
+    expected = result.attention_store.nbytes() + sum(a.nbytes for a in arrays) + result.heads.nbytes()
+    assert result.heads.nbytes() > 0 and result.nbytes() == expected
+    cached = result.rollout(head_fusion="max")  # a cached rollout counts too
+    assert cached.shape == (result.layout.grid_h, result.layout.grid_w) and result.nbytes() == expected + cached.nbytes

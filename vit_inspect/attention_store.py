@@ -1,0 +1,312 @@
+"""Attention kept as queries and keys: a cached result that grows like depth x N x D, not depth x heads x N^2.
+
+A ViT layer's attention probabilities are A_h = softmax(s * Q_h K_h^T) (Vaswani et al. 2017, Eq. 1, with
+s = 1/sqrt(d) or the module's own scale) over the post-normalisation queries and keys of head h. Keeping
+Q and K of every layer in float16 costs depth * 2 * N * D * 2 bytes; any row of any map is rebuilt on
+demand in heads * N * d operations, a whole layer in heads * N^2 * d (the same work as that layer's
+attention in the forward pass).
+
+Whether a model really computes attention that way is checked during the pass: a sample of rows is
+rebuilt from the recorded Q and K and compared with the probabilities the model produced. When they
+differ by more than the tolerance (rotary embeddings, attention biases, extreme logits that float16 cannot
+carry) the store keeps Q and K in float32, and failing that the maps themselves in float16, so results
+never silently change.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from .analysis.attention_distance import distances_per_image
+from .analysis.attention_maps import Query
+from .analysis.rollout import HEAD_FUSIONS, check_options, prepare_layer
+from .models import ViTHandle
+from .tokens import TokenLayout
+
+ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
+TOLERANCE = 2e-3  # max |rebuilt - recorded| probability accepted (float16 maps carry up to 4.9e-4 rounding)
+HALF_PASS_TOLERANCE = 3e-2  # under autocast the recorded maps are themselves half precision
+CHUNK_BYTES = 64 * 2 ** 20  # transient float32 block when a whole layer is rebuilt row-chunk by row-chunk
+
+
+@dataclass(frozen=True)
+class AttentionStore:
+    """Every layer's attention of one image, held as queries and keys (or, as a fallback, the maps).
+
+    ``queries``/``keys``: (depth, heads, N, d) post-normalisation, unscaled, float16 (float32 when float16
+    could not reproduce the model's maps); ``scale``: (depth,) the softmax temperature s of each layer;
+    ``maps``: (depth, heads, N, N) float16 probabilities, only when rebuilding was not exact enough.
+    ``mode`` names which ("qk16", "qk32" or "maps") and ``max_error`` the largest difference seen in the
+    check, as a probability.
+    """
+
+    mode: str
+    queries: np.ndarray | None = field(repr=False)
+    keys: np.ndarray | None = field(repr=False)
+    scale: np.ndarray | None
+    maps: np.ndarray | None = field(repr=False)
+    max_error: float
+
+    @property
+    def depth(self) -> int:
+        return (self.maps if self.maps is not None else self.queries).shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return (self.maps if self.maps is not None else self.queries).shape[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.maps if self.maps is not None else self.queries).shape[2]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.queries, self.keys, self.scale, self.maps) if a is not None)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.depth:
+            raise ValueError(f"layer {layer} out of range: the model has {self.depth} layers (0..{self.depth - 1})")
+
+    def rows(self, layer: int, tokens) -> np.ndarray:
+        """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
+        rounded to float16 values: the numbers the first release stored, so rankings (rollout's
+        ``discard_ratio``) break ties the same way."""
+        self._check_layer(layer)
+        index = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if self.maps is not None:
+            return self.maps[layer][:, index].astype(np.float32)
+        q = torch.from_numpy(self.queries[layer][:, index]).float()  # (heads, n, d)
+        k = torch.from_numpy(self.keys[layer]).float()  # (heads, N, d)
+        probs = torch.softmax(float(self.scale[layer]) * (q @ k.transpose(-1, -2)), dim=-1)
+        return probs.to(torch.float16).float().numpy()
+
+    def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
+        """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""
+        num_tokens = self.num_tokens
+        step = max(1, CHUNK_BYTES // (4 * self.num_heads * num_tokens))
+        for start in range(0, num_tokens, step):
+            rows = slice(start, min(start + step, num_tokens))
+            yield rows, self.rows(layer, np.arange(rows.start, rows.stop))
+
+    def layer(self, layer: int) -> np.ndarray:
+        """(heads, N, N) float32 probabilities of one layer, rows = queries."""
+        return self.rows(layer, np.arange(self.num_tokens))
+
+    def fused_layer(self, layer: int, head_fusion: str = "mean") -> np.ndarray:
+        """(N, N) float64 heads fused by ``head_fusion`` ("mean", "max", "min"), rebuilt in row chunks."""
+        if head_fusion not in HEAD_FUSIONS:
+            raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {sorted(HEAD_FUSIONS)}")
+        fused = np.empty((self.num_tokens, self.num_tokens))
+        for rows, block in self.row_chunks(layer):  # max/min are exact in float32; the mean sums in float64
+            fused[rows] = (block.mean(axis=0, dtype=np.float64) if head_fusion == "mean"
+                           else HEAD_FUSIONS[head_fusion](block, axis=0))
+        return fused
+
+    def stack(self) -> np.ndarray:
+        """(depth, heads, N, N) float16: every map, as the first release kept them (allocates all of it)."""
+        if self.maps is not None:
+            return self.maps
+        return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])
+
+
+def query_vector(layout: TokenLayout, query: Query) -> np.ndarray:
+    """(N,) float64 weights of the query rows a readout takes (see `attention_maps.readout`): one-hot for
+    the class token, the distillation token or a patch, uniform 1/P over the patch tokens for "mean"."""
+    if query is None:
+        query = "class" if layout.has_class_token else "mean"
+    weights = np.zeros(layout.num_tokens)
+    if query == "mean":
+        weights[layout.patch_slice] = 1.0 / layout.num_patches
+    elif query == "distillation":
+        if not layout.num_dist_tokens:
+            raise ValueError("query='distillation' but this model has no distillation token")
+        weights[int(layout.has_class_token)] = 1.0  # right after the class token, as `readout` reads it
+    elif isinstance(query, str):
+        if query != "class":
+            raise ValueError(f"unknown query {query!r}; use None, 'class', 'distillation', 'mean' or a (row, col) patch")
+        if not layout.has_class_token:
+            raise ValueError("query='class' but this model has no class token; use None or a (row, col) patch")
+        weights[layout.class_token_index] = 1.0
+    else:
+        weights[layout.token_index(*query)] = 1.0
+    return weights
+
+
+def attention_rows(store: AttentionStore, layout: TokenLayout, layer: int, query: Query = None) -> np.ndarray:
+    """(heads, N) float32 attention of every head of one layer from a query (`query_vector`), over all N
+    keys, prefix tokens included; the rows of `analysis.attention_map`'s matrix before `readout` drops
+    the prefix keys. A single-token query rebuilds one row (heads * N * d operations); "mean" rebuilds the
+    layer chunk by chunk."""
+    store._check_layer(layer)
+    weights = query_vector(layout, query)
+    tokens = np.flatnonzero(weights)
+    if len(tokens) == 1:
+        return store.rows(layer, tokens)[:, 0]
+    rows = np.zeros((store.num_heads, store.num_tokens))
+    for chunk, block in store.row_chunks(layer):  # (heads, n, N)
+        rows += np.einsum("n,hnk->hk", weights[chunk], block)
+    return rows.astype(np.float32)
+
+
+def attention_map(store: AttentionStore, layout: TokenLayout, layer: int, head: int | None = None,
+                  query: Query = None) -> np.ndarray:
+    """(grid_h, grid_w) raw attention of one layer and head (None: mean of heads) from a query token;
+    the same values as `analysis.attention_map` on the full maps (see `attention_rows`)."""
+    store._check_layer(layer)
+    if head is not None and not 0 <= head < store.num_heads:
+        raise ValueError(f"head {head} out of range: layer {layer} has {store.num_heads} heads (0..{store.num_heads - 1})")
+    rows = attention_rows(store, layout, layer, query)  # (heads, N)
+    row = rows.mean(axis=0) if head is None else rows[head]
+    return layout.to_grid(layout.patches(row))
+
+
+def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean", discard_ratio: float = 0.0,
+            residual: bool = True, start_layer: int = 0, end_layer: int | None = None,
+            query: Query = None, discard: str = "row") -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020; see `analysis.rollout.rollout_matrix`, both discard rules)
+    read out for one query, as (grid_h, grid_w).
+
+    The readout is the query's row of R = A_{end-1} ... A_start, so it is computed as the row vector
+    v^T A_{end-1} ... A_start from the last layer back: N^2 operations per layer instead of N^3, each
+    layer's fused map rebuilt from the store (the attention part of one forward pass in all).
+    """
+    check_options(discard_ratio, discard)
+    if store.num_tokens != layout.num_tokens:
+        raise ValueError(f"attention has {store.num_tokens} tokens, layout has {layout.num_tokens}")
+    layers = range(store.depth)[start_layer:end_layer]
+    if len(layers) == 0:
+        raise ValueError(f"no layers selected by start_layer={start_layer}, end_layer={end_layer} of depth {store.depth}")
+    vector = query_vector(layout, query)  # (N,)
+    for layer in reversed(layers):
+        fused = store.fused_layer(layer, head_fusion)  # (N, N)
+        vector = vector @ prepare_layer(fused, layer, discard_ratio, discard, residual, layout.class_token_index)
+    return layout.to_grid(layout.patches(vector))
+
+
+# ------------------------------------------------------------------------------------------------ the pass
+
+def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | None:
+    """(query module, key module, output layout, scale) of one attention module, or None if unknown.
+
+    timm `Attention`: the outputs of ``q_norm``/``k_norm`` (Identity without qk-norm), (B, heads, N, d),
+    scale ``attn.scale``. Hugging Face: ``q_proj``/``k_proj`` (or ``query``/``key``), (B, N, heads * d),
+    scale ``scaling``."""
+    if hasattr(attn, "q_norm") and hasattr(attn, "k_norm") and hasattr(attn, "scale"):
+        return attn.q_norm, attn.k_norm, "bhnd", float(attn.scale)
+    inner = getattr(attn, "attention", attn)
+    for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
+        q, k = getattr(inner, q_name, None), getattr(inner, k_name, None)
+        if isinstance(q, nn.Module) and isinstance(k, nn.Module):
+            heads = getattr(inner, "num_attention_heads", None) or getattr(getattr(inner, "config", None),
+                                                                           "num_attention_heads", None)
+            head_dim = getattr(inner, "head_dim", None) or getattr(inner, "attention_head_size", None)
+            if heads is None or head_dim is None:
+                return None
+            scale = getattr(inner, "scaling", None) or head_dim ** -0.5
+            return q, k, f"bn(hd):{int(heads)}", float(scale)
+    return None
+
+
+class LayerStream:
+    """Consumes each layer's probabilities as the forward pass produces them, then lets them go.
+
+    Per layer: records Q and K (hooks), checks a sample of rebuilt rows against the real probabilities,
+    and computes the per-image mean attention distance (`distances_per_image`). Only one layer's maps are
+    alive at a time, so the pass never holds depth x heads x N^2 values.
+    """
+
+    def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE):
+        self.handle = handle
+        self.layout = layout
+        self.tolerance = tolerance
+        self.depth = handle.depth
+        self.modules = [_qk_modules(a) for a in handle.attention_modules]
+        self._q: dict[int, torch.Tensor] = {}
+        self._k: dict[int, torch.Tensor] = {}
+        self.queries: list[np.ndarray | None] = [None] * self.depth
+        self.keys: list[np.ndarray | None] = [None] * self.depth
+        self.maps: list[np.ndarray | None] = [None] * self.depth  # kept only for layers that failed the check
+        self.errors = np.zeros(self.depth)
+        self.distance: list[np.ndarray | None] = [None] * self.depth  # (B, heads) per layer
+
+    def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
+        """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tensor = tensor.detach()
+        if shape != "bhnd":
+            heads = int(shape.split(":")[1])
+            if tensor.ndim != 3 or tensor.shape[-1] % heads:
+                return
+            tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], heads, -1).transpose(1, 2)
+        if tensor.ndim == 4:
+            into[layer] = tensor
+
+    @contextmanager
+    def hooks(self) -> Iterator["LayerStream"]:
+        """Forward hooks on every layer's query and key modules, removed on leaving."""
+        handles = []
+        try:
+            for i, found in enumerate(self.modules):
+                if found is None:
+                    continue
+                q_module, k_module, shape, _ = found
+                handles.append(q_module.register_forward_hook(
+                    lambda m, a, out, i=i, s=shape: self._record(self._q, i, out, s)))
+                handles.append(k_module.register_forward_hook(
+                    lambda m, a, out, i=i, s=shape: self._record(self._k, i, out, s)))
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def on_attention(self, layer: int, probs: torch.Tensor) -> None:
+        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept; all feed the distance)."""
+        probs = probs.detach().float()
+        self.distance[layer] = distances_per_image(probs.cpu().numpy()[:, None], self.layout)[:, 0]  # (B, heads)
+        q, k = self._q.pop(layer, None), self._k.pop(layer, None)
+        found = self.modules[layer]
+        if q is not None and k is not None and found is not None:
+            scale = found[3]
+            q32, k32 = q[0].float().cpu(), k[0].float().cpu()  # (heads, N, d)
+            num_tokens = q32.shape[1]
+            sample = np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64))
+            real = probs[0, :, sample].cpu() if probs.ndim == 4 else None  # (heads, n, N)
+            for dtype in (torch.float16, torch.float32):
+                qs, ks = q32.to(dtype), k32.to(dtype)
+                if real is None or not (torch.isfinite(qs).all() and torch.isfinite(ks).all()):
+                    continue
+                if qs.shape != ks.shape or qs.shape[0] != real.shape[0] or qs.shape[1] != real.shape[-1]:
+                    break  # queries/keys that do not match the maps' heads and tokens: keep the maps
+                rebuilt = torch.softmax(scale * (qs[:, sample].float() @ ks.float().transpose(-1, -2)), dim=-1)
+                error = float((rebuilt - real).abs().max())
+                self.errors[layer] = error
+                if error <= self.tolerance:
+                    self.queries[layer], self.keys[layer] = qs.numpy(), ks.numpy()
+                    return
+        self.maps[layer] = probs[0].cpu().numpy().astype(np.float16)
+
+    def mean_distance(self) -> np.ndarray:
+        """(depth, heads) mean attention distance in pixels of image 0."""
+        return np.stack([d[0] for d in self.distance])
+
+    def store(self) -> AttentionStore:
+        """The compact store: float16 Q/K when every layer passed, float32 Q/K when some needed it,
+        the float16 maps when any layer could not be rebuilt at all."""
+        max_error = float(self.errors.max()) if self.depth else 0.0
+        if any(m is not None for m in self.maps) or any(q is None for q in self.queries):
+            maps = [m if m is not None else torch.softmax(
+                        float(self.modules[i][3]) * (torch.from_numpy(self.queries[i]).float()
+                                                     @ torch.from_numpy(self.keys[i]).float().transpose(-1, -2)),
+                        dim=-1).numpy().astype(np.float16)
+                    for i, m in enumerate(self.maps)]
+            return AttentionStore("maps", None, None, None, np.stack(maps), max_error)
+        half = all(q.dtype == np.float16 for q in self.queries)
+        dtype = np.float16 if half else np.float32
+        scale = np.array([found[3] for found in self.modules], dtype=np.float64)
+        return AttentionStore("qk16" if half else "qk32", np.stack(self.queries).astype(dtype),
+                              np.stack(self.keys).astype(dtype), scale, None, max_error)
