@@ -19,10 +19,12 @@ from vit_inspect.analysis.heads import spearman  # noqa: E402
 from vit_inspect.errors import VitInspectError  # noqa: E402
 from vit_inspect.geometry import InputGeometry  # noqa: E402
 from vit_inspect.model_cache import ModelCache  # noqa: E402
-from vit_inspect.pipeline import analyze_image  # noqa: E402
-from vit_inspect.session_store import Detached  # noqa: E402
+from vit_inspect.pipeline import ROLLOUT_CACHE, analyze_image  # noqa: E402
+from vit_inspect.zerogpu import gpu_pass  # noqa: E402
+from vit_inspect.session_store import DROPPED, Detached  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
-from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap, lens_table, parse_head_spec, refusals_warn  # noqa: E402
+from vit_inspect.ui.heads import (HeadsTab, cell_at, heatmap, importance_of_crop, lens_table, parse_head_spec,  # noqa: E402
+                                  refusals_warn)
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -245,3 +247,51 @@ def test_distilled_and_headless_lens():
                                                   num_classes=0).eval(), device="cpu")
     headers, rows, note = lens_table(headless, analyze_image(headless, picture))
     assert headers == ["note"] and "no classification head" in note
+
+
+def test_the_ablated_pass_and_means_count_in_the_byte_budget(served):
+    """The Heads tab's ablated pass and reference means sit in the app's byte-bounded store: they are
+    counted, an eviction is told as a sentence on the next redraw, and a new class releases the old pass."""
+    inspector, handle, session, tab = served
+    before = inspector.store.held
+    state = tab.ablate(session, None, "2:1", "mean", None, progress=Progress(), **CONTROLS)[0]
+    ablated, means = state.ablated, state.means[1]
+    grids = ROLLOUT_CACHE * ablated.layout.grid_h * ablated.layout.grid_w * 8  # rollouts cached after counting
+    assert 0 <= before + ablated.nbytes() + means.values.nbytes - inspector.store.held <= grids
+    again = tab.ablate(session, state, "2:2", "zero", None, progress=Progress(), **CONTROLS)[0]
+    assert again.ablated_slot is state.ablated_slot  # one slot per session: the old pass is replaced
+    assert 0 <= before + again.ablated.nbytes() + means.values.nbytes - inspector.store.held <= grids
+    inspector.store.drop(again.ablated_slot)  # what an eviction does to make room for other visitors
+    with pytest.raises(VitInspectError, match="dropped to make room"):
+        tab.redraw(session, again, **CONTROLS)
+    overview = tab.overview(session, again, **CONTROLS)
+    assert overview[8] == DROPPED and overview[7] is None  # the effect says why; the stale top-5 is cleared
+    other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
+    third = tab.ablate(session, again, "1:0", "zero", None, progress=Progress(), **CONTROLS)[0]
+    tab.overview(other, third, **CONTROLS)  # another class: the ablated pass is released, the means kept
+    assert third.ablated_slot.dropped and not third.means_slot.dropped
+    assert inspector.store.held == before + means.values.nbytes
+    inspector.store.drop(third.means_slot)
+    assert inspector.store.held == before
+
+
+def test_ablation_and_importance_run_under_zerogpu(monkeypatch, served):
+    """On a ZeroGPU Space (a `spaces.GPU` stand-in here) both Heads passes run inside the decorator."""
+    import sys
+    import types
+
+    from test_zerogpu import StandIn
+
+    inspector, handle, session, _ = served
+    stand_in = StandIn()
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=stand_in))
+    with gr.Blocks():
+        tab = HeadsTab(inspector, (CHELSEA,), app.upload_folders, app.View.from_controls)
+    assert stand_in.decorated == ["on_gpu", "on_gpu"]
+    assert tab.run_ablated.__wrapped__ is analyze_ablated and tab.run_importance.__wrapped__ is importance_of_crop
+    on_cpu = gpu_pass(importance_of_crop, decorator=stand_in, device="cpu")  # "cpu" stands in for the lent GPU
+    ranked = on_cpu(handle, session.result.rgb, target=session.result.target, mode="zero", batch_size=16)
+    pixels = handle.preprocess.normalize(session.result.rgb)
+    expected = head_importance(handle, pixels, target=session.result.target, mode="zero", batch_size=16)
+    assert stand_in.calls == 1
+    np.testing.assert_allclose(ranked.logit_drop, expected.logit_drop, atol=1e-5)

@@ -82,6 +82,10 @@ class Slot:
         """Replace the value (e.g. with another target's results added), re-counting its bytes."""
         self._store._set(self, value, nbytes)
 
+    def release(self) -> None:
+        """Let this slot's value go now (it is of no further use), rather than when it is least recent."""
+        self._store.drop(self)
+
     def __deepcopy__(self, memo):  # gr.State deep-copies its initial value only; a slot stays itself
         return self
 

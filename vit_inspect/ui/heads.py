@@ -13,13 +13,16 @@ For the session's model, image and class:
 - The logit lens table from the cached pass (`heads_report.lens_record`).
 
 Per session only the latest ablated pass, the latest importance grid (two (depth, heads) arrays) and the
-heads' mean outputs of one reference set are kept.
+heads' mean outputs of one reference set are kept; the ablated pass and the means sit in the app's
+byte-bounded session store (`session_store`), so they count against `--memory-budget` and may be
+dropped to make room (the session is then told so, and the means are averaged again).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import threading
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -35,7 +38,7 @@ from ..errors import Cancelled, InputError, VitInspectError
 from ..heads_report import lens_record
 from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outputs, parse_heads
 from ..pipeline import ImageAnalysis
-from ..session_store import Detached
+from ..session_store import DROPPED, Detached, ResultDropped, Slot
 from ..zerogpu import gpu_pass
 from .panels import draw_panels
 from .untrusted import client_files, finite_float, redact_paths, text
@@ -52,13 +55,24 @@ class HeadsState:
     """One session's ablation and importance results (held in gr.State), for one model, image and class."""
 
     key: tuple  # (model key, crop digest, class) the results belong to
-    ablated: ImageAnalysis | None = None  # the latest ablated pass
+    ablated_slot: Slot | None = None  # the latest ablated pass, in the app's byte-bounded store
     ablated_heads: tuple[tuple[int, int], ...] = ()  # its (layer, head) pairs
     ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption
     importance: HeadImportance | None = None  # the latest importance grid
     importance_words: str = ""  # its mode and reference set
-    means: tuple[tuple, HeadMeans] | None = None  # (reference key, head means) of the last mean ablation
+    means_key: tuple | None = None  # the reference set of the last mean ablation
+    means_slot: Slot | None = None  # its head means, in the app's byte-bounded store
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
+
+    @property
+    def ablated(self) -> ImageAnalysis | None:
+        """The latest ablated pass; `ResultDropped` (a sentence) if the store let it go to make room."""
+        return None if self.ablated_slot is None else self.ablated_slot.get()
+
+    @property
+    def means(self) -> tuple[tuple, HeadMeans] | None:
+        """(reference key, head means) of the last mean ablation; `ResultDropped` if the store let them go."""
+        return None if self.means_slot is None else (self.means_key, self.means_slot.get())
 
 
 def refusals_warn(outputs: int):
@@ -83,13 +97,24 @@ def result_key(session) -> tuple:
     return (session.model, digest, result.target, session.target)
 
 
+def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
+    """`ablation.head_importance` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that
+    `zerogpu.gpu_pass` can run it on a lent GPU: it returns numpy arrays only)."""
+    pixels = handle.preprocess.normalize(rgb).to(handle.device)  # (1, 3, H, W)
+    return head_importance(handle, pixels, **options)
+
+
 def fresh(state: HeadsState | None, session) -> HeadsState:
     """The session's state if it belongs to this model, image and class; else an empty one (keeping the
     reference means, which depend only on the model and input size)."""
     key = result_key(session)
     if state is not None and state.key == key:
         return state
-    return HeadsState(key=key, means=None if state is None else state.means)
+    if state is None:
+        return HeadsState(key=key)
+    if state.ablated_slot is not None:  # another image or class: the old ablated pass is of no use
+        state.ablated_slot.release()
+    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot)
 
 
 def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[int, int], ...]:
@@ -182,6 +207,7 @@ class HeadsTab:
         self.upload_folders = upload_folders
         self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
         self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
+        self.run_importance = gpu_pass(importance_of_crop)  # and the importance forwards
         figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
         gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
                     "change (one forward and one backward pass), rank every head by the drop of the class's "
@@ -234,13 +260,17 @@ class HeadsTab:
         sources = [source for source, _ in uploads] or [str(p) for p in self.reference_images]
         size = session.result.layout.input_size
         key = (session.model, size, tuple(sources))
-        if state.means is not None and state.means[0] == key:
-            means = state.means[1]
+        held = None
+        if state.means_slot is not None and state.means_key == key:
+            with suppress(ResultDropped):  # dropped to make room: averaged again
+                held = state.means_slot.get()
+        if held is not None:
+            means = held
         else:
             progress(0.1, desc=f"Mean head outputs over {len(sources)} reference images")
             means = mean_head_outputs(handle, sources, batch_size=IMPORTANCE_BATCH, input_size=size,
                                       limits=self.app.config.limits)
-            state = replace(state, means=(key, means))
+            state = replace(state, means_key=key, means_slot=self._keep(state.means_slot, means, means.values.nbytes))
         kind = "your uploaded images" if uploads else "the app's example photos"
         return state, means, f"mean over {means.num_images} of {kind}"
 
@@ -264,10 +294,18 @@ class HeadsTab:
         ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
                                   limits=self.app.config.limits, geometry=session.geometry)
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
-        state = replace(state, ablated=ablated, ablated_heads=pairs, ablated_words=words)
+        state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
+                        ablated_heads=pairs, ablated_words=words)
         effect = ablation_effect(result, ablated)
         return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
                 *self.ablated_maps(session, state, controls))
+
+    def _keep(self, slot: Slot | None, value, nbytes: int) -> Slot:
+        """Hold `value` in the app's byte-bounded store, in the session's existing slot if it has one."""
+        if slot is None:
+            return self.app.store.put(value, nbytes)
+        slot.set(value, nbytes)
+        return slot
 
     def ablated_maps(self, session, state: HeadsState, controls: dict) -> list:
         """The ablated pass's attention (shared layer/head/query), rollout and Grad-CAM, from the cache."""
@@ -299,11 +337,10 @@ class HeadsTab:
         if mode == "mean":
             state, means, reference = self._means(state, handle, session, files, progress)
         result = session.result
-        pixels = handle.preprocess.normalize(result.rgb).to(handle.device)  # (1, 3, H, W), the crop the pass saw
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running[session_id] = threading.Event()
         try:
-            ranked = head_importance(handle, pixels, target=result.target, mode=mode, mean=means,
+            ranked = self.run_importance(handle, result.rgb, target=result.target, mode=mode, mean=means,
                                      batch_size=IMPORTANCE_BATCH, cancelled=stop.is_set,
                                      progress=lambda done, total: progress((done, total), unit="rows"))
         except Cancelled as exc:
@@ -407,10 +444,11 @@ class HeadsTab:
                 plot = plotting.figure_to_rgb(fig)
             finally:
                 fig.clear()
-        stale = state.ablated is None
+        stale = state.ablated_slot is None or state.ablated_slot.dropped
+        dropped = state.ablated_slot is not None and state.ablated_slot.dropped
         return (state, *images, "" if state.importance is None else gr.skip(), plot,
                 gr.update(value=rows, headers=headers), note,
-                None if stale else gr.skip(), "" if stale else gr.skip(),
+                None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
     # ------------------------------------------------------------------------------------------- wiring
