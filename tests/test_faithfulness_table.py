@@ -46,8 +46,12 @@ def test_the_cpu_reproduces_the_committed_table(deit):
             ours = np.array([aucs[c] for c in CURVES])
             theirs = run[(path.name, method)]
             # deletion/insertion are probabilities; the committed run's GPU convolutions (TF32) move a
-            # per-image AUC by up to about 0.002, a fifth of the table's standard error
-            np.testing.assert_allclose(ours[2:], theirs[2:], atol=1e-2)
+            # per-image AUC by up to about 0.002, a fifth of the table's standard error. Attention and
+            # rollout are rebuilt from float16 queries and keys since issue 14 (the committed run kept
+            # float16 maps): near-tied patches may swap places in the deletion order, measured up to 0.013
+            # on one of the 50 CI images (rollout; attention 0.0055, the gradient methods <= 0.002).
+            rebuilt = method in ("attention", "rollout")
+            np.testing.assert_allclose(ours[2:], theirs[2:], atol=2e-2 if rebuilt else 1e-2)
             # pos/neg count top-1 hits: a borderline image may flip one step (10 points) between devices
             mismatched += int(not np.allclose(ours[:2], theirs[:2], atol=1e-3))
     assert mismatched <= max(1, len(files) * len(methods) // 50)
