@@ -11,7 +11,9 @@ from vit_inspect.analysis import chefer_relevance
 from vit_inspect.capture import capture_attention
 from vit_inspect.errors import VitInspectError
 from vit_inspect.models import handle_from_hf
-from vit_inspect.pipeline import analyze_image, dataset_attention_distance, model_report, pos_similarity_at
+from vit_inspect import relevance
+from vit_inspect.pipeline import (add_relevance, analyze_image, dataset_attention_distance, model_report,
+                                    pos_similarity_at, relevance_maps)
 
 
 def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
@@ -74,6 +76,38 @@ def test_one_forward_and_one_backward(monkeypatch):
     assert (len(forwards), len(backwards)) == (1, 1 + 1 + 2)
 
 
+
+def test_relevance_off_is_one_backward_and_add_relevance_matches(monkeypatch):
+    """``relevance=False``: one forward, one ordinary backward, no LRP hooks; `add_relevance` later gives
+    the same LeGrad and AttnLRP maps as the one-forward pass with ``relevance=True``, everything else equal."""
+    handle = tiny_handle("reg4")
+    full = analyze_image(handle, _image())
+    forwards, backwards, switches = [], [], []
+    hook = handle.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    real_grad, real_apply = torch.autograd.grad, relevance._Switch.apply
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: (
+        backwards.append(1) if torch._C._current_graph_task_id() == -1 else None) or real_grad(*a, **k))
+    monkeypatch.setattr(relevance._Switch, "apply", lambda *a: switches.append(1) or real_apply(*a))
+    try:
+        fast = analyze_image(handle, _image(), relevance=False)
+    finally:
+        hook.remove()
+    assert (len(forwards), len(backwards), len(switches)) == (1, 1, 0)
+    assert fast.legrad is None and fast.attnlrp is None and full.legrad is not None and full.attnlrp is not None
+    assert fast.target == full.target
+    for name in ("gradcam", "chefer", "mean_distance", "probs"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(full, name))
+    added = add_relevance(handle, fast, _image())
+    np.testing.assert_array_equal(added.legrad, full.legrad)
+    np.testing.assert_array_equal(added.attnlrp, full.attnlrp)
+    assert fast.legrad is None and added.gradcam is fast.gradcam  # the cached result itself is unchanged
+    assert add_relevance(handle, fast, _image(size=(80, 80))).attnlrp.shape == full.attnlrp.shape  # same crop size
+    legrad, attnlrp = relevance_maps(handle, _image(), target=(full.target + 1) % len(full.probs))
+    assert legrad.shape == attnlrp.shape == full.attnlrp.shape and not np.array_equal(attnlrp, full.attnlrp)
+    with pytest.raises(VitInspectError, match="out of range"):
+        relevance_maps(handle, _image(), target=len(full.probs))
+
+
 def test_gradcam_and_chefer_equal_direct_autograd():
     """Recompute both from scratch with plain autograd on the same tiny model and input."""
     handle = tiny_handle("distilled", seed=4)
@@ -118,6 +152,8 @@ def test_headless_model_has_no_gradient_maps():
     assert not handle.has_head and result.probs.size == 0
     assert result.target is None and result.gradcam is None and result.chefer is None
     assert result.rollout().shape == (4, 4)
+    assert relevance_maps(handle, _image(), target=0) == (None, None)
+    assert add_relevance(handle, result, _image()) is result
 
 
 def test_model_report_and_other_resolution():

@@ -8,9 +8,10 @@ Grad-CAM (every layer) and gradient-weighted attention are computed during the p
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -172,7 +173,8 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
                   input_size: tuple[int, int] | None = None, gradients: bool = True,
                   autocast: bool = False, limits: ImageLimits = ImageLimits(),
-                  geometry: InputGeometry | None = None, contrast: int | None = None) -> ImageAnalysis:
+                  geometry: InputGeometry | None = None, contrast: int | None = None,
+                  relevance: bool = True) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
@@ -182,6 +184,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     LeGrad (last `LEGRAD_LAYERS` blocks, the model's own readout) takes one short backward per layer
     through that block only; AttnLRP takes one more, modified, backward to the pixels over the same graph
     (`vit_inspect.relevance`): the rules change only the backward, so no second forward is needed.
+    With ``relevance=False`` neither runs (no LRP hooks either): the pass is one forward and one ordinary
+    backward, at the floor of any gradient method; `add_relevance` adds the two maps to such a result
+    later (one more forward, `relevance_maps`).
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
     The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
@@ -215,7 +220,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     with (torch.set_grad_enabled(use_grad), stream.hooks(),
           capture_attention(handle, activation_layers=layers, residual=True, keep_attention=use_grad,
                             on_attention=on_attention) as rec,
-          relevance_rules(handle) as lrp,
+          (relevance_rules(handle) if relevance and use_grad else nullcontext()) as lrp,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     features = layout.patches(rec.residual(handle.depth - 1)[0].float().cpu().numpy(), axis=0)  # (P, D)
@@ -230,13 +235,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
                 raise VitInspectError(f"Class {index} is out of range: the model has classes 0 to {len(probs) - 1}.")
         if contrast is not None and contrast == chosen:
             raise VitInspectError("The contrast class is the target class itself; choose another class to compare.")
-        last = range(handle.depth)[-LEGRAD_LAYERS:]
-        with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
-            legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
-                                layout).astype(np.float32)
-        with suppress(UnsupportedModelError):
-            attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
-                                      layout).astype(np.float32)
+        if lrp is not None:
+            legrad, attnlrp = _relevance_of_pass(handle, lrp, rec, logits, pixels, chosen, layout)
         score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
         rec.backward(score.float())
         logits = logits.detach()  # the graph is no longer needed
@@ -260,6 +260,62 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         contrast=contrast if use_grad else None, gradient=gradient,
         geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
         source_size=picture.size)
+
+
+def _relevance_of_pass(handle: ViTHandle, lrp, rec, logits: torch.Tensor, pixels: torch.Tensor, chosen: int,
+                       layout: TokenLayout) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(LeGrad, AttnLRP) grid maps of class `chosen` from a forward run inside `relevance_rules` and
+    `capture_attention`, its graph kept; None for a map this model's readout or attention cannot follow."""
+    legrad = attnlrp = None
+    last = range(handle.depth)[-LEGRAD_LAYERS:]
+    with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
+        legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
+                            layout).astype(np.float32)
+    with suppress(UnsupportedModelError):
+        attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+                                  layout).astype(np.float32)
+    return legrad, attnlrp
+
+
+def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int,
+                   input_size: tuple[int, int] | None = None, autocast: bool = False,
+                   limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None
+                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(LeGrad, AttnLRP) (grid_h, grid_w) float32 maps of class `target` for the input `analyze_image`
+    makes of the same arguments: one forward inside `relevance_rules` (attention kept for LeGrad), the
+    LeGrad block backwards and the AttnLRP backward, exactly as ``analyze_image(relevance=True)`` computes
+    them. (None, None) for a model without a head; None for a map the model's readout cannot follow."""
+    if not handle.has_head:
+        return None, None
+    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+    pixels = (handle.preprocess.apply(picture, input_size)[0] if geometry is None
+              else prepare(handle.preprocess, picture, geometry, handle.patch_size)[0])
+    layout = handle.layout(tuple(pixels.shape[-2:]))
+    pixels = pixels.to(handle.device).requires_grad_(True)
+    with (torch.enable_grad(), capture_attention(handle, activation_layers=(), keep_attention=True) as rec,
+          relevance_rules(handle) as lrp,
+          torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
+        logits = handle.forward(pixels)
+    if not 0 <= int(target) < logits.shape[-1]:
+        raise VitInspectError(f"Class {target} is out of range: the model has classes 0 to {logits.shape[-1] - 1}.")
+    try:
+        return _relevance_of_pass(handle, lrp, rec, logits, pixels, int(target), layout)
+    finally:
+        rec.clear()
+
+
+def add_relevance(handle: ViTHandle, result: ImageAnalysis, image: Image.Image | str | os.PathLike | bytes,
+                  input_size: tuple[int, int] | None = None, autocast: bool = False,
+                  limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None) -> ImageAnalysis:
+    """``result`` (from ``analyze_image(relevance=False)`` of the same image and arguments) with its LeGrad
+    and AttnLRP maps for its target (`relevance_maps`: one more forward). The result itself is unchanged."""
+    if result.target is None:
+        return result
+    legrad, attnlrp = relevance_maps(handle, image, result.target, input_size=input_size, autocast=autocast,
+                                     limits=limits, geometry=geometry)
+    if legrad is not None and legrad.shape != (result.layout.grid_h, result.layout.grid_w):
+        raise VitInspectError("The image given does not match this result's input; analyse it again.")
+    return dataclasses.replace(result, legrad=legrad, attnlrp=attnlrp, _rollouts=result._rollouts)
 
 
 PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result
