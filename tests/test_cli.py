@@ -51,6 +51,17 @@ def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_analyze_without_relevance(capsys, deit_args):
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--no-relevance", *deit_args)
+    fast = json.loads(out)
+    code_full, out_full, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), *deit_args)
+    full = json.loads(out_full)
+    assert code == code_full == 0 and set(fast) == ANALYZE_KEYS
+    assert fast["legrad"] is None and fast["attnlrp"] is None and np.array(full["attnlrp"]).shape == (14, 14)
+    assert {k: v for k, v in fast.items() if k not in ("legrad", "attnlrp")} == \
+        {k: v for k, v in full.items() if k not in ("legrad", "attnlrp")}
+
+
 def test_analyze_target_and_nonsquare(capsys, deit_args):
     code, out, _ = _run(capsys, "analyze", str(PHOTOS / "coffee.png"), "--target", "967", "--input-size", "224x320",
                         *deit_args)
