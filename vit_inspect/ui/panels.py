@@ -112,7 +112,7 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
             target, contrast = session.target
             alone = f", class {session.class_text(target)} alone" if contrast is not None else ""  # no contrast
-            extra = {name + alone: v for name, v in present(result).items()}
+            extra = {method + alone: v for method, v in present(result).items()}
             title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
             title += f"\n{relevance_words(session)}" if relevance_words(session) else ""
