@@ -138,14 +138,36 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     assert calls.forwards == 1 and retick.result.legrad is not None
 
 
+def drawn_all_maps(session, monkeypatch) -> dict:
+    """The All maps figure's title and panel names, as `draw_panels` hands them to the plotting code."""
+    from vit_inspect import plotting
+
+    seen = {}
+    real_figure = plotting.maps_figure
+
+    def recording(rgb, maps, **kwargs):
+        seen.update(title=kwargs["title"], names=list(maps))
+        return real_figure(rgb, maps, **kwargs)
+
+    monkeypatch.setattr(plotting, "maps_figure", recording)
+    app.draw_panels(("compare",), session, app.View.from_controls(session.result, **CONTROLS))
+    return seen
+
+
 @real
-def test_a_contrast_pass_names_the_class_the_two_maps_explain(served):
+def test_the_all_maps_title_says_when_the_two_maps_are_absent(served, monkeypatch):
     inspector, handle, calls, session = served
+    plain = drawn_all_maps(session, monkeypatch)
+    assert plain["title"].endswith(f"\nAttnLRP and LeGrad: not computed; tick '{TOGGLE_LABEL}' to add them")
+    assert not {"LeGrad", "AttnLRP"} & set(plain["names"])
     ticked, _ = inspector.set_relevance(session, True, progress=progress, **CONTROLS)
+    full = drawn_all_maps(ticked, monkeypatch)
+    assert "AttnLRP" not in full["title"] and full["names"][-2:] == ["LeGrad", "AttnLRP"]
     versus, *_ = inspector.set_target(ticked, "285", str(TABBY), progress=progress, **CONTROLS)
     assert versus.target == (285, TABBY) and versus.result.contrast == TABBY
-    # LeGrad and AttnLRP explain the class alone (no contrast): equal to the class's own maps
+    # LeGrad and AttnLRP explain the class alone (no contrast): equal to the class's own maps, and titled so
     np.testing.assert_array_equal(versus.result.attnlrp, ticked.result.attnlrp)
+    assert drawn_all_maps(versus, monkeypatch)["names"][-1] == "AttnLRP, class Egyptian cat (#285) alone"
 
 
 @real
