@@ -70,7 +70,8 @@ class FaithfulnessTab:
                     "model's score for the explained class is recorded (Petsiuk et al. 2018; Chefer et al. "
                     "2021). The random map is the floor: a map marked **⚠** does worse than chance. "
                     "Changing the Grad-CAM block, the rollout options or the attention layer/head adds that "
-                    "choice at the next **Score**; maps already scored are kept.")
+                    "choice at the next **Score**; maps already scored are kept. AttnLRP and LeGrad are "
+                    "computed first when the pass lacks them (one more forward and backward pass).")
         self.button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
         self.figure = gr.Image(label="Deletion and insertion curves", interactive=False, format="png",
                                show_label=False, elem_id="faithfulness-curves")
