@@ -1,7 +1,10 @@
 """Per-image analysis, redraw and per-session memory, each against plain passes of the same model
 and against the naive way (one pass per method, a full recompute per slider change).
 
-1. full analysis (`analyze_image` + top-5) ÷ one plain forward + backward      target <= 1.15
+1. the per-image analysis (`analyze_image`, the app's default: no AttnLRP/LeGrad, + top-5) ÷ one plain
+   forward + backward, and ÷ the floor (forward + input-only backward)        target <= 1.15
+1c. the same pass with AttnLRP and LeGrad in it (``relevance=True``, the CLI's) ÷ the floor
+1d. AttnLRP and LeGrad added later (`relevance_maps`: one more forward) ÷ the floor
 2. one redraw from the cached `ImageAnalysis`, rendering included, ÷ one plain forward
                                                                       target <= 0.25 (ViT-B/16)
 4. memory one analysed image holds (ViT-B/16)                                  target <= 30 MB
@@ -9,7 +12,7 @@ and against the naive way (one pass per method, a full recompute per slider chan
 Models have random weights (timing does not depend on them); everything runs on the CPU with
 THREADS torch threads.
 
-    python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--image assets/chelsea.png]
+    python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--threads 2] [--image assets/chelsea.png]
 """
 from __future__ import annotations
 
@@ -33,9 +36,9 @@ from vit_inspect.analysis import (attention_map, chefer_relevance, gradcam_from_
 from vit_inspect.capture import capture_attention
 from vit_inspect.images import load_image
 from vit_inspect.models import ViTHandle, load_model
-from vit_inspect.pipeline import ImageAnalysis, analyze_image, readout_query
+from vit_inspect.pipeline import ImageAnalysis, analyze_image, readout_query, relevance_maps
 
-from .common import (MODELS, REPO, markdown_table, measure, plain_forward, plain_forward_backward,
+from .common import (MODELS, REPO, THREADS, markdown_table, measure, plain_forward, plain_forward_backward,
                      plain_forward_input_backward,
                      plain_model, print_header, set_threads, verdict)
 
@@ -251,7 +254,12 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         "plain forward + backward `model(x)[0, top].backward()`": lambda: plain_forward_backward(model, pixels, top),
         "plain forward + input-only backward (the floor: no weight gradients)":
             lambda: plain_forward_input_backward(model, pixels, top),
-        "ours: analyze_image + top-5": lambda: handle.top_labels(analyze_image(handle, picture).probs, 5),
+        "ours: analyze_image + top-5": lambda: handle.top_labels(
+            analyze_image(handle, picture, relevance=False).probs, 5),
+        "ours with AttnLRP and LeGrad in the pass: analyze_image(relevance=True) + top-5": lambda: handle.top_labels(
+            analyze_image(handle, picture, relevance=True).probs, 5),
+        "AttnLRP and LeGrad added later: relevance_maps (one more forward)": lambda: relevance_maps(
+            handle, picture, top),
         "naive: one pass per method (3 forwards + 2 forward/backward)": lambda: naive_analysis(handle, picture),
         "preprocessing alone (resize, crop, normalise)": lambda: handle.preprocess.apply(picture),
         "distance scatter background, drawn once per image by the app (not in the ratio)":
@@ -275,6 +283,12 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
     summary.append(["1a. analysis ÷ plain fwd + input-only bwd (the floor)", name, f"{1e3 * ours.median:.0f} ms",
                     f"{1e3 * floor.median:.0f} ms", f"**{floor_ratio:.2f}**", f"≤ {ANALYSIS_TARGET}",
                     verdict(floor_ratio, ANALYSIS_TARGET, at_most=True)])
+    for label, key in (("1c. analysis with AttnLRP and LeGrad in the pass ÷ the floor",
+                        "ours with AttnLRP and LeGrad in the pass: analyze_image(relevance=True) + top-5"),
+                       ("1d. AttnLRP and LeGrad added later ÷ the floor",
+                        "AttnLRP and LeGrad added later: relevance_maps (one more forward)")):
+        summary.append([label, name, f"{1e3 * times[key].median:.0f} ms", f"{1e3 * floor.median:.0f} ms",
+                        f"{times[key].median / floor.median:.2f}", "—", "—"])
     summary.append(["1b. analysis ÷ naive (one pass per method)", name, f"{1e3 * ours.median:.0f} ms",
                     f"{1e3 * naive.median:.0f} ms", f"{ours.median / naive.median:.2f}", "—", "—"])
 
@@ -333,8 +347,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="timm names (random weights)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate (after 1 warm-up)")
     parser.add_argument("--image", default=str(REPO / "assets" / "chelsea.png"), help="the image analysed")
+    parser.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads")
     args = parser.parse_args()
-    set_threads()
+    set_threads(args.threads)
     picture = load_image(args.image)
     print_header("Per-image analysis, redraw and memory")
     print(f"Image: `{args.image}` ({picture.width}×{picture.height}), decoded once before timing. "

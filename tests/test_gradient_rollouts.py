@@ -53,7 +53,7 @@ def test_kept_stack_equals_the_first_release(tiny_kind):
     result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1])
     assert result.gradient.fused is not None and result.gradient.maps is None
     fused = _first_release(handle, result)
-    np.testing.assert_array_equal(result.gradient.fused, fused)  # the same float16 numbers
+    np.testing.assert_array_max_ulp(result.gradient.fused, fused, maxulp=1)  # float16 numbers, to one unit
     _check(handle, result, fused)
 
 

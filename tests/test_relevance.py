@@ -44,6 +44,48 @@ def test_gamma_rule_by_hand():
     np.testing.assert_allclose(plain(x, x @ weight.T + 0.3, torch.tensor([[2.0]])).numpy(), [[2.0, -2.0]], rtol=1e-6)
 
 
+
+def _four_product_gamma(forward, weight, bias, gamma, stabilizer, x, y, grad):
+    """zennit's Gamma rule as written (four products, four transposed products), the form the two-product
+    `gamma_rule` rewrites."""
+    w_pos, w_neg = weight + gamma * weight.clamp(min=0), weight + gamma * weight.clamp(max=0)
+    b_pos = None if bias is None else bias + gamma * bias.clamp(min=0)
+    b_neg = None if bias is None else bias + gamma * bias.clamp(max=0)
+    relevance_out = grad * y
+    inputs = [t.detach().requires_grad_() for t in (x.clamp(min=0), x.clamp(max=0), x.clamp(min=0), x.clamp(max=0))]
+    outputs = [forward(inputs[0], w_pos, b_pos), forward(inputs[1], w_neg, None),
+               forward(inputs[2], w_neg, b_neg), forward(inputs[3], w_pos, None)]
+    stab = lambda t, e: t + ((t == 0).to(t) + t.sign()) * e
+    upper = (y > 0) * relevance_out / stab(outputs[0] + outputs[1], stabilizer)
+    lower = (y < 0) * relevance_out / stab(outputs[2] + outputs[3], stabilizer)
+    grads = torch.autograd.grad(outputs, inputs, [upper, upper, lower, lower])
+    return sum(i.detach() * g for i, g in zip(inputs, grads)) / stab(x, 1e-10)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.1, 0.25, 1.0])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_two_product_gamma_rule_equals_the_four_product_form(gamma, kind):
+    generator = torch.Generator().manual_seed(int(gamma * 100) + (kind == "conv"))
+    if kind == "linear":
+        module = nn.Linear(24, 16)
+        x = torch.randn(2, 5, 24, generator=generator, dtype=torch.float64).float()
+        forward = torch.nn.functional.linear
+    else:
+        module = nn.Conv2d(3, 8, kernel_size=4, stride=4)
+        x = torch.randn(2, 3, 8, 8, generator=generator)
+        forward = module._conv_forward
+    x[0, 0] = 0.0  # zero inputs get no relevance in both forms
+    with torch.no_grad():
+        module.bias.uniform_(-0.5, 0.5, generator=generator)
+        y = module(x)
+    grad = torch.randn(y.shape, generator=generator)
+    weight, bias = module.weight.detach(), module.bias.detach()
+    ours = gamma_rule(forward, weight, bias, gamma, 1e-6, channels_first=kind == "conv")(x, y, grad)
+    expected = _four_product_gamma(forward, weight, bias, gamma, 1e-6, x, y, grad)
+    assert (y > 0).any() and (y < 0).any()
+    np.testing.assert_allclose((x * ours).numpy(), (x * expected).numpy(), rtol=1e-4,
+                               atol=1e-5 * float((x * expected).abs().max()))
+
 def zero_biases(model: nn.Module) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():

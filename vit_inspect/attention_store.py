@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .analysis.attention_distance import distances_per_image
+from .analysis.attention_distance import patch_distances
 from .analysis.attention_maps import Query
 from .analysis.rollout import HEAD_FUSIONS, check_options, prepare_layer
 from .models import ViTHandle
@@ -84,12 +84,16 @@ class AttentionStore:
         probs = torch.softmax(float(self.scale[layer]) * (q @ k.transpose(-1, -2)), dim=-1)
         return probs.to(torch.float16).float().numpy()
 
-    def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
-        """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""
+    def _chunk_slices(self) -> Iterator[slice]:
+        """Row ranges whose (heads, rows, N) float32 block stays under CHUNK_BYTES."""
         num_tokens = self.num_tokens
         step = max(1, CHUNK_BYTES // (4 * self.num_heads * num_tokens))
         for start in range(0, num_tokens, step):
-            rows = slice(start, min(start + step, num_tokens))
+            yield slice(start, min(start + step, num_tokens))
+
+    def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
+        """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""
+        for rows in self._chunk_slices():
             yield rows, self.rows(layer, np.arange(rows.start, rows.stop))
 
     def layer(self, layer: int) -> np.ndarray:
@@ -101,6 +105,16 @@ class AttentionStore:
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {sorted(HEAD_FUSIONS)}")
         fused = np.empty((self.num_tokens, self.num_tokens))
+        if self.maps is None:  # rebuilt and fused in torch, one row chunk at a time: no (heads, N, N) numpy copy
+            self._check_layer(layer)
+            keys = torch.from_numpy(self.keys[layer]).float().transpose(-1, -2)  # (heads, d, N)
+            for rows in self._chunk_slices():
+                queries = torch.from_numpy(self.queries[layer][:, rows]).float()  # (heads, n, d)
+                block = torch.softmax(float(self.scale[layer]) * (queries @ keys), dim=-1)
+                block = block.to(torch.float16).float()  # the values `rows` gives
+                fused[rows] = (block.mean(0, dtype=torch.float64) if head_fusion == "mean"
+                               else block.amax(0) if head_fusion == "max" else block.amin(0)).numpy()
+            return fused
         for rows, block in self.row_chunks(layer):  # max/min are exact in float32; the mean sums in float64
             fused[rows] = (block.mean(axis=0, dtype=np.float64) if head_fusion == "mean"
                            else HEAD_FUSIONS[head_fusion](block, axis=0))
@@ -211,6 +225,12 @@ def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | No
     return None
 
 
+def _finite_as(values: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether float32 ``values`` stay finite in ``dtype`` (float16 overflows past 65504): one reduction."""
+    largest = float(values.abs().amax()) if values.numel() else 0.0  # NaN if any value is NaN
+    return largest <= torch.finfo(dtype).max  # False for NaN and inf
+
+
 class LayerStream:
     """Consumes each layer's probabilities as the forward pass produces them, then lets them go.
 
@@ -232,6 +252,7 @@ class LayerStream:
         self.maps: list[np.ndarray | None] = [None] * self.depth  # kept only for layers that failed the check
         self.errors = np.zeros(self.depth)
         self.distance: list[np.ndarray | None] = [None] * self.depth  # (B, heads) per layer
+        self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
 
     def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
         """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
@@ -267,7 +288,7 @@ class LayerStream:
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
         """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept; all feed the distance)."""
         probs = probs.detach().float()
-        self.distance[layer] = distances_per_image(probs.cpu().numpy()[:, None], self.layout)[:, 0]  # (B, heads)
+        self.distance[layer] = self._distances(probs)  # (B, heads)
         q, k = self._q.pop(layer, None), self._k.pop(layer, None)
         found = self.modules[layer]
         if q is not None and k is not None and found is not None:
@@ -278,7 +299,7 @@ class LayerStream:
             real = probs[0, :, sample].cpu() if probs.ndim == 4 else None  # (heads, n, N)
             for dtype in (torch.float16, torch.float32):
                 qs, ks = q32.to(dtype), k32.to(dtype)
-                if real is None or not (torch.isfinite(qs).all() and torch.isfinite(ks).all()):
+                if real is None or not (_finite_as(q32, dtype) and _finite_as(k32, dtype)):
                     continue
                 if qs.shape != ks.shape or qs.shape[0] != real.shape[0] or qs.shape[1] != real.shape[-1]:
                     break  # queries/keys that do not match the maps' heads and tokens: keep the maps
@@ -289,6 +310,21 @@ class LayerStream:
                     self.queries[layer], self.keys[layer] = qs.numpy(), ks.numpy()
                     return
         self.maps[layer] = probs[0].cpu().numpy().astype(np.float16)
+
+    def _distances(self, probs: torch.Tensor) -> np.ndarray:
+        """(B, heads, N, N) float32 probabilities -> (B, heads) `distances_per_image` (renormalised over patch
+        keys, pixels) in torch: float32 products and sums over keys (torch's cascaded sums), the rest in
+        float64; no float64 copy of the maps."""
+        patch = self.layout.patch_slice
+        with torch.no_grad():
+            patch_to_patch = probs[..., patch, patch]  # (B, heads, P, P), a view
+            if self._patch_distances is None:
+                self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=probs.device)
+            per_query = (patch_to_patch * self._patch_distances).sum(-1).double()  # (B, heads, P)
+            mass = patch_to_patch.sum(-1).double()
+            if bool((mass <= 0).any()):
+                raise ValueError("a patch query puts no attention on patch keys; cannot renormalise over patches")
+            return (per_query / mass).mean(-1).cpu().numpy()
 
     def mean_distance(self) -> np.ndarray:
         """(depth, heads) mean attention distance in pixels of image 0."""

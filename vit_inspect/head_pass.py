@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .analysis.heads import first_order_importance, head_entropy, prefix_attention_share, token_norms
+from .analysis.heads import token_norms
 from .capture import AttentionRecorder
 from .errors import CaptureError
 from .lens import NO_HEAD, lens_readouts
@@ -41,9 +41,9 @@ class HeadPass:
 
 class HeadStatsStream:
     """Per-layer form of the attention statistics of image 0: `head_entropy` and `prefix_attention_share`
-    of each layer's (heads, N, N) float32 maps as the pass produces them (`on_attention`, a
-    `capture_attention` callback), and `first_order_importance` layer by layer from a recorder's
-    per-layer maps and gradients. Each equals the stacked function's row for that layer (the reductions
+    of each layer's (heads, N, N) float32 maps as the pass produces them (in torch, on the maps' device) (`on_attention`, a
+    `capture_attention` callback); `pipeline.gradient_reductions` gives `first_order_importance` layer
+    by layer after the backward. Each equals the stacked function's row for that layer (the reductions
     run over the last two axes only)."""
 
     def __init__(self, depth: int, layout: TokenLayout) -> None:
@@ -54,9 +54,13 @@ class HeadStatsStream:
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
         """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to its per-head entropy and prefix share."""
-        maps = probs[0].detach().float().cpu().numpy()  # (heads, N, N)
-        self._entropy[layer] = head_entropy(maps)
-        self._prefix[layer] = prefix_attention_share(maps, self.layout)
+        with torch.no_grad():
+            maps = probs[0].detach().float()  # (heads, N, N)
+            # head_entropy: mean_i -sum_j a_ij ln a_ij (0 ln 0 = 0); float32 sums over keys, float64 means
+            logs = maps.clamp_min(torch.finfo(maps.dtype).tiny).log()  # finite, so that 0 * log = 0 exactly
+            self._entropy[layer] = -(maps * logs).sum(-1).double().mean(-1).cpu().numpy()
+            prefix = self.layout.split(maps, axis=-1)[0]  # (heads, N, prefix): prefix_attention_share
+            self._prefix[layer] = prefix.sum(-1).double().mean(-1).cpu().numpy()
 
     def _stacked(self, values: list[np.ndarray | None], name: str) -> np.ndarray:
         missing = [i for i, v in enumerate(values) if v is None]
@@ -71,13 +75,6 @@ class HeadStatsStream:
     def prefix_share(self) -> np.ndarray:
         """(depth, heads) float32 mean attention share on prefix tokens (see `prefix_attention_share`)."""
         return self._stacked(self._prefix, "prefix share")
-
-    @staticmethod
-    def first_order(attention: list[torch.Tensor], attention_grad: list[torch.Tensor]) -> np.ndarray:
-        """(depth, heads) float32 `first_order_importance` of image 0 from per-layer (B, heads, N, N) maps
-        and their gradients, one layer at a time."""
-        return np.stack([first_order_importance(a[0].detach().float().cpu().numpy(), g[0].float().cpu().numpy())
-                         for a, g in zip(attention, attention_grad)]).astype(np.float32)
 
 
 def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray,

@@ -9,6 +9,7 @@ Grad-CAM (every layer) and gradient-weighted attention are computed during the p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections import OrderedDict
 from contextlib import nullcontext, suppress
@@ -23,8 +24,8 @@ from PIL import Image
 
 from .analysis import (FilterPCA, filter_pca, gradcam_from_tokens, legrad_map, patch_relevance,
                        pos_embed_similarity)
-from .analysis.attention_maps import readout
-from .attention_store import HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream, attention_rows
+from .attention_store import (HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream, attention_rows,
+                              query_vector)
 from .attention_store import attention_map as store_attention_map
 from .attention_store import rollout as store_rollout
 from .capture import capture_attention
@@ -198,6 +199,30 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
     the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
     """
+    with blas_one_thread():
+        return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
+                              relevance)
+
+
+@functools.cache
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def blas_one_thread():
+    """A context in which numpy's BLAS (OpenBLAS, MKL) runs on one thread, restored on leaving.
+
+    The pass interleaves torch's OpenMP work with small numpy reductions per layer; OpenBLAS's worker
+    threads keep spinning for a while after each call and take the cores torch's threads need next.
+    Measured on 2 cores (DeiT-Ti, bench/bench_analysis.py): the pass is about a quarter faster with
+    numpy's BLAS on one thread, and numpy's per-layer products are too small to gain from more."""
+    return _blas_controller().limit(limits=1, user_api="blas")
+
+
+def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
+                   relevance) -> ImageAnalysis:
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     if geometry is None:
         pixels, rgb = handle.preprocess.apply(picture, input_size)
@@ -240,11 +265,11 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
         score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
         rec.backward(score.float())
         logits = logits.detach()  # the graph is no longer needed
-        chefer = chefer_relevance_layers(rec, layout, query).astype(np.float32)
-        first_order = stats.first_order(rec.attention_tensors(), rec.attention_grad_tensors())
-        gradient = gradient_rollouts(partial(gradient_fused_layer, rec), handle.depth, layout, query,
-                                     keep_stack=handle.depth * layout.num_tokens ** 2 * 2
-                                     <= KEEP_FRACTION * store.nbytes())
+        reduced = gradient_reductions(rec, layout, query)
+        chefer, first_order = reduced.chefer.astype(np.float32), reduced.first_order
+        keep_stack = handle.depth * layout.num_tokens ** 2 * 2 <= KEEP_FRACTION * store.nbytes()
+        gradient = gradient_rollouts(reduced.fused.__getitem__ if keep_stack else partial(gradient_fused_layer, rec),
+                                     handle.depth, layout, query, keep_stack=keep_stack)
         gradcam = np.stack([
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
@@ -328,25 +353,52 @@ def _preview(picture: Image.Image) -> np.ndarray:
     return np.asarray(thumb, dtype=np.uint8)
 
 
+@dataclass(frozen=True)
+class GradientReductions:
+    """What the gradient methods need from every layer's maps and their gradients, reduced in the pass."""
+
+    chefer: np.ndarray  # (grid_h, grid_w) float64 Chefer et al. 2021 relevance of the readout query
+    first_order: np.ndarray  # (depth, heads) float32 first-order head importance, logits
+    fused: list[np.ndarray]  # depth x (N, N) float16 G_l of vit-explain's gradient rollout
+
+
+def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
+    """Chefer relevance, first-order head importance and vit-explain's fused G_l from a recorder after its
+    backward pass, in torch, one layer at a time from the last: with W_l = A_l * dy/dA_l (heads, N, N,
+    float32, formed once per layer),
+
+    - first order: sum_ij W_lh,ij per head (torch's cascaded float32 sum; `analysis.first_order_importance`,
+      Michel et al. 2019 Eq. 2);
+    - Chefer et al. 2021 Eq. 5-6: R = prod_l (I + E_h[W_l^+]) (`analysis.chefer_matrix`), read out as the
+      query's row, v^T R with v the readout weights (`query_vector`): v <- v + v E_h[W_l^+] in float64 from
+      the last layer down, N^2 operations per layer instead of the N^3 product;
+    - G_l = max(0, E_h W_l) (`analysis.gradient_fused_attention`), kept in float16 (torch's single
+      rounding from float32; numpy's conversion of float16 subnormals alone cost DeiT-Ti's pass 25 ms).
+
+    Equal to the stacked numpy definitions (float64) to float32 rounding, G to one float16 unit in the
+    last place (tests/test_pipeline.py, tests/test_gradient_rollouts.py); never holds more than one
+    layer's (heads, N, N) product."""
+    attention, grads = rec.attention_tensors(), rec.attention_grad_tensors()
+    vector = torch.from_numpy(query_vector(layout, query))  # (N,) float64
+    first_order, fused = [None] * len(attention), [None] * len(attention)
+    with torch.no_grad():
+        for layer in reversed(range(len(attention))):
+            weighted = attention[layer][0].detach().to("cpu", torch.float32)
+            weighted = weighted * grads[layer][0].detach().to("cpu", torch.float32)  # (heads, N, N) W_l
+            first_order[layer] = weighted.sum(dim=(-2, -1))
+            fused[layer] = weighted.mean(0).clamp_(min=0).to(torch.float16).numpy()  # (N, N)
+            vector = vector + vector @ weighted.clamp_(min=0).mean(0, dtype=torch.float64)
+    chefer = layout.to_grid(layout.patches(vector.numpy()))
+    return GradientReductions(chefer=chefer, first_order=torch.stack(first_order).numpy().astype(np.float32),
+                              fused=fused)
+
+
 def gradient_fused_layer(rec, layer: int) -> np.ndarray:
     """(N, N) float64 G_l = max(0, mean_h(A_lh * dy/dA_lh)) of one layer from a recorder after its backward
     pass: `analysis.gradient_fused_attention` for that layer, never the (depth, heads, N, N) stacks."""
     attention = rec.attention_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
     grad = rec.attention_grad_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
     return np.maximum((attention.astype(np.float64) * grad).mean(axis=0), 0.0)
-
-
-def chefer_relevance_layers(rec, layout: TokenLayout, query) -> np.ndarray:
-    """Chefer et al. 2021 relevance (`analysis.chefer_matrix`, Eq. 5-6) accumulated layer by layer from
-    a recorder after its backward pass: R = prod_l (I + E_h[(dA_l * A_l)^+]) with one layer's maps and
-    gradients in float64 at a time, never the (depth, heads, N, N) stacks."""
-    attention, grads = rec.attention_tensors(), rec.attention_grad_tensors()
-    relevance = np.eye(layout.num_tokens)
-    for a, g in zip(attention, grads):
-        weighted = g[0].detach().float().cpu().numpy().astype(np.float64) * a[0].detach().float().cpu().numpy()
-        fused = np.maximum(weighted, 0.0).mean(axis=0)  # (N, N)
-        relevance = relevance + fused @ relevance
-    return readout(relevance, layout, query)
 
 
 @dataclass(frozen=True)

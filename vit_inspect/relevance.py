@@ -98,34 +98,40 @@ def identity_rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch
 
 
 def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-               weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, stabilizer: float) -> Rule:
+               weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, stabilizer: float,
+               channels_first: bool = False) -> Rule:
     """zennit's generalised Gamma rule for a linear map y = forward(x, W, b), in gradient form.
 
     With R_j = y_j g_j, W± = W + γ·W^±, for outputs y_j > 0:
     R_i = Σ_j [x⁺_i W⁺_ij + x⁻_i W⁻_ij] R_j / (x⁺·W⁺_j + x⁻·W⁻_j + b_j + γ b_j⁺), and symmetrically with
     W⁺/W⁻ swapped for y_j < 0; the gradient returned is R_i / x_i.
-    """
-    w_pos, w_neg = weight + gamma * weight.clamp(min=0), weight + gamma * weight.clamp(max=0)
-    b_pos = None if bias is None else bias + gamma * bias.clamp(min=0)
-    b_neg = None if bias is None else bias + gamma * bias.clamp(max=0)
 
-    w_pos, w_neg = w_pos.float(), w_neg.float()  # the rule runs in float32, also under half-precision autocast
-    b_pos = None if b_pos is None else b_pos.float()
-    b_neg = None if b_neg is None else b_neg.float()
+    Computed with two products instead of zennit's four (forward bilinear in x and W): with z = f(x, W)
+    and a = f(|x|, |W|), x⁺·W^+ + x⁻·W^- = (z + a)/2 and x⁺·W^- + x⁻·W^+ = (z - a)/2, so the denominators
+    are z + γ(z ± a)/2 + b + γ b^±; with u, l the y > 0 and y < 0 parts of R / denominator, s = u + l and
+    d = u - l, R_i = (1 + γ/2) x_i fᵀ(s; W)_i + (γ/2) |x_i| fᵀ(d; |W|)_i (fᵀ the transposed map, one
+    backward each). tests/test_relevance.py checks it against the four-product form. ``channels_first``:
+    the output's channels are its axis 1 (a convolution), not its last axis (a Linear).
+    """
+    weight, magnitude = weight.float(), weight.abs().float()  # the rule runs in float32, also under autocast
+    bias_pos = None if bias is None else (bias + gamma * bias.clamp(min=0)).float()
+    bias_neg = None if bias is None else (bias + gamma * bias.clamp(max=0)).float()
 
     def rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x, y, grad = x.float(), y.float(), grad.float()
         relevance_out = grad * y
         with torch.enable_grad(), torch.autocast(x.device.type, enabled=False):
-            inputs = [x.clamp(min=0), x.clamp(max=0), x.clamp(min=0), x.clamp(max=0)]
-            inputs = [i.detach().requires_grad_() for i in inputs]
-            outputs = [forward(inputs[0], w_pos, b_pos), forward(inputs[1], w_neg, None),
-                       forward(inputs[2], w_neg, b_neg), forward(inputs[3], w_pos, None)]
-            upper = (y > 0) * relevance_out / stabilize(outputs[0] + outputs[1], stabilizer)
-            lower = (y < 0) * relevance_out / stabilize(outputs[2] + outputs[3], stabilizer)
-            grads = torch.autograd.grad(outputs, inputs, [upper, upper, lower, lower])
-        relevance_in = sum(i.detach() * g for i, g in zip(inputs, grads))
+            signed, absolute = x.detach().requires_grad_(), x.detach().abs().requires_grad_()
+            z, a = forward(signed, weight, None), forward(absolute, magnitude, None)
+            upper_den, lower_den = z + gamma / 2 * (z + a), z + gamma / 2 * (z - a)
+            if bias is not None:
+                shape = (-1, *[1] * (z.ndim - 2)) if channels_first else (-1,)
+                upper_den, lower_den = upper_den + bias_pos.view(shape), lower_den + bias_neg.view(shape)
+            upper = (y > 0) * relevance_out / stabilize(upper_den.detach(), stabilizer)
+            lower = (y < 0) * relevance_out / stabilize(lower_den.detach(), stabilizer)
+            through_w, through_abs = torch.autograd.grad((z, a), (signed, absolute), (upper + lower, upper - lower))
+        relevance_in = (1 + gamma / 2) * x * through_w + gamma / 2 * x.abs() * through_abs
         return (relevance_in / stabilize(x, 1e-10)).to(dtype)
     return rule
 
@@ -133,7 +139,7 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
 def _linear_rule(module: nn.Module, gamma: float, stabilizer: float) -> Rule:
     if isinstance(module, nn.Conv2d):
         return gamma_rule(module._conv_forward, module.weight.detach(),
-                          None if module.bias is None else module.bias.detach(), gamma, stabilizer)
+                          None if module.bias is None else module.bias.detach(), gamma, stabilizer, channels_first=True)
     return gamma_rule(F.linear, module.weight.detach(), None if module.bias is None else module.bias.detach(),
                       gamma, stabilizer)
 

@@ -18,7 +18,7 @@ def _as_batch(attention: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _patch_distances(layout: TokenLayout) -> np.ndarray:
+def patch_distances(layout: TokenLayout) -> np.ndarray:
     """(P, P) Euclidean distances between patch centres in input pixels; cached per layout (the pass asks
     once per layer), read-only."""
     centers = layout.patch_centers()  # (P, 2)
@@ -30,7 +30,7 @@ def _patch_distances(layout: TokenLayout) -> np.ndarray:
 def distances_per_image(attention: np.ndarray, layout: TokenLayout, renormalize: bool = True) -> np.ndarray:
     """(B, depth, heads, N, N) attention -> (B, depth, heads): `mean_attention_distance` of each image, pixels."""
     patch_to_patch = layout.patches(layout.patches(attention, axis=-2), axis=-1)  # (B, L, H, P, P), a view
-    per_query = np.einsum("...ij,ij->...i", patch_to_patch, _patch_distances(layout), dtype=np.float64)  # (B, L, H, P)
+    per_query = np.einsum("...ij,ij->...i", patch_to_patch, patch_distances(layout), dtype=np.float64)  # (B, L, H, P)
     if renormalize:
         # sum_j (a_ij / m_i) d_ij = (sum_j a_ij d_ij) / m_i: divide per query, never copy the maps
         patch_mass = patch_to_patch.sum(axis=-1, dtype=np.float64)  # (B, L, H, P)
