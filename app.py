@@ -28,7 +28,7 @@ from vit_inspect.images import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageLimit
 from vit_inspect.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
 from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
-from vit_inspect.pipeline import ImageAnalysis, analyze_image, dataset_attention_distance
+from vit_inspect.pipeline import ImageAnalysis, add_relevance, analyze_image, dataset_attention_distance
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
@@ -39,6 +39,7 @@ from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
 from vit_inspect.ui.model_tab import ModelTab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
+from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.zerogpu import gpu_pass
 
@@ -109,6 +110,8 @@ class Session:
     labels: tuple[str, ...] = ()  # the model's class names
     model_label: str = ""  # model name and weights, for every caption
     geometry: InputGeometry = InputGeometry()  # how the upload became the input
+    relevance: bool = False  # passes also compute LeGrad and AttnLRP (the All maps toggle; off: the gradient floor)
+    relevance_for: frozenset = frozenset()  # the (target, contrast) passes whose LeGrad and AttnLRP were computed
 
     @property
     def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
@@ -214,6 +217,7 @@ class Inspector:
                                   reserved=lambda: sum(module_nbytes(h.model) for h in cache.handles()))
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
         self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
+        self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
 
@@ -268,9 +272,30 @@ class Inspector:
         """The model in use, put back in the picker after a failed load."""
         return key.name
 
-    def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None) -> ImageAnalysis:
+    def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None,
+              relevance: bool = False) -> ImageAnalysis:
         return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
-                             geometry=geometry)
+                             geometry=geometry, relevance=relevance)
+
+    def with_relevance(self, session: Session, progress=None) -> Session:
+        """The session with LeGrad and AttnLRP for the pass it shows (one more forward, at most)."""
+        if progress is not None and not computed(session):
+            progress(0.2, desc="Adding AttnLRP and LeGrad (one more forward and backward pass)")
+        return with_relevance(session, self.handle(session.model), self.run_relevance, self.config.limits,
+                              results_nbytes)
+
+    @shows_errors
+    def set_relevance(self, session: Session | None, wanted: object, progress=gr.Progress(), **controls):
+        """The All maps toggle: ticked, LeGrad and AttnLRP are added to the pass shown and computed by the
+        session's later passes; unticked, later passes leave them out (maps already computed stay)."""
+        wanted = flag(wanted, "The AttnLRP and LeGrad choice")
+        if session is None:
+            return gr.skip(), gr.skip()
+        view = View.from_controls(session.result, **controls)
+        session = replace(session, relevance=wanted)
+        if wanted:
+            session = self.with_relevance(session, progress)
+        return session, draw_panels(("compare",), session, view)[0]
 
     @staticmethod
     def geometry_of(mode: object, size: object) -> InputGeometry:
@@ -281,6 +306,7 @@ class Inspector:
     @shows_errors
     def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
                 progress=gr.Progress(), **controls):
+        relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None
@@ -289,14 +315,17 @@ class Inspector:
         view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
         progress(0.1, desc="Loading the model")
         handle = self.handle(key)
-        progress(0.4, desc="Running the model (one forward and one backward pass)")
-        result = self._pass(handle, source, geometry)
+        progress(0.4, desc="Running the model (one forward and one backward pass"
+                           + (", plus AttnLRP and LeGrad)" if relevance else ")"))
+        result = self._pass(handle, source, geometry, relevance=relevance)
         progress(0.8, desc="Drawing")
         scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
                                             title=f"{model_label(handle.name)} · this image")
         slot = self.store.put({(result.target, None): result}, result.nbytes())
         session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
-                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry)
+                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
+                          relevance=relevance,
+                          relevance_for=frozenset({(result.target, None)} if relevance else ()))
         target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
                             interactive=True) if result.probs.size else gr.update(choices=[], value=None))
         try:
@@ -352,15 +381,20 @@ class Inspector:
         if contrast == target:
             raise InputError("The class to compare with is the class itself; choose another one.")
         results = dict(session.results)
+        done = set(session.relevance_for)  # passes whose LeGrad and AttnLRP were computed
         if (target, contrast) not in results:
             progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
-            fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast)
+            fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast,
+                               relevance=session.relevance)
             # same image, same model: the attention is the same, so every target shares one copy
             results[(target, contrast)] = replace(fresh, attention_store=session.result.attention_store)
+            if session.relevance:
+                done.add((target, contrast))
             while len(results) > MAX_TARGETS_PER_SESSION:
                 results.pop(next(iter(results)))
         session.slot.set(results, results_nbytes(results))
-        return replace(session, target=(target, contrast))
+        session = replace(session, target=(target, contrast), relevance_for=frozenset(done & results.keys()))
+        return self.with_relevance(session, progress) if session.relevance else session
 
     def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
                    **controls):
@@ -443,7 +477,8 @@ class Inspector:
                 Image.fromarray(image).save(paths[-1])
         settings = {"model": handle.name, "weights": weights_label(handle),
                     "input_geometry": session.geometry.describe(result.layout.input_size),
-                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast)}
+                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast),
+                    "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
         settings |= view.record()
         record = analysis_record(handle, result, session.name) | {"settings": settings}
         paths.append(folder / f"{stem}.json")
@@ -571,6 +606,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         gr.Markdown("Every map on the same input, each with the options set in its own tab: "
                                     "layer, head and query under **Attention**, method and layers under **Rollout**, "
                                     "class and block under **Grad-CAM**.")
+                        relevance_toggle = gr.Checkbox(False, label=TOGGLE_LABEL, elem_id="relevance-toggle",
+                                                       info="LeGrad and AttnLRP for this image and class, and for "
+                                                            "later passes while ticked. Off, a pass is one forward "
+                                                            "and one backward.")
                         panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
                     with gr.Tab("Faithfulness"):
                         faithfulness = FaithfulnessTab()
@@ -635,7 +674,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
               ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
         analyzed = gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
-              inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls,
+              inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
               api_name="analyze", **raw, **model_pass)
         # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
@@ -664,7 +703,9 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
               inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
-        faithfulness.wire(app.handle, session, controls, **raw, **model_pass)
+        gr.on([relevance_toggle.input], app.set_relevance, inputs=[session, relevance_toggle], inputs_kwargs=controls,
+              outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
+        faithfulness.wire(app.handle, session, controls, relevance=app.with_relevance, **raw, **model_pass)
         heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
                    follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],

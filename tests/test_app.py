@@ -207,14 +207,20 @@ def test_downloads_hold_png_json_and_npz(client):
     assert record["settings"]["model"] == "deit_tiny_patch16_224"
     assert record["settings"]["attention"]["layer"] == 4 and record["settings"]["class"]["index"] == 285
     assert np.asarray(record["mean_attention_distance"]).shape == (12, 3)
+    assert record["settings"]["relevance"] is False and record["attnlrp"] is None  # the pass leaves them out
     with np.load(files["chelsea.npz"]) as arrays:
         assert arrays["attention"].shape == (12, 3, 197, 197)
         assert arrays["gradcam"].shape == (12, 14, 14)
-        assert arrays["chefer"].shape == arrays["legrad"].shape == arrays["attnlrp"].shape == (14, 14)
+        assert arrays["chefer"].shape == (14, 14) and "legrad" not in arrays and "attnlrp" not in arrays
         assert arrays["mean_distance"].shape == (12, 3)
         assert arrays["probs"].shape == (1000,)
         assert arrays["attention_map"].shape == arrays["rollout_map"].shape == (14, 14)
         assert np.allclose(arrays["attention"].astype(np.float32).sum(-1), 1.0, atol=1e-2)  # softmax rows
+    assert pixels(Path(client.predict(True, api_name="/relevance"))).shape[2] == 3  # the All maps toggle
+    files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")}
+    assert json.loads(files["chelsea.json"].read_text())["settings"]["relevance"] is True
+    with np.load(files["chelsea.npz"]) as arrays:
+        assert arrays["legrad"].shape == arrays["attnlrp"].shape == (14, 14)
 
 
 def test_model_figures_and_similarity_at_another_size(client):

@@ -101,4 +101,5 @@ def test_the_app_routes_its_passes_through_gpu_pass(monkeypatch):
     from vit_inspect.model_cache import ModelCache
 
     inspector = app.Inspector(app.AppConfig(), ModelCache(loader=lambda *a, **k: tiny_handle("cls")))
-    assert getattr(inspector.run_pass, "on_gpu", False) and stand_in.decorated == ["on_gpu"]
+    assert getattr(inspector.run_pass, "on_gpu", False) and getattr(inspector.run_relevance, "on_gpu", False)
+    assert stand_in.decorated == ["on_gpu", "on_gpu"]  # the pass and LeGrad/AttnLRP on demand (All maps toggle)

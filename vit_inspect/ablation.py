@@ -27,12 +27,14 @@ ImageInput = Image.Image | str | os.PathLike | bytes
 def analyze_ablated(handle: ViTHandle, image: ImageInput, heads: HeadSet, mode: str = "zero",
                     mean: HeadMeans | None = None, target: int | None = None,
                     input_size: tuple[int, int] | None = None, limits: ImageLimits = ImageLimits(),
-                    geometry: InputGeometry | None = None) -> ImageAnalysis:
+                    geometry: InputGeometry | None = None, relevance: bool = True) -> ImageAnalysis:
     """`analyze_image` of the model with `heads` ablated (see `ablate_heads`): its probabilities, maps,
     Grad-CAM, lens and head statistics, from one forward and one backward pass. `geometry` makes the
-    same input as the unablated pass it is compared with (see `analyze_image`)."""
+    same input as the unablated pass it is compared with (see `analyze_image`); ``relevance=False``
+    leaves out LeGrad and AttnLRP (their extra backwards), for callers that do not show them."""
     with ablate_heads(handle, heads, mode, mean):
-        return analyze_image(handle, image, target=target, input_size=input_size, limits=limits, geometry=geometry)
+        return analyze_image(handle, image, target=target, input_size=input_size, limits=limits, geometry=geometry,
+                             relevance=relevance)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 Gradio lives here and in app.py only (the library never imports it). `compare_tab(app, image, key,
 models)` is called inside app.py's `gr.Tabs()`; `app` is its `Inspector` (model cache, limits, and the
 validated `load_model`). Both passes run on the model-pass queue through the app's pass (`app.run_pass`, under
-ZeroGPU when available); the comparison lives in the app's byte-bounded session store (`app.store`) and
+ZeroGPU when available, without LeGrad and AttnLRP, which this tab does not show); the comparison lives in the app's byte-bounded session store (`app.store`) and
 gr.State holds only its slot, so sliders redraw from there and an evicted comparison says so.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import gradio as gr
@@ -155,7 +156,8 @@ class Compare:
                 raise InputError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
                                  "choose a smaller input size for B.")
         progress(0.3, desc="One pass per model (forward and backward)")
-        comparison = compare_images(handle_a, handle_b, picture, None, size, run_pass=self.app.run_pass)
+        comparison = compare_images(handle_a, handle_b, picture, None, size,  # no LeGrad/AttnLRP shown here
+                                    run_pass=functools.partial(self.app.run_pass, relevance=False))
         labels = (model_label(handle_a, "A", None), model_label(handle_b, "B", size))
         state = CompareSession(comparison=comparison, labels=labels,
                                features=((comparison.a.patch_features.astype(np.float32),),

@@ -4,7 +4,9 @@ On demand (a button, with a progress bar) it scores every map of the current ima
 current Grad-CAM block, rollout options and attention layer/head when they differ from the defaults, by
 deletion/insertion and positive/negative perturbation (`vit_inspect.faithfulness.score_maps`). The curves
 of every map already scored for this image and class stay in the session, so scoring a new choice costs
-only that map's perturbed inputs.
+only that map's perturbed inputs. LeGrad and AttnLRP, which the app's pass leaves out unless asked
+(`ui.relevance`), are added first (one more forward and backward pass); a map this model cannot give is
+named as not scored.
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ class FaithfulnessTab:
                     "model's score for the explained class is recorded (Petsiuk et al. 2018; Chefer et al. "
                     "2021). The random map is the floor: a map marked **⚠** does worse than chance. "
                     "Changing the Grad-CAM block, the rollout options or the attention layer/head adds that "
-                    "choice at the next **Score**; maps already scored are kept.")
+                    "choice at the next **Score**; maps already scored are kept. AttnLRP and LeGrad are "
+                    "computed first when the pass lacks them (one more forward and backward pass).")
         self.button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
         self.figure = gr.Image(label="Deletion and insertion curves", interactive=False, format="png",
                                show_label=False, elem_id="faithfulness-curves")
@@ -77,10 +80,13 @@ class FaithfulnessTab:
         self.note = gr.Markdown()
         self.scored = gr.State(None)
 
-    def wire(self, handle_of: Callable, session: gr.State, controls: dict, **event_options) -> None:
+    def wire(self, handle_of: Callable, session: gr.State, controls: dict, relevance: Callable | None = None,
+             **event_options) -> None:
+        """``relevance(session, progress) -> session`` adds LeGrad and AttnLRP to the pass shown (the app's
+        `Inspector.with_relevance`); without it they are scored only when the pass already holds them."""
         def score(current, scored: Scored | None, progress=gr.Progress(), **values):
             try:
-                return self._score(handle_of, current, scored, progress, values)
+                return self._score(handle_of, current, scored, progress, values, relevance)
             except (VitInspectError, ValueError) as exc:
                 raise gr.Error(str(exc), print_exception=False) from None
 
@@ -88,9 +94,12 @@ class FaithfulnessTab:
               outputs=[self.scored, self.figure, self.table, self.note], api_name="faithfulness", **event_options)
 
     @staticmethod
-    def _score(handle_of: Callable, current, scored: Scored | None, progress, values: dict):
+    def _score(handle_of: Callable, current, scored: Scored | None, progress, values: dict,
+               relevance: Callable | None = None):
         if current is None:
             raise ValueError("Analyse an image first; its maps are what gets scored.")
+        if relevance is not None and current.result.target is not None:
+            current = relevance(current, progress)
         result = current.result
         if result.target is None:
             raise ValueError("This model has no classification head, so there is no class score to perturb.")
@@ -125,6 +134,10 @@ class FaithfulnessTab:
         note = (f"Scored {len(known)} maps for class {label!r}. pos/neg: top-1 still the explained class while "
                 "the most/least relevant patches are removed (area ×100 over 0–0.9); del/ins: its probability "
                 "(area over 0–1). One image is noisy: the README's table over 200 images is steadier.")
+        absent = [METHODS[name] for name in ("legrad", "attnlrp") if name not in maps]
+        if absent:
+            note += (f"\n\nNot scored: {', '.join(absent)} ("
+                     + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
         if flagged:
             note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
         return Scored(key=key, curves=known), image, rows, note

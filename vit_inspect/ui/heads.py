@@ -292,7 +292,8 @@ class HeadsTab:
         progress(0.5, desc="The ablated model: one forward and one backward pass")
         result = session.result
         ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
-                                  limits=self.app.config.limits, geometry=session.geometry)
+                                  limits=self.app.config.limits, geometry=session.geometry,
+                                  relevance=False)  # its panels show attention, rollout and Grad-CAM only
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
                         ablated_heads=pairs, ablated_words=words)

@@ -10,6 +10,7 @@ import numpy as np
 from .. import plotting
 from ..analysis import mass_mask
 from ..pipeline import ImageAnalysis
+from .relevance import present, relevance_words
 
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
 IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")  # per-image outputs
@@ -109,11 +110,12 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
         elif name == "compare":
             shown = {k: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
             ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
-            extra = {k: v for k, v in (("LeGrad", getattr(result, "legrad", None)),
-                                       ("AttnLRP", getattr(result, "attnlrp", None))) if v is not None}
             target, contrast = session.target
+            alone = f", class {session.class_text(target)} alone" if contrast is not None else ""  # no contrast
+            extra = {method + alone: v for method, v in present(result).items()}
             title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
+            title += f"\n{relevance_words(session)}" if relevance_words(session) else ""
             drawn.append(figure_image(plotting.maps_figure(
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
