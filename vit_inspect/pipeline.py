@@ -378,13 +378,12 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
     Equal to the stacked numpy definitions (float64) to float32 rounding, G to one float16 unit in the
     last place (tests/test_pipeline.py, tests/test_gradient_rollouts.py); never holds more than one
     layer's (heads, N, N) product."""
-    attention, grads = rec.attention_tensors(), rec.attention_grad_tensors()
+    depth = len(rec.attention_tensors())
     vector = torch.from_numpy(query_vector(layout, query))  # (N,) float64
-    first_order, fused = [None] * len(attention), [None] * len(attention)
+    first_order, fused = [None] * depth, [None] * depth
     with torch.no_grad():
-        for layer in reversed(range(len(attention))):
-            weighted = attention[layer][0].detach().to("cpu", torch.float32)
-            weighted = weighted * grads[layer][0].detach().to("cpu", torch.float32)  # (heads, N, N) W_l
+        for layer in reversed(range(depth)):
+            weighted = _weighted_attention(rec, layer)  # (heads, N, N) W_l
             first_order[layer] = weighted.sum(dim=(-2, -1))
             fused[layer] = weighted.mean(0).clamp_(min=0).to(torch.float16).numpy()  # (N, N)
             vector = vector + vector @ weighted.clamp_(min=0).mean(0, dtype=torch.float64)
@@ -393,12 +392,18 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
                               fused=fused)
 
 
+def _weighted_attention(rec, layer: int) -> torch.Tensor:
+    """(heads, N, N) float32 W_l = A_l * dy/dA_l of image 0 from a recorder after its backward pass."""
+    with torch.no_grad():
+        attention = rec.attention_tensors()[layer][0].detach().to("cpu", torch.float32)
+        return attention * rec.attention_grad_tensors()[layer][0].detach().to("cpu", torch.float32)
+
+
 def gradient_fused_layer(rec, layer: int) -> np.ndarray:
     """(N, N) float64 G_l = max(0, mean_h(A_lh * dy/dA_lh)) of one layer from a recorder after its backward
-    pass: `analysis.gradient_fused_attention` for that layer, never the (depth, heads, N, N) stacks."""
-    attention = rec.attention_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
-    grad = rec.attention_grad_tensors()[layer][0].detach().float().cpu().numpy()  # (heads, N, N)
-    return np.maximum((attention.astype(np.float64) * grad).mean(axis=0), 0.0)
+    pass (`analysis.gradient_fused_attention` for that layer, from float32 products as in
+    `gradient_reductions`), never the (depth, heads, N, N) stacks."""
+    return _weighted_attention(rec, layer).mean(0).clamp_(min=0).double().numpy()
 
 
 @dataclass(frozen=True)
