@@ -15,7 +15,8 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 "today" is the first release's pass plus issue 10's gradient rollout stack (depth, N, N) float16, kept
 here (`analyze_today`); "main" is another checkout's own `analyze_image` (every method of that
 version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
--x -C /tmp/main_tree`); "compact" is this checkout's.
+-x -C /tmp/main_tree`); "compact" is this checkout's, "app" this checkout's pass as the app runs it (`relevance=False`:
+no AttnLRP or LeGrad, which the app adds on request).
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
@@ -49,7 +50,7 @@ MODELS = {
     "dinov2l_518": ("vit_large_patch14_reg4_dinov2", {}, (518, 518), "DINOv2-L/14 + 4 registers, 518 (no head)"),
 }
 DEFAULT_MODELS = ("deit_ti_224", "vitb_224", "vitb_384", "dinov2s_518", "dinov2l_518")
-DESIGNS = ("today", "main", "compact")
+DESIGNS = ("today", "main", "compact", "app")
 MB = 1e6
 
 
@@ -195,6 +196,8 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         held.pop("result", None)
         if design == "today":
             held["result"] = analyze_today(handle, picture, autocast=half)
+        elif design == "app":  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`)
+            held["result"] = analyze_image(handle, picture, autocast=half, relevance=False)
         else:
             held["result"] = analyze_image(handle, picture, autocast=half)
         sync()
