@@ -224,11 +224,7 @@ def blas_one_thread():
 def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
                    relevance) -> ImageAnalysis:
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    if geometry is None:
-        pixels, rgb = handle.preprocess.apply(picture, input_size)
-        box = seen_box(handle.preprocess, picture.size, rgb.shape[:2])
-    else:
-        pixels, rgb, box = prepare(handle.preprocess, picture, geometry, handle.patch_size)
+    pixels, rgb, box = model_input(handle, picture, input_size, geometry)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
@@ -287,6 +283,16 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         source_size=picture.size)
 
 
+def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,
+                geometry: InputGeometry | None = None) -> tuple[torch.Tensor, np.ndarray, tuple]:
+    """(pixels (1, 3, H, W), the (H, W, 3) uint8 crop the model sees, the box of the upload it shows): the
+    model's crop at `input_size` without `geometry`, otherwise `geometry.prepare`'s input."""
+    if geometry is None:
+        pixels, rgb = handle.preprocess.apply(picture, input_size)
+        return pixels, rgb, seen_box(handle.preprocess, picture.size, rgb.shape[:2])
+    return prepare(handle.preprocess, picture, geometry, handle.patch_size)
+
+
 def _relevance_of_pass(handle: ViTHandle, lrp, rec, logits: torch.Tensor, pixels: torch.Tensor, chosen: int,
                        layout: TokenLayout) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(LeGrad, AttnLRP) grid maps of class `chosen` from a forward run inside `relevance_rules` and
@@ -313,9 +319,8 @@ def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
     if not handle.has_head:
         return None, None
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    pixels = (handle.preprocess.apply(picture, input_size)[0] if geometry is None
-              else prepare(handle.preprocess, picture, geometry, handle.patch_size)[0])
-    layout = handle.layout(tuple(pixels.shape[-2:]))
+    pixels, rgb, _ = model_input(handle, picture, input_size, geometry)
+    layout = handle.layout(rgb.shape[:2])
     pixels = pixels.to(handle.device).requires_grad_(True)
     with (torch.enable_grad(), capture_attention(handle, activation_layers=(), keep_attention=True) as rec,
           relevance_rules(handle) as lrp,
@@ -340,7 +345,7 @@ def add_relevance(handle: ViTHandle, result: ImageAnalysis, image: Image.Image |
                                      limits=limits, geometry=geometry)
     if legrad is not None and legrad.shape != (result.layout.grid_h, result.layout.grid_w):
         raise VitInspectError("The image given does not match this result's input; analyse it again.")
-    return dataclasses.replace(result, legrad=legrad, attnlrp=attnlrp, _rollouts=result._rollouts)
+    return dataclasses.replace(result, legrad=legrad, attnlrp=attnlrp)  # the same store and rollout cache
 
 
 PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result

@@ -115,7 +115,8 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             extra = {method + alone: v for method, v in present(result).items()}
             title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
-            title += f"\n{relevance_words(session)}" if relevance_words(session) else ""
+            words = relevance_words(session)
+            title += f"\n{words}" if words else ""
             drawn.append(figure_image(plotting.maps_figure(
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},

@@ -2,7 +2,7 @@
 
 The app's pass is ``analyze_image(relevance=False)``: one forward and one ordinary backward, the floor of
 any gradient method. LeGrad (Bousselham et al. 2025) and AttnLRP (Achtibat et al. 2024) need LRP rules on
-the forward and five more backwards (about 4x that floor on DeiT-Ti, issue 14), so a session asks for them:
+the forward and five more backwards (2.4-2.7x the pass without them, BENCHMARKS.md), so a session asks for them:
 the All maps toggle adds them to the pass shown now (`pipeline.add_relevance`: one more forward and those
 backwards, equal to the maps of a one-pass ``relevance=True``) and, while ticked, the session's later
 passes compute them in their own forward. The Faithfulness tab adds them before scoring.
