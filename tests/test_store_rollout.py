@@ -152,3 +152,23 @@ def test_chunked_rollout_equals_one_chunk(monkeypatch):
     monkeypatch.setattr(attention_store, "CHUNK_BYTES", 4 * 3 * layout.num_tokens * 7)  # 7 rows per chunk
     for o, expected in zip(options, whole):
         np.testing.assert_allclose(rollout(store, layout, **o), expected, rtol=1e-12)
+
+
+def test_lowest_equals_a_stable_argsort():
+    """The discards' selection (`_lowest`: a partition, then ties by position) against its definition,
+    the first ``count`` of a stable argsort, on small integer values so that ties are everywhere."""
+    from vit_inspect.analysis.rollout import _lowest
+
+    rng = np.random.default_rng(0)
+    for trial in range(600):
+        shape = [(7,), (5, 9), (3, 4, 6), (30,)][trial % 4]
+        values = rng.integers(0, rng.integers(1, 5), size=shape).astype(np.float64)
+        width = shape[-1]
+        skip = None if trial % 3 == 0 else int(rng.integers(0, width))
+        count = int(rng.integers(1, width if skip is not None else width + 1))
+        ranking = values.copy()
+        if skip is not None:
+            ranking[..., skip] = np.inf
+        expected = np.zeros(shape, bool)
+        np.put_along_axis(expected, np.argsort(ranking, axis=-1, kind="stable")[..., :count], True, axis=-1)
+        np.testing.assert_array_equal(_lowest(values, count, skip), expected, err_msg=f"{values}, {count}, {skip}")

@@ -24,16 +24,21 @@ def _lowest(values: np.ndarray, count: int, skip_column: int | None = None) -> n
     equal = values == threshold
     if skip_column is not None:
         lowest[..., skip_column] = equal[..., skip_column] = False
-    room = count - lowest.sum(axis=-1, keepdims=True)  # how many of the tied entries still go
-    tie_broken = np.flatnonzero(equal.sum(axis=-1, keepdims=True) > room)  # rows where some tied entries stay
+    room = count - _count(lowest)  # how many of the tied entries still go
+    tie_broken = np.flatnonzero(_count(equal) > room)  # rows where some tied entries stay
     lowest |= equal
     if len(tie_broken):
         width = values.shape[-1]
-        row, column = np.nonzero(equal.reshape(-1, width)[tie_broken])  # tied entries, row-major
+        row, column = np.divmod(np.flatnonzero(equal.reshape(-1, width)[tie_broken]), width)  # tied, row-major
         rank = np.arange(len(row)) - np.searchsorted(row, row)  # place among the tied entries of its row
         stays = rank >= room.reshape(-1)[tie_broken][row]
         lowest.reshape(-1, width)[tie_broken[row[stays]], column[stays]] = False
     return lowest
+
+
+def _count(mask: np.ndarray) -> np.ndarray:
+    """(..., 1) number of True entries along the last axis (one vector: count_nonzero, 20x a bool sum)."""
+    return np.array([np.count_nonzero(mask)]) if mask.ndim == 1 else mask.sum(axis=-1, keepdims=True)
 
 
 def row_discard_mask(fused: np.ndarray, discard_ratio: float, keep_column: int | None) -> np.ndarray | None:
