@@ -281,7 +281,7 @@ def _row_product(weights: np.ndarray, tokens: np.ndarray, rows: np.ndarray, laye
     if not residual:
         return scaled @ rows
     product = (0.5 * scaled) @ rows  # (N,)
-    np.add.at(product, tokens, 0.5 * scaled)
+    product[tokens] += 0.5 * scaled  # tokens are distinct
     return product
 
 
