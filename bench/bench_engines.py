@@ -47,16 +47,7 @@ def main() -> None:
         return
     paths = find_images([args.images])[:args.count]
     job = AttentionDistanceJob("deit_tiny_patch16_224", weights=str(WEIGHTS.resolve()), device="cpu")
-    options = EngineOptions(batch_size=args.batch_size, shard_size=256)
-
-    from vit_inspect.ray_engine import start_ray
-    started = time.perf_counter()
-    start_ray(num_cpus=args.ray_cpus)
-    ray_start = time.perf_counter() - started
-
-    results: dict[str, list] = {"local": [], "ray": []}
-    times = measure({engine: (lambda e=engine: results[e].append(run_job(job, paths, e, options)[0]))
-                     for engine in ("local", "ray")}, args.repeats, warmup=0)
+    ray_start, times, results = _time_engines(job, paths, args)
     local, ray = results["local"][-1], results["ray"][-1]
     if local.num_images != len(paths) or ray.num_images != len(paths):
         raise RuntimeError(f"analysed {local.num_images} (local) and {ray.num_images} (ray) of {len(paths)} images")
@@ -74,15 +65,9 @@ def main() -> None:
     print(f"\nLargest difference between the engines' distances: {difference:.2e} px.")
 
 
-def evaluate_main(args: argparse.Namespace) -> None:
-    """`evaluate` (faithfulness) on both engines, same files, interleaved; the tables must agree."""
-    from pathlib import Path
-
-    labels = read_labels(Path(args.images) / "labels.csv")
-    paths = select_files(args.images, labels, every=max(1, len(labels) // args.count), limit=args.count)
-    methods = tuple(args.methods.split(","))
-    job = EvaluateJob("deit_tiny_patch16_224", str(WEIGHTS.resolve()), "cpu", None,
-                      tuple(sorted((p.name, labels[p.name]) for p in paths)), methods)
+def _time_engines(job, paths: list, args: argparse.Namespace) -> tuple[float, dict, dict[str, list]]:
+    """Start local Ray (timed once), then run `job` over `paths` on both engines, interleaved, no warm-up:
+    (Ray start-up seconds, engine -> timing, engine -> the job results of each run)."""
     options = EngineOptions(batch_size=args.batch_size, shard_size=256)
 
     from vit_inspect.ray_engine import start_ray
@@ -93,6 +78,19 @@ def evaluate_main(args: argparse.Namespace) -> None:
     results: dict[str, list] = {"local": [], "ray": []}
     times = measure({engine: (lambda e=engine: results[e].append(run_job(job, paths, e, options)[0]))
                      for engine in ("local", "ray")}, args.repeats, warmup=0)
+    return ray_start, times, results
+
+
+def evaluate_main(args: argparse.Namespace) -> None:
+    """`evaluate` (faithfulness) on both engines, same files, interleaved; the tables must agree."""
+    from pathlib import Path
+
+    labels = read_labels(Path(args.images) / "labels.csv")
+    paths = select_files(args.images, labels, every=max(1, len(labels) // args.count), limit=args.count)
+    methods = tuple(args.methods.split(","))
+    job = EvaluateJob("deit_tiny_patch16_224", str(WEIGHTS.resolve()), "cpu", None,
+                      tuple(sorted((p.name, labels[p.name]) for p in paths)), methods)
+    ray_start, times, results = _time_engines(job, paths, args)
     local, ray = results["local"][-1].accumulator.table(), results["ray"][-1].accumulator.table()
     difference = max(abs(local[m][c][0] - ray[m][c][0]) for m in local for c in local[m])
 

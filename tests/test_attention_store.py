@@ -134,6 +134,60 @@ def test_large_logits_keep_float32_queries():
     _compare(handle, result)
 
 
+@pytest.mark.parametrize("kind", ["cls", "reg4"])
+def test_batched_check_equals_the_check_of_each_layer_alone(kind, monkeypatch):
+    """The Q/K check waits until CHECK_BYTES are pending and then runs for the waiting layers at once. With a
+    bound of 0 bytes every layer is checked alone as its maps appear (one layer pending at each flush); the
+    tiny model's layers all fit the default bound (one flush, at the end). Same store, same errors."""
+    flushed: list[list[int]] = []
+    real_flush = attention_store.LayerStream._flush
+
+    def counting_flush(self):
+        flushed.append([entry.layer for entry in self._pending])
+        real_flush(self)
+
+    monkeypatch.setattr(attention_store.LayerStream, "_flush", counting_flush)
+    handle = tiny_handle(kind)
+    batched = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
+    assert [layers for layers in flushed if layers] == [list(range(handle.depth))]
+    flushed.clear()
+    monkeypatch.setattr(attention_store, "CHECK_BYTES", 0)
+    alone = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
+    assert [layers for layers in flushed if layers] == [[layer] for layer in range(handle.depth)]
+    assert batched.mode == alone.mode == "qk16"
+    np.testing.assert_array_equal(batched.queries, alone.queries)
+    np.testing.assert_array_equal(batched.keys, alone.keys)
+    assert batched.max_error == pytest.approx(alone.max_error, rel=1e-5, abs=1e-9)
+    assert 0 < batched.max_error < attention_store.TOLERANCE
+
+
+def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch):
+    """Pending layers are checked as soon as they hold CHECK_BYTES: with a bound of two layers' bytes, a
+    six-layer model is checked two layers at a time, and the store is still every layer's Q/K."""
+    from timm.models.vision_transformer import VisionTransformer
+    from vit_inspect.models import handle_from_timm
+
+    flushed: list[tuple[list[int], int]] = []
+    real_flush = attention_store.LayerStream._flush
+
+    def recording_flush(self):
+        flushed.append(([entry.layer for entry in self._pending], self._pending_bytes))
+        real_flush(self)
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=6, num_heads=2, num_classes=10).eval()
+    handle = handle_from_timm(model, name="six-layers", device="cpu", input_size=(32, 32))
+    monkeypatch.setattr(attention_store.LayerStream, "_flush", recording_flush)
+    analyze_image(handle, _image(), input_size=(32, 32))
+    [(layers, total)] = [f for f in flushed if f[0]]
+    assert layers == list(range(6))
+    flushed.clear()
+    monkeypatch.setattr(attention_store, "CHECK_BYTES", 2 * total // 6)
+    store = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
+    assert [layers for layers, _ in flushed if layers] == [[0, 1], [2, 3], [4, 5]]
+    assert store.mode == "qk16" and store.queries.shape[0] == 6
+
+
 def test_store_rows_by_hand():
     """Two tokens, one head, d = 1: A = softmax(s q k^T) computed by hand."""
     q = np.array([[[[1.0], [0.0]]]], np.float16)  # (depth 1, heads 1, N 2, d 1)

@@ -37,6 +37,7 @@ CHUNK_BYTES = 8 * 2 ** 20  # transient float32 block per row chunk of a rebuild 
 # float16 rounding with it, which could change what rollout's discard ranks. From 4 rows on, each row's
 # values are those of the whole layer (tests/test_store_rollout.py pins it).
 ROW_BLOCK = 8
+CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
 
 
 @dataclass(frozen=True)
@@ -309,10 +310,32 @@ def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | No
     return None
 
 
-def _finite_as(values: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether float32 ``values`` stay finite in ``dtype`` (float16 overflows past 65504): one reduction."""
-    largest = float(values.abs().amax()) if values.numel() else 0.0  # NaN if any value is NaN
-    return largest <= torch.finfo(dtype).max  # False for NaN and inf
+@dataclass(eq=False)
+class _Pending:
+    """One layer waiting for `LayerStream._flush`: its maps (for the fallback), float32 Q and K of image 0
+    and the sampled rows of its maps (None when Q/K were not recorded or the maps are not (B, heads, N, N))."""
+
+    layer: int
+    maps: torch.Tensor  # (heads, N, N) as the model produced them
+    queries: torch.Tensor | None = None  # (heads, N, d) float32
+    keys: torch.Tensor | None = None
+    real: torch.Tensor | None = None  # (heads, n, N) float32 sampled rows
+    passed: bool | None = None  # True once Q/K in some dtype reproduced the rows
+
+    def nbytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for t in (self.maps, self.queries, self.keys, self.real)
+                   if t is not None)
+
+
+def _rebuild_errors(queries: torch.Tensor, keys: torch.Tensor, scale: torch.Tensor, real: torch.Tensor,
+                    sample: torch.Tensor) -> torch.Tensor:
+    """(L,) max |softmax(s_l * q kᵀ) - recorded| over the sampled rows of L layers of one shape, computed in
+    float32 from (L, heads, N, d) queries and keys already rounded to the stored dtype, (L,) scales s_l
+    and (L, heads, n, N) recorded rows."""
+    chosen = queries.index_select(2, sample).float()  # (L, heads, n, d)
+    scores = torch.matmul(chosen, keys.float().transpose(-1, -2))  # (L, heads, n, N)
+    rebuilt = torch.softmax(scores * scale.to(scores.dtype).view(-1, 1, 1, 1), dim=-1)
+    return (rebuilt - real).abs().amax(dim=(1, 2, 3))
 
 
 class LayerStream:
@@ -337,6 +360,9 @@ class LayerStream:
         self.errors = np.zeros(self.depth)
         self.distance: list[np.ndarray | None] = [None] * self.depth  # (B, heads) per layer
         self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
+        self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
+        self._pending_bytes = 0
+        self._samples: dict[int, torch.Tensor] = {}  # N -> the rows the check compares
 
     def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
         """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
@@ -370,30 +396,74 @@ class LayerStream:
                 h.remove()
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
-        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept; all feed the distance)."""
-        probs = probs.detach().float()
-        self.distance[layer] = self._distances(probs)  # (B, heads)
+        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept; all feed the distance).
+
+        The mean distance is reduced now; the check of Q and K waits in `_pending` (this layer's float32 Q
+        and K, the sampled rows of its maps and a reference to the maps for the fallback) until those hold
+        CHECK_BYTES, then runs for every waiting layer at once (`_flush`): a few batched products instead
+        of a dozen small ones per layer. A layer whose maps alone pass the bound is checked at once, so
+        the pass never holds more than one layer's maps beyond the bound."""
+        probs = probs.detach()
+        self.distance[layer] = self._distances(probs.float())  # (B, heads)
         q, k = self._q.pop(layer, None), self._k.pop(layer, None)
         found = self.modules[layer]
-        if q is not None and k is not None and found is not None:
-            scale = found[3]
-            q32, k32 = q[0].float().cpu(), k[0].float().cpu()  # (heads, N, d)
-            num_tokens = q32.shape[1]
-            sample = np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64))
-            real = probs[0, :, sample].cpu() if probs.ndim == 4 else None  # (heads, n, N)
+        maps = probs[0]  # (heads, N, N), what the maps fallback keeps (a view: no copy)
+        entry = _Pending(layer, maps)
+        if q is not None and k is not None and found is not None and probs.ndim == 4:
+            entry.queries, entry.keys = q[0].float().cpu(), k[0].float().cpu()  # (heads, N, d)
+            sample = self._sample(maps.shape[-1])
+            entry.real = maps.index_select(1, sample.to(maps.device)).float().cpu()  # (heads, n, N)
+        self._pending.append(entry)
+        self._pending_bytes += entry.nbytes()
+        if self._pending_bytes >= CHECK_BYTES:
+            self._flush()
+
+    def _sample(self, num_tokens: int) -> torch.Tensor:
+        """The (n,) query rows compared: ROWS_CHECKED evenly spaced, first and last included."""
+        if num_tokens not in self._samples:
+            self._samples[num_tokens] = torch.from_numpy(
+                np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64)))
+        return self._samples[num_tokens]
+
+    def _flush(self) -> None:
+        """Check every waiting layer: its Q and K in float16, else float32, rebuild the sampled rows within
+        the tolerance (`_rebuild_errors`; layers of one shape are checked together, a handful of batched
+        operations per dtype); a layer neither reproduces keeps its maps in float16."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        groups: dict[tuple, list[_Pending]] = {}
+        for entry in pending:
+            if entry.real is not None and entry.queries.shape == entry.keys.shape \
+                    and entry.queries.shape[0] == entry.real.shape[0] and entry.queries.shape[1] == entry.real.shape[-1]:
+                groups.setdefault((entry.queries.shape, entry.real.shape), []).append(entry)
+            # otherwise: no Q/K recorded, or Q/K that do not match the maps' heads and tokens: keep the maps
+        for group in groups.values():
+            queries, keys = torch.stack([e.queries for e in group]), torch.stack([e.keys for e in group])  # (L, heads, N, d)
+            largest = torch.maximum(queries.abs().amax(dim=(1, 2, 3)), keys.abs().amax(dim=(1, 2, 3)))  # (L,)
+            scale = torch.tensor([self.modules[e.layer][3] for e in group])  # (L,)
+            real = torch.stack([e.real for e in group])  # (L, heads, n, N)
+            sample = self._sample(real.shape[-1])
+            unchecked = torch.ones(len(group), dtype=torch.bool)
             for dtype in (torch.float16, torch.float32):
-                qs, ks = q32.to(dtype), k32.to(dtype)
-                if real is None or not (_finite_as(q32, dtype) and _finite_as(k32, dtype)):
+                # values the dtype cannot carry (float16 overflows past 65504; NaN fails too) go on to the next
+                trial = unchecked & (largest <= torch.finfo(dtype).max)
+                index = trial.nonzero().flatten()
+                if len(index) == 0:
                     continue
-                if qs.shape != ks.shape or qs.shape[0] != real.shape[0] or qs.shape[1] != real.shape[-1]:
-                    break  # queries/keys that do not match the maps' heads and tokens: keep the maps
-                rebuilt = torch.softmax(scale * (qs[:, sample].float() @ ks.float().transpose(-1, -2)), dim=-1)
-                error = float((rebuilt - real).abs().max())
-                self.errors[layer] = error
-                if error <= self.tolerance:
-                    self.queries[layer], self.keys[layer] = qs.numpy(), ks.numpy()
-                    return
-        self.maps[layer] = probs[0].cpu().numpy().astype(np.float16)
+                every = len(index) == len(group)
+                rounded_q = (queries if every else queries[index]).to(dtype)
+                rounded_k = (keys if every else keys[index]).to(dtype)
+                errors = _rebuild_errors(rounded_q, rounded_k, scale if every else scale[index],
+                                         real if every else real[index], sample)
+                for row, (i, error) in enumerate(zip(index.tolist(), errors.tolist())):
+                    layer = group[i].layer
+                    self.errors[layer] = error
+                    if error <= self.tolerance:
+                        unchecked[i] = False
+                        group[i].passed = True
+                        self.queries[layer], self.keys[layer] = rounded_q[row].numpy(), rounded_k[row].numpy()
+        for entry in pending:
+            if not entry.passed:
+                self.maps[entry.layer] = entry.maps.float().cpu().numpy().astype(np.float16)
 
     def _distances(self, probs: torch.Tensor) -> np.ndarray:
         """(B, heads, N, N) float32 probabilities -> (B, heads) `distances_per_image` (renormalised over patch
@@ -417,6 +487,7 @@ class LayerStream:
     def store(self) -> AttentionStore:
         """The compact store: float16 Q/K when every layer passed, float32 Q/K when some needed it,
         the float16 maps when any layer could not be rebuilt at all."""
+        self._flush()
         max_error = float(self.errors.max()) if self.depth else 0.0
         if any(m is not None for m in self.maps) or any(q is None for q in self.queries):
             maps = [m if m is not None else torch.softmax(

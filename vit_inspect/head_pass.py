@@ -86,7 +86,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     if its reading after the last block reproduces the model's logits within `tolerance` times their
     largest magnitude.
     """
-    residual = [rec.residual(i)[:1].float() for i in range(handle.depth)]  # depth x (1, N, D)
+    residual = torch.cat([rec.residual(i)[:1].float() for i in range(handle.depth)])  # (depth, N, D), one batch
     model_logits = logits.detach()[0].float() if handle.has_head else torch.zeros(0)
     lens: dict[str, np.ndarray] = {}
     note = "" if handle.has_head else NO_HEAD
@@ -95,13 +95,13 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
         note = f"vit_inspect does not know how {handle.name!r} reads its tokens into its head, so it shows no logit lens."
     with torch.no_grad(), torch.autocast(handle.device.type, enabled=False):
         for name, read in readouts.items():
-            lens[name] = torch.cat([read(x) for x in residual]).cpu().numpy().astype(np.float32)  # (depth, C)
+            lens[name] = read(residual).cpu().numpy().astype(np.float32)  # (depth, C): every block in one call
     if "readout" in lens:
         error = np.abs(lens["readout"][-1] - model_logits.cpu().numpy()).max()
         if error > tolerance * max(1.0, float(model_logits.abs().max())):
             lens, note = {}, (f"The lens after the last block differs from {handle.name!r}'s logits by {error:.3g}: "
                               "its head is not one vit_inspect can replay, so it shows no logit lens.")
-    norms = np.stack([token_norms(x[0].cpu().numpy()) for x in residual]).astype(np.float32)  # (depth, N)
+    norms = token_norms(residual.cpu().numpy()).astype(np.float32)  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
         entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),

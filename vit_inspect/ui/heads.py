@@ -277,18 +277,11 @@ class HeadsTab:
     def ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object,
                progress=gr.Progress(), **controls):
         """Ablate the typed heads: new top-5, the class's change, the ablated model's maps."""
-        if session is None:
-            raise InputError("Analyse an image first; the ablation runs on it.")
-        handle = self.app.handle(session.model)
-        if not handle.has_head:
-            raise InputError("Ablation effects are measured on the prediction: this model has no classification head.")
+        handle = self._handle_with_head(session, "the ablation runs on it",
+                                        "Ablation effects are measured on the prediction: this model has no classification head.")
         pairs = parse_head_spec(spec, handle.depth, handle.num_heads)
-        mode = mode_of(mode)
-        state = fresh(state, session)
         self.view_of(session.result, **controls)  # refuse bad controls before the pass, not after
-        means, reference = None, ""
-        if mode == "mean":
-            state, means, reference = self._means(state, handle, session, files, progress)
+        mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
         progress(0.5, desc="The ablated model: one forward and one backward pass")
         result = session.result
         ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
@@ -300,6 +293,24 @@ class HeadsTab:
         effect = ablation_effect(result, ablated)
         return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
                 *self.ablated_maps(session, state, controls))
+
+    def _handle_with_head(self, session, purpose: str, no_head: str):
+        """The session's model handle, refused (with these sentences) without an analysed image or a head."""
+        if session is None:
+            raise InputError(f"Analyse an image first; {purpose}.")
+        handle = self.app.handle(session.model)
+        if not handle.has_head:
+            raise InputError(no_head)
+        return handle
+
+    def _reference(self, state: HeadsState | None, handle, session, mode: object, files: object, progress):
+        """(checked mode, this session's state, the mean head outputs for mode "mean" or None, their words)."""
+        mode = mode_of(mode)
+        state = fresh(state, session)
+        means, reference = None, ""
+        if mode == "mean":
+            state, means, reference = self._means(state, handle, session, files, progress)
+        return mode, state, means, reference
 
     def _keep(self, slot: Slot | None, value, nbytes: int) -> Slot:
         """Hold `value` in the app's byte-bounded store, in the session's existing slot if it has one."""
@@ -327,16 +338,9 @@ class HeadsTab:
     def rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request,
              progress=gr.Progress(), **controls):
         """Head importance for this image and class, stoppable with Cancel between batches."""
-        if session is None:
-            raise InputError("Analyse an image first; head importance is measured on it.")
-        handle = self.app.handle(session.model)
-        if not handle.has_head:
-            raise InputError("Head importance needs a classification head: this model has none.")
-        mode = mode_of(mode)
-        state = fresh(state, session)
-        means, reference = None, ""
-        if mode == "mean":
-            state, means, reference = self._means(state, handle, session, files, progress)
+        handle = self._handle_with_head(session, "head importance is measured on it",
+                                        "Head importance needs a classification head: this model has none.")
+        mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
         result = session.result
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running[session_id] = threading.Event()
