@@ -209,15 +209,15 @@ def test_rollout_is_cached_per_option():
     result = analyze_image(handle, _image(), input_size=(32, 32))
     first = result.rollout(head_fusion="max")
     calls = []
-    real = attention_store.AttentionStore.fused_layer
+    real = attention_store.AttentionStore.fused_row_chunks
     try:
-        attention_store.AttentionStore.fused_layer = lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
+        attention_store.AttentionStore.fused_row_chunks = lambda self, *a, **k: calls.append(1) or real(self, *a, **k)
         np.testing.assert_array_equal(result.rollout(head_fusion="max"), first)
         assert calls == []
         result.rollout(head_fusion="min")
         assert len(calls) == handle.depth
     finally:
-        attention_store.AttentionStore.fused_layer = real
+        attention_store.AttentionStore.fused_row_chunks = real
 
 
 def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, tmp_path):

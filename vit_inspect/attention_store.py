@@ -24,14 +24,19 @@ from torch import nn
 
 from .analysis.attention_distance import patch_distances
 from .analysis.attention_maps import Query
-from .analysis.rollout import HEAD_FUSIONS, check_options, prepare_layer
+from .analysis.rollout import HEAD_FUSIONS, check_options, matrix_discard_mask, row_discard_mask
 from .models import ViTHandle
 from .tokens import TokenLayout
 
 ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
 TOLERANCE = 2e-3  # max |rebuilt - recorded| probability accepted (float16 maps carry up to 4.9e-4 rounding)
 HALF_PASS_TOLERANCE = 3e-2  # under autocast the recorded maps are themselves half precision
-CHUNK_BYTES = 64 * 2 ** 20  # transient float32 block when a whole layer is rebuilt row-chunk by row-chunk
+CHUNK_BYTES = 8 * 2 ** 20  # transient float32 block per row chunk of a rebuild (larger blocks cost page faults)
+# Rows rebuilt per product at least. The BLAS (MKL here) computes 1-3 rows as matrix-vector products, in
+# another summation order than a matrix product's: a score's last bit moves and, rarely, a probability's
+# float16 rounding with it, which could change what rollout's discard ranks. From 4 rows on, each row's
+# values are those of the whole layer (tests/test_store_rollout.py pins it).
+ROW_BLOCK = 8
 CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
 
 
@@ -72,6 +77,16 @@ class AttentionStore:
         if not 0 <= layer < self.depth:
             raise ValueError(f"layer {layer} out of range: the model has {self.depth} layers (0..{self.depth - 1})")
 
+    def _keys_t(self, layer: int) -> torch.Tensor:
+        return torch.from_numpy(self.keys[layer]).float().transpose(-1, -2)  # (heads, d, N)
+
+    def _half_rows(self, layer: int, index: np.ndarray, keys_t: torch.Tensor) -> torch.Tensor:
+        """(heads, len(index), N) float16 probabilities of query rows ``index``, rebuilt from Q and K."""
+        # at least ROW_BLOCK rows per product: a row's values then do not depend on which rows come with it
+        padded = np.concatenate([index, np.full(max(0, ROW_BLOCK - len(index)), index[-1] if len(index) else 0)])
+        queries = torch.from_numpy(self.queries[layer][:, padded]).float()  # (heads, max(n, ROW_BLOCK), d)
+        return _probabilities(queries, keys_t, float(self.scale[layer]))[:, :len(index)]
+
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
         rounded to float16 values: the numbers the first release stored, so rankings (rollout's
@@ -80,16 +95,17 @@ class AttentionStore:
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if self.maps is not None:
             return self.maps[layer][:, index].astype(np.float32)
-        q = torch.from_numpy(self.queries[layer][:, index]).float()  # (heads, n, d)
-        k = torch.from_numpy(self.keys[layer]).float()  # (heads, N, d)
-        return _probabilities(q, k.transpose(-1, -2), float(self.scale[layer])).numpy()
+        return self._half_rows(layer, index, self._keys_t(layer)).float().numpy()
+
+    def _chunk_rows(self) -> int:
+        """Rows per chunk whose (heads, rows, N) float32 block stays under CHUNK_BYTES."""
+        return max(1, CHUNK_BYTES // (4 * self.num_heads * self.num_tokens))
 
     def _chunk_slices(self) -> Iterator[slice]:
         """Row ranges whose (heads, rows, N) float32 block stays under CHUNK_BYTES."""
-        num_tokens = self.num_tokens
-        step = max(1, CHUNK_BYTES // (4 * self.num_heads * num_tokens))
-        for start in range(0, num_tokens, step):
-            yield slice(start, min(start + step, num_tokens))
+        step = self._chunk_rows()
+        for start in range(0, self.num_tokens, step):
+            yield slice(start, min(start + step, self.num_tokens))
 
     def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
         """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""
@@ -100,24 +116,38 @@ class AttentionStore:
         """(heads, N, N) float32 probabilities of one layer, rows = queries."""
         return self.rows(layer, np.arange(self.num_tokens))
 
-    def fused_layer(self, layer: int, head_fusion: str = "mean") -> np.ndarray:
-        """(N, N) float64 heads fused by ``head_fusion`` ("mean", "max", "min"), rebuilt in row chunks."""
+    def fused_row_chunks(self, layer: int, tokens, head_fusion: str = "mean") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(chunk of ``tokens``, (len(chunk), N) float64) blocks: those query rows of one layer with the heads
+        fused by ``head_fusion`` ("mean", "max", "min"), rebuilt a chunk under CHUNK_BYTES at a time.
+
+        The values are those of `rows` (float16-valued probabilities): max and min are exact, the mean
+        sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K, in float64 from stored maps."""
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {sorted(HEAD_FUSIONS)}")
+        self._check_layer(layer)
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        step = self._chunk_rows()
+        keys_t = self._keys_t(layer) if self.maps is None else None  # converted once per layer
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            if keys_t is None:
+                block = self.maps[layer][:, chunk].astype(np.float32)  # (heads, n, N)
+                yield chunk, (block.mean(axis=0, dtype=np.float64) if head_fusion == "mean"
+                              else HEAD_FUSIONS[head_fusion](block, axis=0).astype(np.float64))
+                continue
+            half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
+            if head_fusion == "mean":  # the float32 sum divided in float64, one pass
+                yield chunk, np.divide(half.float().sum(0).numpy(), half.shape[0], dtype=np.float64)
+            else:
+                # exact; float16 -> float32 -> float64 is 3x faster in torch than float16 -> float64
+                yield chunk, (half.amax(0) if head_fusion == "max" else half.amin(0)).float().double().numpy()
+
+    def fused_layer(self, layer: int, head_fusion: str = "mean") -> np.ndarray:
+        """(N, N) float64 heads fused by ``head_fusion`` ("mean", "max", "min"), rebuilt in row chunks
+        (`fused_row_chunks`): no (heads, N, N) copy."""
         fused = np.empty((self.num_tokens, self.num_tokens))
-        if self.maps is None:  # rebuilt and fused in torch, one row chunk at a time: no (heads, N, N) numpy copy
-            self._check_layer(layer)
-            keys = torch.from_numpy(self.keys[layer]).float().transpose(-1, -2)  # (heads, d, N)
-            for rows in self._chunk_slices():
-                queries = torch.from_numpy(self.queries[layer][:, rows]).float()  # (heads, n, d)
-                block = _probabilities(queries, keys, float(self.scale[layer]))  # the values `rows` gives
-                # max/min are exact; the mean sums the heads in float32 (|error| < 1e-7 of a probability)
-                fused[rows] = (block.sum(0).double() / block.shape[0] if head_fusion == "mean"
-                               else block.amax(0) if head_fusion == "max" else block.amin(0)).numpy()
-            return fused
-        for rows, block in self.row_chunks(layer):  # max/min are exact in float32; the mean sums in float64
-            fused[rows] = (block.mean(axis=0, dtype=np.float64) if head_fusion == "mean"
-                           else HEAD_FUSIONS[head_fusion](block, axis=0))
+        for chunk, rows in self.fused_row_chunks(layer, np.arange(self.num_tokens), head_fusion):
+            fused[chunk] = rows
         return fused
 
     def stack(self) -> np.ndarray:
@@ -128,11 +158,11 @@ class AttentionStore:
 
 
 def _probabilities(queries: torch.Tensor, keys_t: torch.Tensor, scale: float) -> torch.Tensor:
-    """(heads, n, N) float32 softmax(scale * q k^T) rounded to float16 values, from (heads, n, d) queries and
-    (heads, d, N) transposed keys; the scale is applied inside the product (one pass over the scores)."""
+    """(heads, n, N) float16 softmax(scale * q k^T) from (heads, n, d) float32 queries and (heads, d, N)
+    transposed keys; the scale is applied inside the product (one pass over the scores)."""
     scores = torch.baddbmm(queries.new_empty(()).expand(queries.shape[0], queries.shape[1], keys_t.shape[-1]),
                            queries, keys_t, beta=0.0, alpha=scale)
-    return torch.softmax(scores, dim=-1).to(torch.float16).float()
+    return torch.softmax(scores, dim=-1).to(torch.float16)
 
 
 def query_vector(layout: TokenLayout, query: Query) -> np.ndarray:
@@ -193,8 +223,15 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
     read out for one query, as (grid_h, grid_w).
 
     The readout is the query's row of R = A_{end-1} ... A_start, so it is computed as the row vector
-    v^T A_{end-1} ... A_start from the last layer back: N^2 operations per layer instead of N^3, each
-    layer's fused map rebuilt from the store (the attention part of one forward pass in all).
+    v^T A_{end-1} ... A_start from the last layer back: N^2 operations per layer instead of N^3. Only the
+    rows i of A_l with v_i != 0 enter v^T A_l, and everything but the whole-matrix discard is local to a
+    row (the per-row discard, the residual, the renormalisation), so only those rows are rebuilt from the
+    store: one row of the last layer for a class or patch query, a growing set under a large per-row
+    ``discard_ratio``, at most the whole layer (the attention part of one forward pass in all). The
+    whole-matrix discard ranks all N^2 entries of a layer, so that rule rebuilds every layer in full.
+
+    Rows the query never reaches are not built, so a row left with no attention there (possible only
+    without the residual) is no error; on a row that is reached it is, as in `rollout_matrix`.
     """
     check_options(discard_ratio, discard)
     if store.num_tokens != layout.num_tokens:
@@ -202,11 +239,52 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
     layers = range(store.depth)[start_layer:end_layer]
     if len(layers) == 0:
         raise ValueError(f"no layers selected by start_layer={start_layer}, end_layer={end_layer} of depth {store.depth}")
+    keep = layout.class_token_index
     vector = query_vector(layout, query)  # (N,)
     for layer in reversed(layers):
-        fused = store.fused_layer(layer, head_fusion)  # (N, N)
-        vector = vector @ prepare_layer(fused, layer, discard_ratio, discard, residual, layout.class_token_index)
+        tokens = np.flatnonzero(vector)  # the rows of A_layer that v^T A_layer reads
+        if discard_ratio > 0 and discard == "matrix":
+            fused = store.fused_layer(layer, head_fusion)  # (N, N)
+            _zero(fused, matrix_discard_mask(fused, discard_ratio, keep))
+            if not residual:  # rows the query does not reach are still checked, as `prepare_layer` does
+                _renormalisable(fused.sum(axis=-1), layer)
+            rows = fused if len(tokens) == store.num_tokens else fused[tokens]  # (n, N)
+            vector = _row_product(vector[tokens], tokens, rows, layer, residual)
+            continue
+        product = np.zeros(store.num_tokens)  # (N,) v^T A_layer
+        for chunk, rows in store.fused_row_chunks(layer, tokens, head_fusion):  # (n,), (n, N)
+            if discard_ratio > 0:
+                _zero(rows, row_discard_mask(rows, discard_ratio, keep))
+            product += _row_product(vector[chunk], chunk, rows, layer, residual)
+        vector = product
     return layout.to_grid(layout.patches(vector))
+
+
+def _zero(values: np.ndarray, mask: np.ndarray | None) -> None:
+    """Zero ``values`` where ``mask``, in place: finite values times the kept mask (faster than putmask)."""
+    if mask is not None:
+        np.multiply(values, ~mask, out=values)
+
+
+def _renormalisable(row_sums: np.ndarray, layer: int) -> None:
+    if np.any(row_sums <= 0):
+        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
+
+
+def _row_product(weights: np.ndarray, tokens: np.ndarray, rows: np.ndarray, layer: int, residual: bool) -> np.ndarray:
+    """(N,) sum_i weights_i A_i over the rows i = ``tokens`` of a prepared layer A (`prepare_layer` steps 3-4:
+    A = 0.5 W + 0.5 I if ``residual``, rows renormalised to 1), from the discarded rows W = ``rows`` (n, N).
+    A_i = (0.5 W_i + 0.5 e_i) / s_i with s_i its sum, applied to the n weights rather than the n x N rows."""
+    row_sums = rows.sum(axis=-1)  # (n,)
+    if residual:
+        row_sums = 0.5 * row_sums + 0.5
+    _renormalisable(row_sums, layer)
+    scaled = weights / row_sums  # (n,)
+    if not residual:
+        return scaled @ rows
+    product = (0.5 * scaled) @ rows  # (N,)
+    product[tokens] += 0.5 * scaled  # tokens are distinct
+    return product
 
 
 # ------------------------------------------------------------------------------------------------ the pass

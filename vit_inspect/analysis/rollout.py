@@ -11,46 +11,72 @@ from .attention_maps import Query, readout
 HEAD_FUSIONS = {"mean": np.mean, "max": np.max, "min": np.min}
 
 
-def _lowest(values: np.ndarray, count: int) -> np.ndarray:
+def _lowest(values: np.ndarray, count: int, skip_column: int | None = None) -> np.ndarray:
     """Boolean mask of the ``count`` lowest entries along the last axis, ties broken by position (earlier
-    first): the first ``count`` of a stable argsort, found with a partition (O(n), not O(n log n))."""
-    threshold = np.partition(values, count - 1, axis=-1)[..., count - 1:count]  # the count-th lowest value
-    below = values < threshold
+    first), never column ``skip_column``: the first ``count`` of a stable argsort, found with a partition
+    (O(n), not O(n log n)); positions are counted only among the tied entries of rows where some stay."""
+    ranking = values.copy()  # partitioned in place
+    if skip_column is not None:
+        ranking[..., skip_column] = np.inf
+    ranking.partition(count - 1, axis=-1)
+    threshold = ranking[..., count - 1:count]  # the count-th lowest value
+    lowest = values < threshold
     equal = values == threshold
-    room = count - below.sum(axis=-1, keepdims=True)  # how many of the tied entries still go
-    if np.array_equal(equal.sum(axis=-1, keepdims=True), room):  # every tied entry goes (no tie to break)
-        return below | equal
-    return below | (equal & (np.cumsum(equal, axis=-1) <= room))
+    if skip_column is not None:
+        lowest[..., skip_column] = equal[..., skip_column] = False
+    room = count - _count(lowest)  # how many of the tied entries still go
+    tie_broken = np.flatnonzero(_count(equal) > room)  # rows where some tied entries stay
+    lowest |= equal
+    if len(tie_broken):
+        width = values.shape[-1]
+        row, column = np.divmod(np.flatnonzero(equal.reshape(-1, width)[tie_broken]), width)  # tied, row-major
+        rank = np.arange(len(row)) - np.searchsorted(row, row)  # place among the tied entries of its row
+        stays = rank >= room.reshape(-1)[tie_broken][row]
+        lowest.reshape(-1, width)[tie_broken[row[stays]], column[stays]] = False
+    return lowest
+
+
+def _count(mask: np.ndarray) -> np.ndarray:
+    """(..., 1) number of True entries along the last axis (one vector: count_nonzero, 20x a bool sum)."""
+    return np.array([np.count_nonzero(mask)]) if mask.ndim == 1 else mask.sum(axis=-1, keepdims=True)
+
+
+def row_discard_mask(fused: np.ndarray, discard_ratio: float, keep_column: int | None) -> np.ndarray | None:
+    """Boolean mask of what the per-row discard zeroes in (n, N) rows of a head-fused layer: the lowest
+    floor(discard_ratio * N) entries of each row, never column ``keep_column`` (ties: earlier columns
+    first); None when that is nothing. Each row is ranked on its own, so any subset of rows gives the
+    same mask rows."""
+    num_discard = math.floor(discard_ratio * fused.shape[-1])
+    return _lowest(fused, num_discard, keep_column) if num_discard else None
 
 
 def _discard_lowest(fused: np.ndarray, discard_ratio: float, keep_column: int | None) -> np.ndarray:
-    """Zero the lowest floor(discard_ratio * N) entries of each row of (N, N), never column ``keep_column``
-    (ties: earlier columns first)."""
-    num_tokens = fused.shape[-1]
-    num_discard = math.floor(discard_ratio * num_tokens)
-    if num_discard == 0:
-        return fused
-    ranking = fused.copy()
-    if keep_column is not None:
-        ranking[:, keep_column] = np.inf
-    return np.where(_lowest(ranking, num_discard), 0.0, fused)
+    """Zero what `row_discard_mask` selects in (N, N)."""
+    mask = row_discard_mask(fused, discard_ratio, keep_column)
+    return fused if mask is None else np.where(mask, 0.0, fused)
 
 
 DISCARDS = ("row", "matrix")  # where the lowest entries are discarded: per query row, or over the whole matrix
 
 
-def _discard_lowest_in_matrix(fused: np.ndarray, discard_ratio: float, keep_token: int | None) -> np.ndarray:
-    """vit-explain's whole-matrix discard: of the N² entries of (N, N), select the floor(discard_ratio * N²)
-    lowest (ties: earlier entries in row-major order first) and zero them, except the entry
-    (keep_token, keep_token) (the class token's attention to itself)."""
+def matrix_discard_mask(fused: np.ndarray, discard_ratio: float, keep_token: int | None) -> np.ndarray | None:
+    """Boolean mask of what vit-explain's whole-matrix discard zeroes in (N, N): of the N² entries, the
+    floor(discard_ratio * N²) lowest (ties: earlier entries in row-major order first), except the entry
+    (keep_token, keep_token) (the class token's attention to itself); None when that is nothing."""
     num_tokens = fused.shape[-1]
     num_discard = math.floor(discard_ratio * num_tokens * num_tokens)
     if num_discard == 0:
-        return fused
+        return None
     lowest = _lowest(fused.reshape(-1), num_discard).reshape(fused.shape)
     if keep_token is not None:
         lowest[keep_token, keep_token] = False
-    return np.where(lowest, 0.0, fused)
+    return lowest
+
+
+def _discard_lowest_in_matrix(fused: np.ndarray, discard_ratio: float, keep_token: int | None) -> np.ndarray:
+    """Zero what `matrix_discard_mask` selects in (N, N)."""
+    mask = matrix_discard_mask(fused, discard_ratio, keep_token)
+    return fused if mask is None else np.where(mask, 0.0, fused)
 
 
 def check_options(discard_ratio: float, discard: str) -> None:
