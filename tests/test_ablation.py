@@ -19,6 +19,34 @@ def _picture(size):
     return Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8))
 
 
+def test_layer_blocks_join_layers_up_to_the_byte_bound(monkeypatch):
+    from vit_inspect import head_pass
+
+    layers = [torch.full((1, 3, 4), float(i)) for i in range(5)]  # 48 bytes each
+    monkeypatch.setattr(head_pass, "LENS_BYTES", 100)
+    blocks = head_pass._layer_blocks(layers)
+    assert [b.shape[0] for b in blocks] == [2, 2, 1]
+    assert torch.equal(torch.cat(blocks), torch.cat(layers))
+    monkeypatch.setattr(head_pass, "LENS_BYTES", 10)  # under one layer: still one layer per block
+    assert [b.shape[0] for b in head_pass._layer_blocks(layers)] == [1] * 5
+
+
+@pytest.mark.parametrize("kind", ["distilled", "gap"])
+def test_lens_in_one_batch_equals_the_lens_layer_by_layer(kind, monkeypatch):
+    """Every block's residual stream through the head in one call, or one block per call (a byte bound under
+    one layer): the same lens logits and token norms."""
+    from vit_inspect import head_pass
+
+    handle = tiny_handle(kind)
+    batched = analyze_image(handle, _picture(TINY_TIMM[kind][1])).heads
+    monkeypatch.setattr(head_pass, "LENS_BYTES", 1)
+    alone = analyze_image(handle, _picture(TINY_TIMM[kind][1])).heads
+    assert set(batched.lens) == set(alone.lens) and batched.lens
+    for name in batched.lens:
+        np.testing.assert_allclose(batched.lens[name], alone.lens[name], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batched.token_norms, alone.token_norms, rtol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["cls", "gap", "distilled", "reg4"])
 def test_lens_after_last_block_is_the_model_and_after_block_0_is_replayed(kind):
     handle = tiny_handle(kind)

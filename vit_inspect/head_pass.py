@@ -77,6 +77,17 @@ class HeadStatsStream:
         return self._stacked(self._prefix, "prefix share")
 
 
+LENS_BYTES = 16 * 2 ** 20  # float32 residual streams read through the head in one batch, at most
+
+
+def _layer_blocks(residual: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Consecutive layers' (1, N, D) residual streams joined into (layers, N, D) batches of at most
+    LENS_BYTES (at least one layer each): a dozen head calls become one for small models, and a large-token
+    model never holds a second copy of its whole residual stream (DINOv2-L/14 at 518: 135 MB)."""
+    step = max(1, LENS_BYTES // max(1, residual[0].nbytes)) if residual else 1
+    return [torch.cat(residual[start:start + step]) for start in range(0, len(residual), step)]
+
+
 def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray,
                     prefix_share: np.ndarray, first_order: np.ndarray | None, tolerance: float = 1e-3) -> HeadPass:
     """The `HeadPass` of image 0 of a pass recorded with ``capture_attention(..., residual=True)``.
@@ -86,7 +97,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     if its reading after the last block reproduces the model's logits within `tolerance` times their
     largest magnitude.
     """
-    residual = torch.cat([rec.residual(i)[:1].float() for i in range(handle.depth)])  # (depth, N, D), one batch
+    blocks = _layer_blocks([rec.residual(i)[:1].float() for i in range(handle.depth)])  # (layers, N, D) each
     model_logits = logits.detach()[0].float() if handle.has_head else torch.zeros(0)
     lens: dict[str, np.ndarray] = {}
     note = "" if handle.has_head else NO_HEAD
@@ -95,13 +106,13 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
         note = f"vit_inspect does not know how {handle.name!r} reads its tokens into its head, so it shows no logit lens."
     with torch.no_grad(), torch.autocast(handle.device.type, enabled=False):
         for name, read in readouts.items():
-            lens[name] = read(residual).cpu().numpy().astype(np.float32)  # (depth, C): every block in one call
+            lens[name] = torch.cat([read(block) for block in blocks]).cpu().numpy().astype(np.float32)  # (depth, C)
     if "readout" in lens:
         error = np.abs(lens["readout"][-1] - model_logits.cpu().numpy()).max()
         if error > tolerance * max(1.0, float(model_logits.abs().max())):
             lens, note = {}, (f"The lens after the last block differs from {handle.name!r}'s logits by {error:.3g}: "
                               "its head is not one vit_inspect can replay, so it shows no logit lens.")
-    norms = token_norms(residual.cpu().numpy()).astype(np.float32)  # (depth, N)
+    norms = np.concatenate([token_norms(block.cpu().numpy()) for block in blocks]).astype(np.float32)  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
         entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),
