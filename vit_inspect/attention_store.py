@@ -24,7 +24,8 @@ from torch import nn
 
 from .analysis.attention_distance import patch_distances
 from .analysis.attention_maps import Query
-from .analysis.rollout import HEAD_FUSIONS, check_options, matrix_discard_mask, row_discard_mask
+from .analysis.rollout import (HEAD_FUSIONS, check_options, check_renormalisable, matrix_discard_mask,
+                               row_discard_mask)
 from .models import ViTHandle
 from .tokens import TokenLayout
 
@@ -247,7 +248,7 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
             fused = store.fused_layer(layer, head_fusion)  # (N, N)
             _zero(fused, matrix_discard_mask(fused, discard_ratio, keep))
             if not residual:  # rows the query does not reach are still checked, as `prepare_layer` does
-                _renormalisable(fused.sum(axis=-1), layer)
+                check_renormalisable(fused.sum(axis=-1), layer)
             rows = fused if len(tokens) == store.num_tokens else fused[tokens]  # (n, N)
             vector = _row_product(vector[tokens], tokens, rows, layer, residual)
             continue
@@ -266,11 +267,6 @@ def _zero(values: np.ndarray, mask: np.ndarray | None) -> None:
         np.multiply(values, ~mask, out=values)
 
 
-def _renormalisable(row_sums: np.ndarray, layer: int) -> None:
-    if np.any(row_sums <= 0):
-        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
-
-
 def _row_product(weights: np.ndarray, tokens: np.ndarray, rows: np.ndarray, layer: int, residual: bool) -> np.ndarray:
     """(N,) sum_i weights_i A_i over the rows i = ``tokens`` of a prepared layer A (`prepare_layer` steps 3-4:
     A = 0.5 W + 0.5 I if ``residual``, rows renormalised to 1), from the discarded rows W = ``rows`` (n, N).
@@ -278,7 +274,7 @@ def _row_product(weights: np.ndarray, tokens: np.ndarray, rows: np.ndarray, laye
     row_sums = rows.sum(axis=-1)  # (n,)
     if residual:
         row_sums = 0.5 * row_sums + 0.5
-    _renormalisable(row_sums, layer)
+    check_renormalisable(row_sums, layer)
     scaled = weights / row_sums  # (n,)
     if not residual:
         return scaled @ rows
@@ -321,7 +317,7 @@ class _Pending:
     queries: torch.Tensor | None = None  # (heads, N, d) float32
     keys: torch.Tensor | None = None
     real: torch.Tensor | None = None  # (heads, n, N) float32 sampled rows
-    passed: bool | None = None  # True once Q/K in some dtype reproduced the rows
+    passed: bool = False  # True once Q/K in some dtype reproduced the rows
 
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in (self.maps, self.queries, self.keys, self.real)
@@ -443,9 +439,9 @@ class LayerStream:
             scale = torch.tensor([self.modules[e.layer][3] for e in group])  # (L,)
             real = torch.stack([e.real for e in group])  # (L, heads, n, N)
             sample = self._sample(real.shape[-1])
-            unchecked = torch.ones(len(group), dtype=torch.bool)
             for dtype in (torch.float16, torch.float32):
                 # values the dtype cannot carry (float16 overflows past 65504; NaN fails too) go on to the next
+                unchecked = torch.tensor([not e.passed for e in group])
                 trial = unchecked & (largest <= torch.finfo(dtype).max)
                 index = trial.nonzero().flatten()
                 if len(index) == 0:
@@ -459,7 +455,6 @@ class LayerStream:
                     layer = group[i].layer
                     self.errors[layer] = error
                     if error <= self.tolerance:
-                        unchecked[i] = False
                         group[i].passed = True
                         self.queries[layer], self.keys[layer] = rounded_q[row].numpy(), rounded_k[row].numpy()
         for entry in pending:

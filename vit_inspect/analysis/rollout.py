@@ -86,6 +86,12 @@ def check_options(discard_ratio: float, discard: str) -> None:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
 
 
+def check_renormalisable(row_sums: np.ndarray, layer: int) -> None:
+    """Refuse a layer with a query row whose attention was all discarded: its row cannot sum to 1."""
+    if np.any(row_sums <= 0):
+        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
+
+
 def prepare_layer(fused: np.ndarray, layer: int, discard_ratio: float, discard: str, residual: bool,
                   keep_token: int | None) -> np.ndarray:
     """One head-fused (N, N) layer made ready to multiply (`rollout_matrix` steps 2-4): discard, residual,
@@ -97,8 +103,7 @@ def prepare_layer(fused: np.ndarray, layer: int, discard_ratio: float, discard: 
         fused = 0.5 * fused
         fused[np.diag_indices_from(fused)] += 0.5
     row_sums = fused.sum(axis=-1, keepdims=True)  # (N, 1)
-    if np.any(row_sums <= 0):
-        raise ValueError(f"layer {layer} has a query row with no attention left; cannot renormalise")
+    check_renormalisable(row_sums, layer)
     return fused / row_sums
 
 
