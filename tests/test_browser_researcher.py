@@ -18,7 +18,10 @@ def shot(page, name: str, full: bool = False) -> None:
 
 
 def natural_size(page, elem_id: str) -> tuple[int, int]:
-    return tuple(page.locator(f"#{elem_id} img").evaluate("e => [e.naturalWidth, e.naturalHeight]"))
+    # the image may still be loading when the tab opens (naturalWidth 0 until then): wait for its load event
+    return tuple(page.locator(f"#{elem_id} img").evaluate(
+        "e => (e.complete && e.naturalWidth) ? [e.naturalWidth, e.naturalHeight] : new Promise(resolve => "
+        "e.addEventListener('load', () => resolve([e.naturalWidth, e.naturalHeight]), {once: true}))"))
 
 
 def toast(page):
