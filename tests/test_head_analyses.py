@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 import pytest
 
 from conftest import make_layout
@@ -59,6 +60,13 @@ def test_token_norms_and_high_norm_patches():
     # median patch norm 1: patch (1, 0) with norm 5 is high-norm, the class token is not a patch
     assert high_norm_patches(token_norms(residual), layout).tolist() == [[False, False], [True, False]]
     assert not high_norm_patches(token_norms(residual), layout, factor=6).any()
+    # a torch tensor is reduced in torch, to the same float64 values
+    for tensor in (torch.from_numpy(residual).float(), torch.from_numpy(residual)):
+        norms = token_norms(tensor)
+        assert norms.dtype == np.float64
+        np.testing.assert_allclose(norms, [10, 1, 1, 5, 1], rtol=1e-15)
+    wide = np.random.default_rng(0).normal(size=(3, 7, 384)).astype(np.float32)
+    np.testing.assert_allclose(token_norms(torch.from_numpy(wide)), token_norms(wide), rtol=1e-13)
 
 
 def test_spearman_matches_scipy_and_hand_values():

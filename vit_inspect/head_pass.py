@@ -112,7 +112,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
         if error > tolerance * max(1.0, float(model_logits.abs().max())):
             lens, note = {}, (f"The lens after the last block differs from {handle.name!r}'s logits by {error:.3g}: "
                               "its head is not one vit_inspect can replay, so it shows no logit lens.")
-    norms = np.concatenate([token_norms(block.cpu().numpy()) for block in blocks]).astype(np.float32)  # (depth, N)
+    norms = np.concatenate([token_norms(block) for block in blocks]).astype(np.float32)  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
         entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),

@@ -376,7 +376,8 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
       Michel et al. 2019 Eq. 2);
     - Chefer et al. 2021 Eq. 5-6: R = prod_l (I + E_h[W_l^+]) (`analysis.chefer_matrix`), read out as the
       query's row, v^T R with v the readout weights (`query_vector`): v <- v + v E_h[W_l^+] in float64 from
-      the last layer down, N^2 operations per layer instead of the N^3 product;
+      the last layer down (E_h[W_l^+] itself a float32 mean of float32 products), N^2 operations per layer
+      instead of the N^3 product;
     - G_l = max(0, E_h W_l) (`analysis.gradient_fused_attention`), kept in float16 (torch's single
       rounding from float32; numpy's conversion of float16 subnormals alone cost DeiT-Ti's pass 25 ms).
 
@@ -391,7 +392,7 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
             weighted = _weighted_attention(rec, layer)  # (heads, N, N) W_l
             first_order[layer] = weighted.sum(dim=(-2, -1))
             fused[layer] = weighted.mean(0).clamp_(min=0).to(torch.float16).numpy()  # (N, N)
-            vector = vector + vector @ weighted.clamp_(min=0).mean(0, dtype=torch.float64)
+            vector = vector + vector @ weighted.clamp_(min=0).mean(0).double()  # float32 head mean: 3x less than float64's
     chefer = layout.to_grid(layout.patches(vector.numpy()))
     return GradientReductions(chefer=chefer, first_order=torch.stack(first_order).numpy().astype(np.float32),
                               fused=fused)

@@ -3,6 +3,7 @@ and the first-order (attention x gradient) estimate of each head's importance.""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..tokens import TokenLayout
 from .entropy import attention_entropy
@@ -42,8 +43,12 @@ def first_order_importance(attention: np.ndarray, attention_grad: np.ndarray) ->
     return (a * g).sum(axis=(-2, -1), dtype=np.float64)
 
 
-def token_norms(residual: np.ndarray) -> np.ndarray:
-    """L2 norm of each token's output vector: (..., N, D) -> (..., N), in the model's activation units."""
+def token_norms(residual: np.ndarray | torch.Tensor) -> np.ndarray:
+    """L2 norm of each token's output vector, sqrt(sum_d x_d^2): (..., N, D) -> (..., N) float64, in the
+    model's activation units. A torch tensor is reduced in torch, accumulating in float64 without a float64
+    copy of the input (numpy's float64 copy of DeiT-Ti's 12 residual streams alone cost ≈ 3 ms of a pass)."""
+    if isinstance(residual, torch.Tensor):
+        return torch.linalg.vector_norm(residual.detach(), dim=-1, dtype=torch.float64).cpu().numpy()
     return np.linalg.norm(np.asarray(residual, dtype=np.float64), axis=-1)
 
 
