@@ -1,7 +1,11 @@
 """Maps with colour bars and captions, fixed colour ranges, threshold masks and the seen-region outline."""
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
+import pytest
+from matplotlib import font_manager
+from PIL import ImageFont
 
 from vit_inspect import plotting
 
@@ -41,3 +45,55 @@ def test_outline_region_marks_the_seen_box():
     assert out[25, 10].max() < 100  # outside: dimmed
     np.testing.assert_array_equal(out[25, 50], [200, 200, 200])  # inside: as uploaded
     assert tuple(out[25, 25]) == plotting.OUTLINE_COLOR  # the box's left edge, at x = 50 / 2
+
+
+def _blend_per_pixel(rgb, grid_map, cmap, alpha, relu=False, vmin=None, vmax=None, mask=None):
+    """`overlay` written out pixel by pixel with matplotlib's colormap call (the first release's code):
+    what the lookup tables must reproduce byte for byte."""
+    height, width = rgb.shape[:2]
+    upsampled = plotting._upsample(plotting._normalized(grid_map, relu, vmin, vmax), height, width)
+    blended = (1.0 - alpha) * (rgb / 255.0) + alpha * matplotlib.colormaps[cmap](upsampled)[..., :3]
+    if mask is not None:
+        rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
+        cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
+        blended = np.where(mask[rows][:, cols][..., None], blended, plotting.MASK_DIM * blended)
+    return np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("cmap", ["inferno", "viridis", "RdBu_r"])
+@pytest.mark.parametrize("alpha", [0.55, 0.0, 1.0, 0.3])
+def test_overlay_reads_the_per_pixel_blend_from_its_tables(cmap, alpha):
+    rng = np.random.default_rng(7)
+    rgb = rng.integers(0, 256, (45, 61, 3)).astype(np.uint8)  # every level, an odd size
+    grid = rng.normal(size=(5, 7))
+    grid[2, 3] = np.nan  # matplotlib's "bad" colour
+    mask = rng.random((5, 7)) > 0.5
+    for kwargs in ({}, {"relu": True}, {"vmin": -0.5, "vmax": 0.7}, {"mask": mask}):
+        np.testing.assert_array_equal(plotting.overlay(rgb, grid, cmap, alpha, **kwargs),
+                                      _blend_per_pixel(rgb, grid, cmap, alpha, **kwargs))
+    # matplotlib's index rule at the edges: exactly 1 is the last colour, not "over"
+    index = plotting._color_index(np.array([0.0, 0.5, 1.0, np.nan, -0.1, 1.5], np.float32), 256)
+    assert index.tolist() == [0, 128, 255, 258, 256, 257]
+
+
+def test_panel_text_masks_are_kept_and_draw_the_same_pixels(monkeypatch):
+    caption = "model · attention, layer 3, head 1\nclass 83%, discard 0.90 per row"
+    font = plotting._font(11)
+    font._masks.clear()
+    first = plotting.map_panel(RGB, GRID, caption, "attention weight")
+    kept = len(font._masks)
+    assert kept == 4  # the caption's two lines, wrapped to 26 characters (the 10 px font draws ticks and unit)
+    again = plotting.map_panel(RGB, GRID, caption, "attention weight")
+    assert len(font._masks) == kept  # drawn from the kept masks
+    np.testing.assert_array_equal(again, first)
+    plain = {size: ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size) for size in (10, 11)}
+    monkeypatch.setattr(plotting, "_font", plain.__getitem__)
+    np.testing.assert_array_equal(plotting.map_panel(RGB, GRID, caption, "attention weight"), first)
+
+
+def test_kept_text_masks_are_bounded(monkeypatch):
+    monkeypatch.setattr(plotting, "TEXT_MASKS", 3)
+    font = plotting._RememberingFont(font_manager.findfont("DejaVu Sans"), 12)
+    for word in ("a", "b", "c", "d", "b"):
+        font.getmask2(word, "L")
+    assert [key[0] for key in font._masks] == ["c", "d", "b"]  # "a" dropped first, "b" used last

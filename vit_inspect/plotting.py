@@ -9,6 +9,8 @@ import functools
 import io
 import math
 import textwrap
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import matplotlib
@@ -94,20 +96,50 @@ def overlay(rgb: np.ndarray, grid_map: np.ndarray, cmap: str = "inferno", alpha:
         raise ValueError(f"expected an (H, W, 3) uint8 image, got shape {rgb.shape} dtype {rgb.dtype}")
     if grid_map.ndim != 2:
         raise ValueError(f"expected a (grid_h, grid_w) map, got shape {grid_map.shape}")
+    if mask is not None and mask.shape != grid_map.shape:
+        raise ValueError(f"mask {mask.shape} does not match the map {grid_map.shape}")
     height, width = rgb.shape[:2]
     upsampled = _upsample(_normalized(grid_map, relu, vmin, vmax), height, width)  # (H, W) in [0, 1]
-    colors = matplotlib.colormaps[cmap](upsampled)[..., :3]  # (H, W, 3) in [0, 1]
-    blended = (1.0 - alpha) * (rgb / 255.0) + alpha * colors
+    bright, dim = _blend_tables(cmap, float(alpha))
+    # out = rint(255 * ((1 - alpha) * rgb / 255 + alpha * colour)), read from tables of every (colour, level)
+    flat = (_color_index(upsampled, matplotlib.colormaps[cmap].N)[..., None] * 256 + rgb) * 3 + np.arange(3)
+    out = bright.take(flat)
     if mask is not None:
-        if mask.shape != grid_map.shape:
-            raise ValueError(f"mask {mask.shape} does not match the map {grid_map.shape}")
         rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
         cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
-        blended = np.where(mask[rows][:, cols][..., None], blended, MASK_DIM * blended)
-    out = np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
+        outside = ~mask[rows][:, cols]
+        out[outside] = dim.take(flat[outside])
     if marker is not None:
         _draw_marker(out, grid_map.shape, marker)
     return out
+
+
+def _color_index(values: np.ndarray, n: int) -> np.ndarray:
+    """Row of a colormap's lookup table for each value in [0, 1], by matplotlib's own rule
+    (`Colormap.__call__`: floor(x * N) in the values' dtype, 1 -> N - 1, below 0 -> N (under), at or past
+    N -> N + 1 (over), NaN -> N + 2 (bad)); tested equal to matplotlib's colours."""
+    scaled = np.array(values, copy=True)
+    scaled *= n
+    scaled[scaled == n] = n - 1
+    under, over, bad = scaled < 0, scaled >= n, np.isnan(scaled)
+    with np.errstate(invalid="ignore"):
+        index = scaled.astype(np.intp)
+    index[under], index[over], index[bad] = n, n + 1, n + 2
+    return index
+
+
+@functools.lru_cache(maxsize=8)
+def _blend_tables(cmap: str, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """(bright, dimmed) uint8 tables of `overlay`'s blend, (N + 3, 256, 3) flattened: for colormap row c
+    (N colours, then under, over and bad), image level r and channel k,
+    bright = rint(255 * ((1 - alpha) * r / 255 + alpha * colour_ck)) and dimmed = the same of MASK_DIM times
+    the blend, computed with the very float64 operations a per-pixel blend would make (so `overlay` reads
+    the same bytes from a lookup, ≈ 4x faster at 224 px)."""
+    colormap = matplotlib.colormaps[cmap]
+    colors = np.vstack([colormap(np.arange(colormap.N)), colormap.get_under(), colormap.get_over(),
+                        colormap.get_bad()])[:, None, :3]  # (N + 3, 1, 3) float64
+    blended = (1.0 - alpha) * (np.arange(256)[None, :, None] / 255.0) + alpha * colors  # (N + 3, 256, 3)
+    return tuple(np.clip(np.rint(b * 255.0), 0, 255).astype(np.uint8).ravel() for b in (blended, MASK_DIM * blended))
 
 
 def _colorbar(fig: Figure, low: float, high: float, unit: str, cmap: str = "inferno", **where):
@@ -144,10 +176,44 @@ def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
     return fig
 
 
+TEXT_MASKS = 512  # rendered text masks a font keeps (each a few KB: a tick label or one caption line)
+
+
+class _RememberingFont(ImageFont.FreeTypeFont):
+    """A FreeType font that keeps the masks it renders (least recently used dropped past TEXT_MASKS).
+
+    A slider redraw draws mostly the same tick labels, unit and caption lines again, and FreeType's
+    rendering was ≈ 40 % of a `map_panel` (≈ 5 of 12 ms for DeiT-Ti's 224 px crop). `ImageDraw.text`
+    asks ``getmask2`` for a mask and only reads it, so the panel's pixels are those of a plain font
+    (tested bit for bit). Arguments that cannot be a key (a list of font features) are rendered afresh."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()  # Gradio draws panels of several sessions in threads
+
+    def getmask2(self, text, *args, **kwargs):
+        try:
+            key = (text, args, tuple(sorted(kwargs.items())))
+            hash(key)
+        except TypeError:
+            return super().getmask2(text, *args, **kwargs)
+        with self._lock:
+            if key in self._masks:
+                self._masks.move_to_end(key)
+                return self._masks[key]
+        found = super().getmask2(text, *args, **kwargs)
+        with self._lock:
+            self._masks[key] = found
+            if len(self._masks) > TEXT_MASKS:
+                self._masks.popitem(last=False)
+        return found
+
+
 @functools.lru_cache(maxsize=4)
 def _font(size: int) -> ImageFont.FreeTypeFont:
-    """Matplotlib's own DejaVu Sans at ``size`` pixels, for text drawn with PIL."""
-    return ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size)
+    """Matplotlib's own DejaVu Sans at ``size`` pixels, for text drawn with PIL (masks kept: `_RememberingFont`)."""
+    return _RememberingFont(font_manager.findfont("DejaVu Sans"), size)
 
 
 def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vmin: float | None = None,
