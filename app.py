@@ -32,8 +32,8 @@ from vit_inspect.pipeline import ImageAnalysis, add_relevance, analyze_image, da
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
-from vit_inspect.ui.common import (describe, download_folder, geometry_updates, model_label, names_python_file, own_upload_folder,
-                                   prediction_labels, public_message, shown_model, shows_errors, upload_folders,
+from vit_inspect.ui.common import (OutputImage, describe, download_folder, geometry_updates, model_label,
+                                   names_python_file, own_upload_folder, prediction_labels, public_message, shown_model, shows_errors, upload_folders,
                                    upload_source, weights_label)
 from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
@@ -535,12 +535,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                     with gr.Tab("Predictions"):
                         with gr.Row():
                             predictions = gr.Label(num_top_classes=5, label="Top-5 classes", elem_id="predictions")
-                            crop = gr.Image(label="What the model sees (its input)", elem_id="crop", **map_out)
-                        seen = gr.Image(label="Your upload: the outlined region is what the model saw",
+                            crop = OutputImage(label="What the model sees (its input)", elem_id="crop", **map_out)
+                        seen = OutputImage(label="Your upload: the outlined region is what the model saw",
                                         elem_id="seen-region", height=340, **map_out)
                     with gr.Tab("Attention"):
                         with gr.Row():
-                            panel["attention"] = gr.Image(label="Attention map: click a patch to query from it",
+                            panel["attention"] = OutputImage(label="Attention map: click a patch to query from it",
                                                           elem_id="attention-map", **map_out)
                             with gr.Column():
                                 layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
@@ -565,12 +565,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                             "the chosen share of each head's attention.")
                             threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
                                                   elem_id="threshold")
-                        panel["heads"] = gr.Image(label="All heads", elem_id="heads-grid", **figure_out)
+                        panel["heads"] = OutputImage(label="All heads", elem_id="heads-grid", **figure_out)
                     with gr.Tab("Heads") as heads_view:
                         heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders, View.from_controls)
                     with gr.Tab("Rollout"):
                         with gr.Row():
-                            panel["rollout"] = gr.Image(label="Rollout", elem_id="rollout-map", **map_out)
+                            panel["rollout"] = OutputImage(label="Rollout", elem_id="rollout-map", **map_out)
                             with gr.Column():
                                 rollout_method = gr.Radio(list(ROLLOUTS), value=list(ROLLOUTS)[0], label="Method",
                                                           elem_id="rollout-method",
@@ -599,8 +599,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                 info="Gradients of logit A − logit B: why A and not B?")
                             gradcam_layer = gr.Slider(0, 11, value=11, step=1, label="Grad-CAM block", scale=1)
                         with gr.Row():
-                            panel["gradcam"] = gr.Image(label="Grad-CAM", elem_id="gradcam-map", **map_out)
-                            panel["relevance"] = gr.Image(label="Gradient-weighted attention (Chefer et al. 2021)",
+                            panel["gradcam"] = OutputImage(label="Grad-CAM", elem_id="gradcam-map", **map_out)
+                            panel["relevance"] = OutputImage(label="Gradient-weighted attention (Chefer et al. 2021)",
                                                           elem_id="relevance-map", **map_out)
                     with gr.Tab("All maps") as compare_tab:
                         gr.Markdown("Every map on the same input, each with the options set in its own tab: "
@@ -610,15 +610,15 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                        info="LeGrad and AttnLRP for this image and class, and for "
                                                             "later passes while ticked. Off, a pass is one forward "
                                                             "and one backward.")
-                        panel["compare"] = gr.Image(label="All maps", elem_id="compare-maps", **figure_out)
+                        panel["compare"] = OutputImage(label="All maps", elem_id="compare-maps", **figure_out)
                     with gr.Tab("Faithfulness"):
                         faithfulness = FaithfulnessTab()
                     with gr.Tab("Attention distance") as distance_tab:
                         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
                         with gr.Row():
-                            panel["distance"] = gr.Image(label="This image", elem_id="distance-plot", **figure_out)
-                            dataset_plot = gr.Image(label="Averaged over your images", elem_id="dataset-plot",
+                            panel["distance"] = OutputImage(label="This image", elem_id="distance-plot", **figure_out)
+                            dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot",
                                                     **figure_out)
                         with gr.Row():
                             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
@@ -628,18 +628,18 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         dataset_note = gr.Markdown()
                     with gr.Tab("Model") as model_tab:
                         gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
-                        pca = gr.Image(label="Patch-embedding filters: principal components", elem_id="filters",
+                        pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters",
                                        **figure_out)
                         gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
                                     "as the model does it, at another input size (each full width; use the "
                                     "fullscreen button to zoom):")
-                        similarity = gr.Image(label="Position-embedding similarity at the model's own size",
+                        similarity = OutputImage(label="Position-embedding similarity at the model's own size",
                                               elem_id="similarity", **figure_out)
                         with gr.Row(equal_height=True):
                             height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
                             width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
                             similarity_button = gr.Button("Compare at this input size")
-                        similarity_other = gr.Image(label="Position-embedding similarity at the other size",
+                        similarity_other = OutputImage(label="Position-embedding similarity at the other size",
                                                     elem_id="similarity-other", **figure_out)
                         model_download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
                                                           elem_id="model-downloads-button")

@@ -5,7 +5,8 @@ and against the naive way (one pass per method, a full recompute per slider chan
    forward + backward, and ÷ the floor (forward + input-only backward)        target <= 1.15
 1c. the same pass with AttnLRP and LeGrad in it (``relevance=True``, the CLI's) ÷ the floor
 1d. AttnLRP and LeGrad added later (`relevance_maps`: one more forward) ÷ the floor
-2. one redraw from the cached `ImageAnalysis`, rendering included, ÷ one plain forward
+2. one redraw from the cached `ImageAnalysis`, rendering included (the app's `plotting.map_panel`: overlay, colour
+   bar and caption, encoded as PNG), ÷ one plain forward
                                                                       target <= 0.25 (ViT-B/16)
 4. memory one analysed image holds (ViT-B/16)                                  target <= 30 MB
 
@@ -110,10 +111,21 @@ def naive_analysis(handle: ViTHandle, picture: Image.Image) -> None:
 # --------------------------------------------------------------------------- redraws
 
 def encode_image(rgb: np.ndarray) -> bytes:
-    """An (H, W, 3) uint8 overlay encoded as the app's image output would be."""
+    """An (H, W, 3) uint8 picture encoded as the app's image outputs send it (`ui.common.OutputImage`:
+    `plotting.encode_png`, PNG at zlib level `plotting.PNG_LEVEL`)."""
+    return plotting.encode_png(rgb)
+
+
+def gradio_default_png(rgb: np.ndarray) -> bytes:
+    """The same picture as Gradio's own encoder sends a numpy output (PIL's default PNG level, 6)."""
     buffer = io.BytesIO()
     Image.fromarray(rgb).save(buffer, format=IMAGE_FORMAT)
     return buffer.getvalue()
+
+
+def panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, **options) -> bytes:
+    """What the app shows for one map: `plotting.map_panel` (overlay, colour bar, caption), encoded."""
+    return encode_image(plotting.map_panel(rgb, grid_map, caption, unit, **options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,32 +153,38 @@ def redraws(handle: ViTHandle, result: ImageAnalysis, picture: Image.Image) -> l
     layer_states = tuple(range(handle.depth))
     highlight_states = tuple(zip(range(handle.depth), itertools.cycle(heads)))
 
+    def caption(method: str, state) -> str:  # as long as the app's: model, method, settings, class
+        return (f"{handle.name} (random weights) · {method} · settings {state}\n"
+                f"class {result.target} ({float(result.probs.max()):.1%}); colour: min-max of this map")
+
     def attention_cached(state):
         layer, head, patch = state
-        return encode_image(plotting.overlay(result.rgb, result.attention_map(layer, head, patch), marker=patch))
+        return panel(result.rgb, result.attention_map(layer, head, patch), caption("attention", state),
+                     "attention weight", marker=patch)
 
     def attention_naive(state):
         layer, head, patch = state
         attention, _, rgb = _naive_capture(handle, picture)
         grid_map = attention_map(attention, layout, layer, head, query if patch is None else patch)
-        return encode_image(plotting.overlay(rgb, grid_map, marker=patch))
+        return panel(rgb, grid_map, caption("attention", state), "attention weight", marker=patch)
 
     def rollout_cached(state):
         fusion, discard, start = state
-        return encode_image(plotting.overlay(result.rgb, result.rollout(fusion, discard, start_layer=start)))
+        return panel(result.rgb, result.rollout(fusion, discard, start_layer=start), caption("rollout", state),
+                     "share of attention")
 
     def rollout_naive(state):
         fusion, discard, start = state
         attention, _, rgb = _naive_capture(handle, picture)
         grid_map = rollout(attention, layout, fusion, discard, start_layer=start, query=query)
-        return encode_image(plotting.overlay(rgb, grid_map))
+        return panel(rgb, grid_map, caption("rollout", state), "share of attention")
 
     def gradcam_cached(layer):
-        return encode_image(plotting.overlay(result.rgb, result.gradcam[layer], relu=True))
+        return panel(result.rgb, result.gradcam[layer], caption("Grad-CAM", layer), "Grad-CAM (ReLU)", relu=True)
 
     def gradcam_naive(layer):
         maps, rgb = _naive_gradcam(handle, picture)
-        return encode_image(plotting.overlay(rgb, maps[layer], relu=True))
+        return panel(rgb, maps[layer], caption("Grad-CAM", layer), "Grad-CAM (ReLU)", relu=True)
 
     scatter = plotting.distance_scatter(result.mean_distance, image_width=width)  # once per image, as the app
 
@@ -307,7 +325,8 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         worst = max(worst, cached.median / forward.median)
         rows.append((kind.name, cached.ms(), f"{cached.median / forward.median:.3f}", naive.ms(),
                      f"{cached.median / naive.median:.3f}"))
-    print(f"Redraw after a UI change, server side, rendering included (overlay -> {IMAGE_FORMAT}, figure -> PNG); "
+    print("Redraw after a UI change, server side, rendering included (map panel: overlay, colour bar, caption "
+          f"-> {IMAGE_FORMAT} at zlib level {plotting.PNG_LEVEL}; figure -> PNG); "
           f"plain forward {forward.ms()} ms:\n")
     print(markdown_table(("redraw kind", "ours ms (min–max)", "ours ÷ plain forward", "naive recompute ms",
                           "ours ÷ naive"), rows))

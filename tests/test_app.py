@@ -20,8 +20,11 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
+import gradio as gr  # noqa: E402
+
 import app  # noqa: E402
 from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.ui.common import OutputImage  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -113,6 +116,36 @@ def test_building_the_app_loads_no_model_and_names_every_event():
     assert all(names) and len(set(names)) == len(names)
     assert {"analyze", "attention", "rollout", "gradcam", "pick_patch", "set_target", "downloads"} <= set(names)
     assert isinstance(app.demo, type(demo))
+
+
+def _zlib_level_class(png: bytes) -> int:
+    """FLEVEL of the first IDAT's zlib header (RFC 1950): 0 fastest (zlib level 0-1), 1 fast, 2 default, 3 max."""
+    at = png.index(b"IDAT") + 4
+    return png[at + 1] >> 6
+
+
+def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
+    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
+    assert len(outputs) == 28  # every map and figure of every tab
+    plain = [block for block in demo.blocks.values() if type(block) is gr.Image]
+    assert [block.label for block in plain] == ["Image (upload, drop, paste or webcam)"]  # the upload, an input
+    kinds = {c["id"]: c["type"] for c in demo.config["components"]}
+    assert {kinds[block._id] for block in outputs} == {"image"}  # drawn by Gradio's own image component
+    picture = np.random.default_rng(0).integers(0, 256, (37, 53, 3)).astype(np.uint8)
+    sent = outputs[0].postprocess(picture)
+    data = Path(sent.path).read_bytes()
+    assert Path(sent.path).is_relative_to(Path(outputs[0].GRADIO_CACHE).resolve()) and sent.orig_name == "image.png"
+    np.testing.assert_array_equal(np.asarray(Image.open(Path(sent.path))), picture)  # lossless
+    assert _zlib_level_class(data) == 0
+    gradio_own = Path(gr.Image(format="png").postprocess(picture).path)
+    np.testing.assert_array_equal(np.asarray(Image.open(gradio_own)), picture)
+    assert _zlib_level_class(gradio_own.read_bytes()) == 2 and len(gradio_own.read_bytes()) <= len(data)
+    # what this class does not encode itself goes Gradio's way: floats, another format
+    floats = Path(outputs[0].postprocess(picture / 255.0).path)
+    np.testing.assert_array_equal(np.asarray(Image.open(floats)), picture)
+    webp = OutputImage(format="webp").postprocess(picture)
+    assert webp.path.endswith(".webp")
 
 
 def test_a_cat_photo_is_a_cat(client):

@@ -25,6 +25,7 @@ from ..errors import InputError, VitInspectError
 from ..images import load_image
 from ..pipeline import model_report
 from ..session_store import Slot
+from .common import OutputImage
 from .untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
@@ -268,16 +269,16 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
         note = gr.Markdown(elem_id="compare-note")
         table = gr.Dataframe(headers=TABLE_HEADERS, label="Agreement between the maps", interactive=False,
                              elem_id="compare-table")
-        maps = gr.Image(label="Aligned maps", elem_id="compare-maps-ab", **figure_out)
-        distance = gr.Image(label="Mean attention distance against relative depth (ViT Fig. 7 right, both models)",
+        maps = OutputImage(label="Aligned maps", elem_id="compare-maps-ab", **figure_out)
+        distance = OutputImage(label="Mean attention distance against relative depth (ViT Fig. 7 right, both models)",
                             elem_id="compare-distance", **figure_out)
-        filters = gr.Image(label="Patch-embedding filters (ViT Fig. 7 left), A | B", **figure_out)
-        similarity = gr.Image(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
+        filters = OutputImage(label="Patch-embedding filters (ViT Fig. 7 left), A | B", **figure_out)
+        similarity = OutputImage(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
         mass = gr.Slider(0.1, 1.0, value=DINO_MASS, step=0.05, label="DINO masks: share of attention mass kept",
                          elem_id="compare-mass")
         with gr.Row():
-            heads_a = gr.Image(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a", **figure_out)
-            heads_b = gr.Image(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
+            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a", **figure_out)
+            heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
         with gr.Row():
             remove_background = gr.Checkbox(False, label="Feature PCA: remove the background (first component)")
             threshold = gr.Slider(0.0, 1.0, value=BACKGROUND_THRESHOLD, step=0.05, label="Background threshold")
@@ -286,8 +287,8 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
                                 file_count="multiple", file_types=["image"], type="filepath", height=100, scale=3)
             pca_button = gr.Button("Fit the PCA jointly", scale=1)
         with gr.Row():
-            pca_a = gr.Image(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a", **figure_out)
-            pca_b = gr.Image(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
+            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a", **figure_out)
+            pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
 
     gr.on([load_b.click], shows_errors(handlers.load_second), inputs=[name_b, weights_b], outputs=[key_b, status_b],
           api_name="compare_load_model", preprocess=False)

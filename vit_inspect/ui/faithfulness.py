@@ -22,6 +22,7 @@ from ..faithfulness import METHODS, image_permutation, model_scorer, score_maps,
 from ..faithfulness_plot import curves_figure, ranked_rows
 from ..plotting import figure_to_rgb
 from ..errors import VitInspectError
+from .common import OutputImage
 from .untrusted import finite_float, finite_int, flag
 
 HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
@@ -73,7 +74,7 @@ class FaithfulnessTab:
                     "choice at the next **Score**; maps already scored are kept. AttnLRP and LeGrad are "
                     "computed first when the pass lacks them (one more forward and backward pass).")
         self.button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
-        self.figure = gr.Image(label="Deletion and insertion curves", interactive=False, format="png",
+        self.figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
                                show_label=False, elem_id="faithfulness-curves")
         self.table = gr.Dataframe(headers=HEADERS, label="Areas under the curves, best method first",
                                   interactive=False, elem_id="faithfulness-table")

@@ -40,6 +40,7 @@ from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outp
 from ..pipeline import ImageAnalysis
 from ..session_store import DROPPED, Detached, ResultDropped, Slot
 from ..zerogpu import gpu_pass
+from .common import OutputImage
 from .panels import draw_panels
 from .untrusted import client_files, finite_float, redact_paths, text
 
@@ -231,7 +232,7 @@ class HeadsTab:
                                 elem_id="ablate-top")
         with gr.Row():
             map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
-            self.maps = [gr.Image(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **map_out)
+            self.maps = [OutputImage(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **map_out)
                          for name in ABLATED_PANELS]
         with gr.Row():
             self.importance_button = gr.Button(
@@ -239,13 +240,13 @@ class HeadsTab:
                 elem_id="importance-button")
             self.cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
         with gr.Row():
-            self.importance = gr.Image(label="Drop of the class logit, each head ablated alone", elem_id="importance-map",
+            self.importance = OutputImage(label="Drop of the class logit, each head ablated alone", elem_id="importance-map",
                                        **figure_out)
-            self.first_order = gr.Image(label="First-order estimate (attention × gradient)", elem_id="first-order-map",
+            self.first_order = OutputImage(label="First-order estimate (attention × gradient)", elem_id="first-order-map",
                                         **figure_out)
         self.importance_note = gr.Markdown(elem_id="importance-note")
         self.lens_note = gr.Markdown(elem_id="lens-note")
-        self.lens_plot = gr.Image(label="Logit lens", elem_id="lens-plot", **figure_out)
+        self.lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **figure_out)
         self.lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
                                  interactive=False, elem_id="lens-table")
         self.state = gr.State(None, time_to_live=app.config.session_ttl_s)

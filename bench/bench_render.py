@@ -1,0 +1,106 @@
+"""Drawing one map as the app shows it (`plotting.map_panel`: overlay, colour bar, caption) and encoding it
+as PNG, what a slider redraw waits for after its maps are computed: another version's `plotting` with
+Gradio's own encoding (PIL's default PNG level) against this checkout's with the app's
+(`plotting.encode_png`, level `plotting.PNG_LEVEL`), each ÷ one plain forward of the model.
+
+The other version's package is loaded from ``--before-tree`` under another name, e.g.
+
+    git archive c17cb98 vit_inspect | tar -x -C /tmp/before_tree
+
+The maps are the cached result's own (attention of every layer, rollout, Grad-CAM of every layer) of
+`assets/chelsea.png`; both versions must draw the same bytes (checked before timing). Every call gets a
+caption it has not drawn before (a counter in its first line, as a slider's new value would be), so text
+kept from earlier redraws helps only where a real redraw would reuse it (tick labels, the unit, the
+second caption line). Candidates are interleaved (bench.common.measure). Random weights.
+
+    python -m bench.bench_render --before-tree /tmp/before_tree [--models deit_ti_224 vitb_224]
+                                 [--repeats 11] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .bench_analysis import gradio_default_png
+from .bench_large import MODELS, _handle
+from .bench_rollout_redraw import load_package
+from .common import REPO, markdown_table, measure, plain_forward, plain_model, print_header, set_threads
+
+
+def maps_of(key: str, image: Path) -> tuple[object, Image.Image, np.ndarray, list[tuple[np.ndarray, str, dict]], str]:
+    """(handle, the upload, the crop, [(grid map, unit, map_panel options)], the caption's second line) of one
+    analysis."""
+    from vit_inspect.images import load_image
+    from vit_inspect.pipeline import analyze_image
+
+    torch.manual_seed(0)
+    handle = _handle(key, "cpu")
+    picture = load_image(image)
+    result = analyze_image(handle, picture, relevance=False)
+    patch = (result.layout.grid_h // 2, result.layout.grid_w // 2)
+    maps = [(result.attention_map(layer, None, None), "attention weight", {}) for layer in range(handle.depth)]
+    maps += [(result.attention_map(handle.depth - 1, 0, patch), "attention weight", {"marker": patch}),
+             (result.rollout("mean", 0.9), "share of attention", {})]
+    if result.gradcam is not None:
+        maps += [(grid, "Grad-CAM (ReLU)", {"relu": True}) for grid in result.gradcam]
+    second = f"class {result.target} ({float(result.probs.max()):.1%}); colour: min-max of this map"
+    return handle, picture, result.rgb, maps, second
+
+
+def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
+    import importlib
+
+    from vit_inspect import plotting
+
+    before_plotting = importlib.import_module(f"{before.__name__}.plotting")
+    handle, picture, rgb, maps, second = maps_of(key, image)
+    counter = itertools.count()
+
+    def drawer(module, encode):
+        cycle = itertools.cycle(maps)
+
+        def draw() -> bytes:
+            grid, unit, options = next(cycle)
+            caption = f"{handle.name} (random weights) · redraw {next(counter)}\n{second}"
+            return encode(module.map_panel(rgb, grid, caption, unit, **options))
+        return draw
+
+    for grid, unit, options in maps:  # the same bytes, or the timing compares different pictures
+        if not np.array_equal(plotting.map_panel(rgb, grid, "x\ny", unit, **options),
+                              before_plotting.map_panel(rgb, grid, "x\ny", unit, **options)):
+            raise RuntimeError(f"{key}: the two versions draw different panels")
+    pixels, _ = handle.preprocess.apply(picture)
+    model = plain_model(handle)
+    times = measure({"forward": lambda: plain_forward(model, pixels),
+                     "before": drawer(before_plotting, gradio_default_png),
+                     "after": drawer(plotting, plotting.encode_png)}, repeats)
+    forward = times["forward"].median
+    old, new = times["before"], times["after"]
+    return [[MODELS[key][3], old.ms(), new.ms(), f"{old.median / forward:.3f}", f"{new.median / forward:.3f}",
+             f"{old.median / new.median:.2f}x", times["forward"].ms()]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before-tree", type=Path, required=True, help="a folder holding the other version's vit_inspect")
+    parser.add_argument("--models", nargs="+", default=["deit_ti_224", "vitb_224"], choices=sorted(MODELS))
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
+    args = parser.parse_args()
+    set_threads(args.threads)
+    before = load_package(args.before_tree.resolve())
+    print_header(f"A map panel drawn and encoded as PNG, before and after ({args.threads} thread(s), "
+                 f"{args.repeats} interleaved repeats, medians)")
+    rows = [row for key in args.models for row in run(key, before, args.repeats, args.image)]
+    print(markdown_table(("model", "before ms", "after ms", "before ÷ forward", "after ÷ forward", "speed-up",
+                          "plain forward ms"), rows))
+
+
+if __name__ == "__main__":
+    main()

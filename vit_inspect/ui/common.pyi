@@ -1,0 +1,167 @@
+"""What every tab of the app shares: errors as sentences, the upload folder a client's file may name,
+and model names as web users see them (never a server folder)."""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+from gradio import processing_utils
+from gradio import utils as gradio_utils
+from gradio.data_classes import ImageData
+
+from ..errors import VitInspectError
+from ..images import DEFAULT_MAX_BYTES
+from ..models import ViTHandle
+from ..pipeline import ImageAnalysis
+from ..plotting import encode_png
+from .untrusted import client_file, redact_paths
+
+log = logging.getLogger("vit_inspect.app")
+
+from gradio.events import Dependency
+
+class OutputImage(gr.Image):
+    """An output `gr.Image` whose uint8 numpy pictures are sent as PNG at zlib level `plotting.PNG_LEVEL`.
+
+    Gradio encodes a numpy output at PIL's default level 6: ≈ 22 ms of a DeiT-Ti slider redraw whose
+    drawing takes ≈ 2.5 ms (bench/bench_render.py). The file goes into Gradio's own cache the way its
+    encoder puts it there (`processing_utils.save_bytes_to_cache`, a folder named by the content's hash);
+    anything else (other dtypes, another format, a watermark) takes Gradio's own path. The browser draws
+    it with Gradio's image component."""
+
+    def get_block_name(self) -> str:
+        return "image"
+
+    def postprocess(self, value):
+        if (isinstance(value, np.ndarray) and value.dtype == np.uint8 and self.format == "png"
+                and getattr(getattr(self, "watermark", None), "watermark", None) is None
+                and (value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (3, 4)))):
+            path = processing_utils.save_bytes_to_cache(encode_png(value), "image.png", cache_dir=self.GRADIO_CACHE)
+            return ImageData(path=path, orig_name=Path(path).name)
+        return super().postprocess(value)
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+def public_message(exc: VitInspectError) -> str:
+    """What a web user sees of a library error: its public sentence, with any server path cut to its
+    last component (the operator's console and the CLI keep `str(exc)`, the full detail)."""
+    return redact_paths(exc.public)
+
+
+def shows_errors(fn):
+    """Handlers turn the library's exceptions into a gr.Error with their public sentence. Anything
+    else is a bug: the user gets a sentence, the operator's console the traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except VitInspectError as exc:
+            log.info("%s refused: %s", fn.__name__, exc)
+            raise gr.Error(public_message(exc), print_exception=False) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise gr.Error(f"Something went wrong on the server while handling this request "
+                           f"({fn.__name__.replace('_', ' ')}); it has been logged. Please try again "
+                           "or with other settings.", print_exception=False) from None
+    return wrapper
+
+
+def upload_folders() -> list[str]:
+    """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
+    Gradio puts uploads and its copies of the example images."""
+    return [gradio_utils.get_upload_folder()]
+
+
+def own_upload_folder() -> str:
+    """Give this process a Gradio folder of its own, unless the operator chose one (GRADIO_TEMP_DIR).
+
+    Gradio keeps uploads and every image it serves in one folder, by default /tmp/gradio for all Gradio
+    processes of the machine, each file named by a hash of its content (so the same image drawn by two
+    servers is one file); and a server built with `delete_cache` deletes every file it handed out when it
+    stops, whatever its age. So when another Gradio server on the machine stops, this one's links to the
+    same images answer 403. A folder of its own also narrows what a client's file reference may name
+    (`upload_folders`) to this server's files. Call it before building the Blocks: Gradio reads the folder
+    when it builds and launches. The folder is removed when the process exits.
+    """
+    if not os.environ.get("GRADIO_TEMP_DIR"):
+        folder = tempfile.mkdtemp(prefix="vit_inspect_gradio_")
+        os.environ["GRADIO_TEMP_DIR"] = folder
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return gradio_utils.get_upload_folder()
+
+
+def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str | bytes, str] | None:
+    """(file path or bytes, file name) of a raw gr.Image value; None when the image was cleared.
+
+    The image events skip Gradio's preprocessing so that `load_image`, not PIL inside Gradio,
+    reads the upload and explains what is wrong with it. Gradio checks a path only when the payload
+    carries its `meta` field, so every shape goes through the one gate, `client_file`.
+    """
+    return client_file(payload, upload_folders(), max_bytes)
+
+
+def model_label(name: str) -> str:
+    """A model name as web users see it: a folder on this server (only the operator's --model can be
+    one) by its base name, anything else (timm name, hub id) as it is."""
+    return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
+
+
+def names_python_file(name: str) -> bool:
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
+    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
+
+
+def weights_label(handle: ViTHandle) -> str:
+    """Where the weights came from, without revealing server folders."""
+    return model_label(handle.weights)
+
+
+def describe(handle: ViTHandle) -> str:
+    layout = handle.layout()
+    prefix = ", ".join(layout.prefix_names()) or "none"
+    return (f"**Model** `{model_label(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
+            f"{handle.depth} layers × {handle.num_heads} heads · "
+            f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
+            f"prefix tokens: {prefix}"
+            + ("" if handle.has_head else " · no classification head (no predictions or Grad-CAM)"))
+
+
+def geometry_updates(handle: ViTHandle) -> list[dict]:
+    """Ranges and defaults of layer, head, rollout range, Grad-CAM layer and patch boxes for a model."""
+    last = handle.depth - 1
+    layout = handle.layout()
+    return [gr.update(maximum=last, value=last), gr.update(maximum=handle.num_heads - 1, value=0),
+            gr.update(maximum=last, value=0), gr.update(maximum=last, value=last), gr.update(maximum=last, value=last),
+            gr.update(maximum=layout.grid_h - 1), gr.update(maximum=layout.grid_w - 1)]
+
+
+def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
+    """The gr.Label value of a result's top 5."""
+    if not result.probs.size:
+        return None
+    return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(result.probs, 5)}
+
+
+def shown_model(handle: ViTHandle) -> str:
+    """Model and weights as every caption names them, without server folders."""
+    return f"{model_label(handle.name)} ({weights_label(handle)})"
+
+
+def download_folder() -> Path:
+    """A new folder for one request's downloads, inside Gradio's folder (Gradio serves and cleans files found there)."""
+    cache_dir = Path(gradio_utils.get_upload_folder())
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="vit_inspect_", dir=cache_dir))
