@@ -30,6 +30,7 @@ from vit_inspect.models import DEFAULT_MODEL, ViTHandle
 from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, add_relevance, analyze_image, dataset_attention_distance
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
+from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.common import (OutputImage, describe, download_folder, geometry_updates, model_label,
@@ -90,6 +91,7 @@ class AppConfig:
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding
     max_sessions: int = 100  # sessions whose results stay in memory; the oldest is dropped beyond this
     memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
+    spill_budget: int = DEFAULT_SPILL_BUDGET  # bytes of attention maps spilled to local disk (vit_inspect.spill); 0: none
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
 
     @property
@@ -217,6 +219,9 @@ class Inspector:
                                   reserved=lambda: sum(module_nbytes(h.model) for h in cache.handles()))
         self.default_key = CacheKey.of(config.model, config.weights, config.device)
         self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
+        # maps of many-token models on local disk for fast redraws; not from a ZeroGPU worker's pass
+        self.spill = (SpillFolder(config.spill_budget)
+                      if config.spill_budget > 0 and not getattr(self.run_pass, "on_gpu", False) else None)
         self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
@@ -275,7 +280,7 @@ class Inspector:
     def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None,
               relevance: bool = False) -> ImageAnalysis:
         return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
-                             geometry=geometry, relevance=relevance)
+                             geometry=geometry, relevance=relevance, spill=self.spill)
 
     def with_relevance(self, session: Session, progress=None) -> Session:
         """The session with LeGrad and AttnLRP for the pass it shows (one more forward, at most)."""
@@ -752,6 +757,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser.add_argument("--memory-budget", type=float, default=AppConfig.memory_budget / 2 ** 30,
                         help="GiB of session results plus loaded models; the least recently used results are "
                              f"dropped beyond this (default {AppConfig.memory_budget / 2 ** 30:g})")
+    parser.add_argument("--spill-budget", type=float, default=AppConfig.spill_budget / 2 ** 30,
+                        help="GiB of local disk for the attention maps of many-token models (N >= 1.5 D, e.g. "
+                             "DINOv2-S/14 at 518 px), read by redraws instead of rebuilt; the least recently read "
+                             f"are dropped beyond this; 0 turns it off (default {AppConfig.spill_budget / 2 ** 30:g})")
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
     args = parser.parse_args(argv)
@@ -762,7 +771,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
                        cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
-                       max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30))
+                       max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30),
+                       spill_budget=int(max(0.0, args.spill_budget) * 2 ** 30))
     return config, args
 
 

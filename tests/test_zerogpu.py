@@ -102,4 +102,5 @@ def test_the_app_routes_its_passes_through_gpu_pass(monkeypatch):
 
     inspector = app.Inspector(app.AppConfig(), ModelCache(loader=lambda *a, **k: tiny_handle("cls")))
     assert getattr(inspector.run_pass, "on_gpu", False) and getattr(inspector.run_relevance, "on_gpu", False)
+    assert inspector.spill is None  # a ZeroGPU worker's pass writes no spill files the app would read
     assert stand_in.decorated == ["on_gpu", "on_gpu"]  # the pass and LeGrad/AttnLRP on demand (All maps toggle)

@@ -27,6 +27,7 @@ from .analysis.attention_maps import Query
 from .analysis.rollout import (HEAD_FUSIONS, check_options, check_renormalisable, matrix_discard_mask,
                                row_discard_mask)
 from .models import ViTHandle
+from .spill import Spill
 from .tokens import TokenLayout
 
 ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
@@ -58,6 +59,12 @@ class AttentionStore:
     scale: np.ndarray | None
     maps: np.ndarray | None = field(repr=False)
     max_error: float
+    # the model's own float16 maps on local disk (`spill.Spill`), read instead of rebuilt while alive; not
+    # counted by nbytes (disk, under the spill folder's budget), not pickled
+    spill: Spill | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "spill": None}  # a copy rebuilds from queries and keys
 
     @property
     def depth(self) -> int:
@@ -88,14 +95,22 @@ class AttentionStore:
         queries = torch.from_numpy(self.queries[layer][:, padded]).float()  # (heads, max(n, ROW_BLOCK), d)
         return _probabilities(queries, keys_t, float(self.scale[layer]))[:, :len(index)]
 
+    def _stored(self, layer: int) -> np.ndarray | None:
+        """(heads, N, N) float16 maps of one layer kept as such (the maps fallback, or a live spill), else None."""
+        if self.maps is not None:
+            return self.maps[layer]
+        return None if self.spill is None else self.spill.layer(layer)
+
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
         rounded to float16 values: the numbers the first release stored, so rankings (rollout's
-        ``discard_ratio``) break ties the same way."""
+        ``discard_ratio``) break ties the same way. Read from the stored or spilled maps when there are
+        any, else rebuilt from Q and K."""
         self._check_layer(layer)
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if self.maps is not None:
-            return self.maps[layer][:, index].astype(np.float32)
+        stored = self._stored(layer)
+        if stored is not None:
+            return _take_rows(stored, index).astype(np.float32)
         return self._half_rows(layer, index, self._keys_t(layer)).float().numpy()
 
     def _chunk_rows(self) -> int:
@@ -122,21 +137,26 @@ class AttentionStore:
         fused by ``head_fusion`` ("mean", "max", "min"), rebuilt a chunk under CHUNK_BYTES at a time.
 
         The values are those of `rows` (float16-valued probabilities): max and min are exact, the mean
-        sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K, in float64 from stored maps."""
+        sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K or a spill, in float64 from
+        stored maps."""
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {sorted(HEAD_FUSIONS)}")
         self._check_layer(layer)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         step = self._chunk_rows()
-        keys_t = self._keys_t(layer) if self.maps is None else None  # converted once per layer
+        spilled = None if self.maps is not None else self._stored(layer)  # read once: a drop mid-way is harmless
+        keys_t = self._keys_t(layer) if self.maps is None and spilled is None else None  # converted once per layer
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
-            if keys_t is None:
+            if self.maps is not None:
                 block = self.maps[layer][:, chunk].astype(np.float32)  # (heads, n, N)
                 yield chunk, (block.mean(axis=0, dtype=np.float64) if head_fusion == "mean"
                               else HEAD_FUSIONS[head_fusion](block, axis=0).astype(np.float64))
                 continue
-            half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
+            if spilled is not None:  # the model's own float16 rows, fused exactly as rebuilt ones are
+                half = torch.from_numpy(np.require(_take_rows(spilled, chunk), requirements=['C', 'W']))  # (heads, n, N)
+            else:
+                half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass
                 yield chunk, np.divide(half.float().sum(0).numpy(), half.shape[0], dtype=np.float64)
             else:
@@ -156,6 +176,14 @@ class AttentionStore:
         if self.maps is not None:
             return self.maps
         return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])
+
+
+def _take_rows(maps: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """(heads, len(index), N) rows ``index`` of (heads, N, N) maps: a slice when they are consecutive (a
+    spilled file is then read in runs, not row by row)."""
+    if len(index) and index[-1] - index[0] == len(index) - 1 and (np.diff(index) == 1).all():
+        return np.asarray(maps[:, index[0]:index[-1] + 1])
+    return maps[:, index]
 
 
 def _probabilities(queries: torch.Tensor, keys_t: torch.Tensor, scale: float) -> torch.Tensor:
@@ -343,10 +371,12 @@ class LayerStream:
     alive at a time, so the pass never holds depth x heads x N^2 values.
     """
 
-    def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE):
+    def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE,
+                 spill: Spill | None = None):
         self.handle = handle
         self.layout = layout
         self.tolerance = tolerance
+        self.spill = spill  # each layer's maps of image 0 are written there too, as float16
         self.depth = handle.depth
         self.modules = [_qk_modules(a) for a in handle.attention_modules]
         self._q: dict[int, torch.Tensor] = {}
@@ -402,6 +432,8 @@ class LayerStream:
         the pass never holds more than one layer's maps beyond the bound."""
         probs = probs.detach()
         self.distance[layer] = self._distances(probs.float())  # (B, heads)
+        if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[1:]) == self.spill.shape[1:]:
+            self.spill.write(layer, probs[0].to(torch.float16).cpu().numpy())  # torch rounds as numpy does, faster
         q, k = self._q.pop(layer, None), self._k.pop(layer, None)
         found = self.modules[layer]
         maps = probs[0]  # (heads, N, N), what the maps fallback keeps (a view: no copy)
@@ -482,10 +514,13 @@ class LayerStream:
 
     def store(self) -> AttentionStore:
         """The compact store: float16 Q/K when every layer passed, float32 Q/K when some needed it,
-        the float16 maps when any layer could not be rebuilt at all."""
+        the float16 maps when any layer could not be rebuilt at all. A spill the stream wrote goes with
+        Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback."""
         self._flush()
         max_error = float(self.errors.max()) if self.depth else 0.0
         if any(m is not None for m in self.maps) or any(q is None for q in self.queries):
+            if self.spill is not None:  # the maps are kept in memory: no spill needed
+                self.spill.discard()
             maps = [m if m is not None else torch.softmax(
                         float(self.modules[i][3]) * (torch.from_numpy(self.queries[i]).float()
                                                      @ torch.from_numpy(self.keys[i]).float().transpose(-1, -2)),
@@ -495,5 +530,6 @@ class LayerStream:
         half = all(q.dtype == np.float16 for q in self.queries)
         dtype = np.float16 if half else np.float32
         scale = np.array([found[3] for found in self.modules], dtype=np.float64)
+        spill = self.spill if self.spill is not None and self.spill.finish() else None  # all layers written
         return AttentionStore("qk16" if half else "qk32", np.stack(self.queries).astype(dtype),
-                              np.stack(self.keys).astype(dtype), scale, None, max_error)
+                              np.stack(self.keys).astype(dtype), scale, None, max_error, spill)

@@ -36,6 +36,7 @@ from .head_pass import HeadPass, HeadStatsStream, build_head_pass
 from .images import ImageLimits, load_image
 from .models import ViTHandle
 from .relevance import relevance_rules
+from .spill import SpillFolder, worth_spilling
 from .tokens import TokenLayout
 
 DATASET_MAP_BYTES = 256 * 2 ** 20  # one layer's float32 maps of one chunk of a dataset batch, at most
@@ -175,7 +176,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
                   input_size: tuple[int, int] | None = None, gradients: bool = True,
                   autocast: bool = False, limits: ImageLimits = ImageLimits(),
                   geometry: InputGeometry | None = None, contrast: int | None = None,
-                  relevance: bool = True) -> ImageAnalysis:
+                  relevance: bool = True, spill: SpillFolder | None = None) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
 
@@ -198,10 +199,14 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     ("why target and not contrast?"). For vit-explain's gradient rollout the result keeps the head-fused
     gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
     the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
+
+    With a `spill.SpillFolder`, a model whose tokens far outnumber its channels (`spill.worth_spilling`:
+    N >= 1.5 D, e.g. DINOv2-S/14 at 518 px) also writes every layer's float16 maps to a file there, and
+    the result's redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
     """
     with blas_one_thread():
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                              relevance)
+                              relevance, spill)
 
 
 @functools.cache
@@ -222,14 +227,17 @@ def blas_one_thread():
 
 
 def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                   relevance) -> ImageAnalysis:
+                   relevance, spill=None) -> ImageAnalysis:
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     pixels, rgb, box = model_input(handle, picture, input_size, geometry)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
-    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE)
+    spilled = None
+    if spill is not None and worth_spilling(layout.num_tokens, handle.embed_dim):
+        spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
+    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled)
     stats = HeadStatsStream(handle.depth, layout)
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes

@@ -1,0 +1,225 @@
+"""Attention maps spilled to memory-mapped files on local disk, under a byte budget.
+
+The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
+(`attention_store`). Where the tokens far outnumber the channels, rebuilding is dear: a first rollout
+redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
+entries per head, about 0.45 of a forward pass. For such models the pass also writes each layer's
+probabilities, as the model produced them, in float16, to a file of a private folder, and redraws read
+rows from it (the operating system keeps recent files in its page cache): the first release's numbers,
+at the cost of disk, not memory.
+
+A spill is an accelerator only: the queries and keys stay in the store, and a store whose spill was
+dropped (the folder's byte budget, LRU; the result being dropped; a pickled copy) rebuilds rows as before,
+equal to the spilled ones within the store's tolerance. Paths are never chosen by a client: the folder
+is made by `tempfile.mkdtemp` (mode 0700), its files are numbered, and it is removed when the process
+exits or the folder is closed.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("vit_inspect.spill")
+
+# Spill when N >= SPILL_MIN_RATIO * D. Measured on the CPU (BENCHMARKS.md, issue 14): the slowest first
+# rollout redraw rebuilt from q and k costs 0.22 of a forward at N/D = 1.34 (DINOv2-L/14 at 518) and
+# 0.45 at N/D = 3.6 (DINOv2-S/14 at 518); past about 1.5 it exceeds the 0.25 aimed at.
+SPILL_MIN_RATIO = 1.5
+DEFAULT_SPILL_BUDGET = 4 * 2 ** 30  # bytes of local disk the app's spills may take (DINOv2-S/14 at 518: 272 MB each)
+
+
+def worth_spilling(num_tokens: int, embed_dim: int) -> bool:
+    """Whether a model's maps should be spilled: N >= SPILL_MIN_RATIO * D (see the constant)."""
+    return num_tokens >= SPILL_MIN_RATIO * embed_dim
+
+
+class Spill:
+    """One image's (depth, heads, N, N) float16 attention probabilities in a file of a `SpillFolder`.
+
+    `layer(i)` gives layer i's (heads, N, N) maps, or None once the spill was dropped (by the folder's
+    budget, or explicitly); a caller then rebuilds from the store's queries and keys. `complete` is False
+    until `finish`: a pass that fails half-way leaves no half-written spill in use."""
+
+    def __init__(self, folder: "SpillFolder", key: int, path: Path, shape: tuple[int, ...]):
+        self.key, self.path, self.shape = key, path, shape
+        self.nbytes = math.prod(shape) * 2
+        self._layer_bytes = self.nbytes // shape[0]
+        # written with pwrite (half the time of filling a fresh mapping page by page), read through a mapping
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(self._fd, self.nbytes)
+        except OSError:
+            self._close_fd()
+            raise
+        self._array: np.memmap | None = None
+        self._written: set[int] = set()
+        self.complete = False
+        self._dropped = False  # set by the folder from any thread; only the writing thread closes the file
+        self._folder = weakref.ref(folder)
+
+    def write(self, layer: int, maps: np.ndarray) -> None:
+        """Store layer ``layer``'s (heads, N, N) probabilities (rounded to float16 here if they are not).
+        A failed write (a full disk) drops the spill; the pass goes on."""
+        if self._dropped:
+            self._close_fd()
+        if self._fd is None or self.complete or not 0 <= layer < self.shape[0]:
+            return
+        data = memoryview(np.ascontiguousarray(maps, dtype=np.float16).reshape(self.shape[1:])).cast("B")
+        done, offset = 0, layer * self._layer_bytes
+        try:
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], offset + done)
+        except OSError as exc:
+            log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
+            self.discard()
+            return
+        self._written.add(layer)
+
+    def _close_fd(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def discard(self) -> None:
+        """Drop this spill now (its folder removes the file); called by the thread that writes it."""
+        folder = self._folder()
+        if folder is not None:
+            folder.drop(self)
+        self._forget()
+        self._close_fd()
+
+    def finish(self) -> bool:
+        """Serve the spill if every layer was written (read-only from now on) and say so; otherwise drop it."""
+        if self._dropped or self._fd is None or len(self._written) != self.shape[0]:
+            self.discard()
+            return False
+        self._close_fd()
+        try:
+            self._array = np.memmap(self.path, dtype=np.float16, mode="r", shape=self.shape)
+        except (OSError, ValueError):  # the file went (the folder was closed meanwhile)
+            self.discard()
+            return False
+        self.complete = True
+        return True
+
+    def layer(self, layer: int) -> np.ndarray | None:
+        """(heads, N, N) float16 maps of one layer, or None when the spill is gone or unfinished."""
+        array = self._array  # one read: a concurrent drop cannot leave us half-way
+        if array is None or not self.complete:
+            return None
+        folder = self._folder()
+        if folder is not None:
+            folder._touch(self.key)
+        return array[layer]
+
+    @property
+    def alive(self) -> bool:
+        """Whether `layer` serves maps: finished and not dropped."""
+        return self._array is not None and self.complete
+
+    def _forget(self) -> None:
+        """Stop serving (the folder unlinks the file; an open mapping stays readable until released). The
+        file descriptor stays with the writing thread: closing it here could let a write that is under way
+        land in whatever file reuses its number."""
+        self._dropped = True
+        self._array = None
+        self.complete = False
+
+    def __del__(self) -> None:
+        self._close_fd()
+
+    def __reduce__(self):
+        raise TypeError("a Spill is a local file and does not pickle; pickle the store, which drops it")
+
+
+class SpillFolder:
+    """A private folder of `Spill` files whose sizes add up to at most ``budget`` bytes.
+
+    `reserve` makes room by dropping the least recently read spills; a request larger than the whole
+    budget gets None. A spill's file is removed when it is dropped, when its `Spill` is garbage-collected
+    (its result left the session store), and with the folder (`close`, or when the process exits)."""
+
+    def __init__(self, budget: int, root: str | Path | None = None):
+        if budget < 0:
+            raise ValueError(f"the spill budget must be at least 0 bytes, not {budget}")
+        self.budget = int(budget)
+        self.path = Path(tempfile.mkdtemp(prefix="vit_inspect_spill_", dir=root))  # mode 0700
+        self._spills: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # key -> (spill, bytes), LRU first
+        self._used = 0
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+        atexit.register(self._cleanup)
+
+    @property
+    def used(self) -> int:
+        """Bytes of the spills alive now."""
+        with self._lock:
+            return self._used
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spills)
+
+    def reserve(self, shape: tuple[int, ...]) -> Spill | None:
+        """A new spill of float16 ``shape``, after dropping least recently read spills as needed; None if
+        it alone exceeds the budget or the file cannot be made (a full disk: the pass goes on without)."""
+        nbytes = math.prod(shape) * 2
+        if nbytes > self.budget or not self.path.is_dir():
+            return None
+        with self._lock:
+            while self._spills and self._used + nbytes > self.budget:
+                self._drop_locked(next(iter(self._spills)))
+            key = next(self._keys)
+            try:
+                spill = Spill(self, key, self.path / f"{key}.f16", shape)
+            except OSError as exc:  # no space left, a read-only or vanished folder
+                log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
+                return None
+            self._spills[key] = (weakref.ref(spill), nbytes)
+            self._used += nbytes
+        weakref.finalize(spill, self._release, key)
+        return spill
+
+    def drop(self, spill: Spill) -> None:
+        """Drop ``spill`` now: its file goes, readers rebuild from queries and keys."""
+        with self._lock:
+            self._drop_locked(spill.key)
+
+    def close(self) -> None:
+        """Drop every spill and remove the folder."""
+        with self._lock:
+            for key in list(self._spills):
+                self._drop_locked(key)
+        self._cleanup()
+
+    def _touch(self, key: int) -> None:
+        with self._lock:
+            if key in self._spills:
+                self._spills.move_to_end(key)
+
+    def _release(self, key: int) -> None:  # the Spill was garbage-collected
+        with self._lock:
+            self._drop_locked(key)
+
+    def _drop_locked(self, key: int) -> None:
+        found = self._spills.pop(key, None)
+        if found is None:
+            return
+        ref, nbytes = found
+        self._used -= nbytes
+        spill = ref()
+        if spill is not None:
+            spill._forget()
+        (self.path / f"{key}.f16").unlink(missing_ok=True)
