@@ -146,6 +146,7 @@ def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     np.testing.assert_array_equal(np.asarray(Image.open(floats)), picture)
     webp = OutputImage(format="webp").postprocess(picture)
     assert webp.path.endswith(".webp")
+    assert not list((REPO / "vit_inspect").rglob("*.pyi"))  # Gradio's stub writer was kept out of the package
 
 
 def test_a_cat_photo_is_a_cat(client):

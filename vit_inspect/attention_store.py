@@ -154,7 +154,8 @@ class AttentionStore:
                               else HEAD_FUSIONS[head_fusion](block, axis=0).astype(np.float64))
                 continue
             if spilled is not None:  # the model's own float16 rows, fused exactly as rebuilt ones are
-                half = torch.from_numpy(np.require(_take_rows(spilled, chunk), requirements=['C', 'W']))  # (heads, n, N)
+                rows = np.require(_take_rows(spilled, chunk), requirements=["C", "W"])  # (heads, n, N) float16
+                half = torch.from_numpy(rows)
             else:
                 half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass

@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
@@ -26,25 +27,42 @@ from .untrusted import client_file, redact_paths
 log = logging.getLogger("vit_inspect.app")
 
 
-class OutputImage(gr.Image):
-    """An output `gr.Image` whose uint8 numpy pictures are sent as PNG at zlib level `plotting.PNG_LEVEL`.
+@contextmanager
+def _no_stub_files():
+    """Gradio's component metaclass writes a ``.pyi`` stub beside the module of every Component subclass
+    it sees (`component_meta.create_or_modify_pyi`, for authors of custom components); an installed
+    library must not write into its own package, so subclasses here are defined without it."""
+    from gradio import component_meta
 
-    Gradio encodes a numpy output at PIL's default level 6: ≈ 22 ms of a DeiT-Ti slider redraw whose
-    drawing takes ≈ 2.5 ms (bench/bench_render.py). The file goes into Gradio's own cache the way its
-    encoder puts it there (`processing_utils.save_bytes_to_cache`, a folder named by the content's hash);
-    anything else (other dtypes, another format, a watermark) takes Gradio's own path. The browser draws
-    it with Gradio's image component."""
+    write_stub = component_meta.create_or_modify_pyi
+    component_meta.create_or_modify_pyi = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        component_meta.create_or_modify_pyi = write_stub
 
-    def get_block_name(self) -> str:
-        return "image"
 
-    def postprocess(self, value):
-        if (isinstance(value, np.ndarray) and value.dtype == np.uint8 and self.format == "png"
-                and getattr(getattr(self, "watermark", None), "watermark", None) is None
-                and (value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (3, 4)))):
-            path = processing_utils.save_bytes_to_cache(encode_png(value), "image.png", cache_dir=self.GRADIO_CACHE)
-            return ImageData(path=path, orig_name=Path(path).name)
-        return super().postprocess(value)
+with _no_stub_files():
+    class OutputImage(gr.Image):
+        """An output `gr.Image` whose uint8 numpy pictures are sent as PNG at zlib level `plotting.PNG_LEVEL`.
+
+        Gradio encodes a numpy output at PIL's default level 6: ≈ 22 ms of a DeiT-Ti slider redraw whose
+        drawing takes ≈ 2.5 ms (bench/bench_render.py). The file goes into Gradio's own cache the way its
+        encoder puts it there (`processing_utils.save_bytes_to_cache`, a folder named by the content's hash);
+        anything else (other dtypes, another format, a watermark) takes Gradio's own path. The browser draws
+        it with Gradio's image component."""
+
+        def get_block_name(self) -> str:
+            return "image"
+
+        def postprocess(self, value):
+            if (isinstance(value, np.ndarray) and value.dtype == np.uint8 and self.format == "png"
+                    and getattr(getattr(self, "watermark", None), "watermark", None) is None
+                    and (value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (3, 4)))):
+                path = processing_utils.save_bytes_to_cache(encode_png(value), "image.png",
+                                                            cache_dir=self.GRADIO_CACHE)
+                return ImageData(path=path, orig_name=Path(path).name)
+            return super().postprocess(value)
 
 
 def public_message(exc: VitInspectError) -> str:
