@@ -18,7 +18,6 @@ second caption line). Candidates are interleaved (bench.common.measure). Random 
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 from pathlib import Path
 
@@ -28,8 +27,8 @@ from PIL import Image
 
 from .bench_analysis import gradio_default_png
 from .bench_large import MODELS, _handle
-from .bench_rollout_redraw import load_package
-from .common import REPO, markdown_table, measure, plain_forward, plain_model, print_header, set_threads
+from .bench_rollout_redraw import parse_model_args
+from .common import markdown_table, measure, plain_forward, plain_model, print_header
 
 
 def maps_of(key: str, image: Path) -> tuple[object, Image.Image, np.ndarray, list[tuple[np.ndarray, str, dict]], str]:
@@ -86,15 +85,7 @@ def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before-tree", type=Path, required=True, help="a folder holding the other version's vit_inspect")
-    parser.add_argument("--models", nargs="+", default=["deit_ti_224", "vitb_224"], choices=sorted(MODELS))
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
-    args = parser.parse_args()
-    set_threads(args.threads)
-    before = load_package(args.before_tree.resolve())
+    args, before = parse_model_args(__doc__, ["deit_ti_224", "vitb_224"], 11)
     print_header(f"A map panel drawn and encoded as PNG, before and after ({args.threads} thread(s), "
                  f"{args.repeats} interleaved repeats, medians)")
     rows = [row for key in args.models for row in run(key, before, args.repeats, args.image)]

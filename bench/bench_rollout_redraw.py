@@ -36,6 +36,22 @@ def load_package(tree: Path, alias: str = "vit_inspect_before"):
     return package
 
 
+def parse_model_args(doc: str, models: list[str], repeats: int, before_tree: bool = True):
+    """(arguments, the other version's package or None) of a bench over MODELS keys, with torch's threads set:
+    ``--models``, ``--repeats``, ``--threads``, ``--image`` and, with ``before_tree``, ``--before-tree``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    if before_tree:
+        parser.add_argument("--before-tree", type=Path, required=True,
+                            help="a folder holding the other version's vit_inspect")
+    parser.add_argument("--models", nargs="+", default=models, choices=sorted(MODELS))
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
+    args = parser.parse_args()
+    set_threads(args.threads)
+    return args, load_package(args.before_tree.resolve()) if before_tree else None
+
+
 def options(handle, layout) -> dict[str, dict]:
     """The rollout options the app offers that cost the most, by name."""
     patch = (layout.grid_h // 2, layout.grid_w // 2)
@@ -83,15 +99,7 @@ def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before-tree", type=Path, required=True, help="a folder holding the other version's vit_inspect")
-    parser.add_argument("--models", nargs="+", default=["deit_ti_224"], choices=sorted(MODELS))
-    parser.add_argument("--repeats", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
-    args = parser.parse_args()
-    set_threads(args.threads)
-    before = load_package(args.before_tree.resolve())
+    args, before = parse_model_args(__doc__, ["deit_ti_224"], 11)
     print_header(f"First rollout redraw from the attention store, before and after ({args.threads} thread(s), "
                  f"{args.repeats} interleaved repeats, medians; shared machine)")
     rows = [row for key in args.models for row in run(key, before, args.repeats, args.image)]

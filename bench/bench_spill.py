@@ -11,15 +11,14 @@ after the pass wrote it, as in the app).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import torch
 
 from .bench_large import MODELS, _handle
-from .bench_rollout_redraw import options
-from .common import REPO, markdown_table, measure, print_header, set_threads
+from .bench_rollout_redraw import options, parse_model_args
+from .common import markdown_table, measure, print_header
 
 
 def run(key: str, repeats: int, image: Path) -> list[list[object]]:
@@ -68,13 +67,7 @@ def run(key: str, repeats: int, image: Path) -> list[list[object]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["dinov2s_518"], choices=sorted(MODELS))
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
-    args = parser.parse_args()
-    set_threads(args.threads)
+    args, _ = parse_model_args(__doc__, ["dinov2s_518"], 3, before_tree=False)
     print_header(f"Spilled maps against rebuilding from q and k ({args.threads} thread(s), "
                  f"{args.repeats} interleaved repeats, medians)")
     rows = [row for key in args.models for row in run(key, args.repeats, args.image)]

@@ -144,7 +144,8 @@ class AttentionStore:
         self._check_layer(layer)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         step = self._chunk_rows()
-        spilled = None if self.maps is not None else self._stored(layer)  # read once: a drop mid-way is harmless
+        # a spill is read once per layer: a drop while the chunks are read is harmless
+        spilled = self.spill.layer(layer) if self.maps is None and self.spill is not None else None
         keys_t = self._keys_t(layer) if self.maps is None and spilled is None else None  # converted once per layer
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
