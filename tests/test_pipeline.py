@@ -192,6 +192,24 @@ def test_chefer_from_cached_arrays_matches_pass():
     np.testing.assert_allclose(result.chefer, expected, rtol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent GPU machine)")
+def test_gradient_reductions_on_the_gpu_equal_the_cpus():
+    """On a GPU, W = A * dA/dy is formed where the maps are (only (N, N) reductions cross to the CPU);
+    every gradient method equals the CPU pass's to float32 rounding."""
+    from conftest import make_tiny_timm
+    from vit_inspect.models import handle_from_timm
+
+    image = _image(2)
+    results = [analyze_image(handle_from_timm(make_tiny_timm("cls", 0), name="tiny-cls", device=device,
+                                              input_size=TINY_TIMM["cls"][1]), image, relevance=False)
+               for device in ("cpu", "cuda")]
+    cpu, gpu = results
+    assert gpu.target == cpu.target
+    np.testing.assert_allclose(gpu.chefer, cpu.chefer, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(gpu.heads.first_order, cpu.heads.first_order, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(gpu.gradient_rollout(0.9), cpu.gradient_rollout(0.9), rtol=1e-3, atol=1e-6)
+
+
 def test_public_api_and_no_gradio_import():
     import subprocess
     import sys

@@ -397,27 +397,30 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
     first_order, fused = [None] * depth, [None] * depth
     with torch.no_grad():
         for layer in reversed(range(depth)):
-            weighted = _weighted_attention(rec, layer)  # (heads, N, N) W_l
+            weighted = _weighted_attention(rec, layer)  # (heads, N, N) W_l, on the maps' device
             first_order[layer] = weighted.sum(dim=(-2, -1))
-            fused[layer] = weighted.mean(0).clamp_(min=0).to(torch.float16).numpy()  # (N, N)
-            vector = vector + vector @ weighted.clamp_(min=0).mean(0).double()  # float32 head mean: 3x less than float64's
+            fused[layer] = weighted.mean(0).clamp_(min=0).to(torch.float16).cpu().numpy()  # (N, N)
+            positive = weighted.clamp_(min=0).mean(0).cpu()  # (N, N) float32 head mean: 3x less than float64's
+            vector = vector + vector @ positive.double()
     chefer = layout.to_grid(layout.patches(vector.numpy()))
-    return GradientReductions(chefer=chefer, first_order=torch.stack(first_order).numpy().astype(np.float32),
+    return GradientReductions(chefer=chefer, first_order=torch.stack(first_order).cpu().numpy().astype(np.float32),
                               fused=fused)
 
 
 def _weighted_attention(rec, layer: int) -> torch.Tensor:
-    """(heads, N, N) float32 W_l = A_l * dy/dA_l of image 0 from a recorder after its backward pass."""
+    """(heads, N, N) float32 W_l = A_l * dy/dA_l of image 0 from a recorder after its backward pass, on the
+    device of the maps: on a GPU only the (N, N) reductions of `gradient_reductions` cross to the CPU, not
+    2 x heads x N^2 float32 per layer (ViT-L/16 at 384: 42 MB a layer)."""
     with torch.no_grad():
-        attention = rec.attention_tensors()[layer][0].detach().to("cpu", torch.float32)
-        return attention * rec.attention_grad_tensors()[layer][0].detach().to("cpu", torch.float32)
+        attention = rec.attention_tensors()[layer][0].detach().float()
+        return attention * rec.attention_grad_tensors()[layer][0].detach().float()
 
 
 def gradient_fused_layer(rec, layer: int) -> np.ndarray:
     """(N, N) float64 G_l = max(0, mean_h(A_lh * dy/dA_lh)) of one layer from a recorder after its backward
     pass (`analysis.gradient_fused_attention` for that layer, from float32 products as in
     `gradient_reductions`), never the (depth, heads, N, N) stacks."""
-    return _weighted_attention(rec, layer).mean(0).clamp_(min=0).double().numpy()
+    return _weighted_attention(rec, layer).mean(0).clamp_(min=0).cpu().double().numpy()
 
 
 @dataclass(frozen=True)
