@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -768,6 +769,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
         model = model_file_name(args.model_file) if args.model_file else args.model
     except VitInspectError as exc:
         parser.error(str(exc))
+    for flag, value, least in (("--max-upload-mb", args.max_upload_mb, 0.0), ("--max-image-pixels", args.max_image_pixels, 0),
+                               ("--memory-budget", args.memory_budget, 0.0), ("--max-sessions", args.max_sessions, 0),
+                               ("--cache-size", args.cache_size, 0)):
+        if not (math.isfinite(value) and value > least):  # a bound must bound: NaN, inf and 0 are refused
+            parser.error(f"{flag} must be a positive finite number, got {value!r}.")
+    if not math.isfinite(args.spill_budget):  # at most 0 turns spilling off; NaN or inf is a typing mistake
+        parser.error(f"--spill-budget must be a finite number of GiB (0 turns it off), got {args.spill_budget!r}.")
     config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
                        cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,

@@ -179,6 +179,19 @@ def test_limits_and_loopback_defaults():
     assert app.launch_limits(config) == {"max_file_size": "2mb", "state_session_capacity": 7}
 
 
+@pytest.mark.parametrize("flags", [["--memory-budget", "inf"], ["--memory-budget", "nan"], ["--memory-budget", "0"],
+                                   ["--max-upload-mb", "-1"], ["--max-image-pixels", "0"], ["--max-sessions", "0"],
+                                   ["--cache-size", "-2"], ["--spill-budget", "inf"], ["--spill-budget", "nan"]])
+def test_unbounded_or_meaningless_limits_stop_the_launch_with_a_sentence(flags, capsys):
+    """An operator's typing mistake in a bound is one line naming the flag, not a traceback at launch."""
+    with pytest.raises(SystemExit) as stopped:
+        app.parse_args(flags)
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert flags[0] in message and "Traceback" not in message
+    assert app.parse_args(["--memory-budget", "0.5", "--spill-budget", "0"])[0].memory_budget == 2 ** 29
+
+
 def test_pixel_limit_is_enforced_by_the_app(tmp_path):
     config = app.AppConfig(weights=str(WEIGHTS), device="cpu", max_image_pixels=10_000)
     served = Server.__new__(Server)
