@@ -16,7 +16,8 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 here (`analyze_today`); "main" is another checkout's own `analyze_image` (every method of that
 version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
 -x -C /tmp/main_tree`); "compact" is this checkout's, "app" this checkout's pass as the app runs it (`relevance=False`:
-no AttnLRP or LeGrad, which the app adds on request).
+no AttnLRP or LeGrad, which the app adds on request; on the CPU with the app's default spill folder, so a model
+with N >= 1.5 D also writes its maps to disk, shown beside the kept bytes).
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
@@ -153,6 +154,7 @@ def _redraws(handle, design: str, result, layout) -> dict:
 def worker(key: str, design: str, repeats: int, device: str, half: bool, image: Path, threads: int) -> dict:
     from vit_inspect.images import load_image
     from vit_inspect.pipeline import analyze_image
+    from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
     set_threads(threads)
     torch.manual_seed(0)
@@ -191,13 +193,15 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         sync()
 
     held = {}
+    spill = SpillFolder(DEFAULT_SPILL_BUDGET) if design == "app" and not cuda else None  # the app's default
 
     def analysis():
         held.pop("result", None)
         if design == "today":
             held["result"] = analyze_today(handle, picture, autocast=half)
-        elif design == "app":  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`)
-            held["result"] = analyze_image(handle, picture, autocast=half, relevance=False)
+        elif design == "app":  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`), the
+            # app's spill folder (many-token models write their maps to disk; not in the kept bytes, as in the app)
+            held["result"] = analyze_image(handle, picture, autocast=half, relevance=False, spill=spill)
         else:
             held["result"] = analyze_image(handle, picture, autocast=half)
         sync()
@@ -229,6 +233,8 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         "slowest_redraw": max(redraw_s, key=redraw_s.get), "slowest_redraw_s": max(redraw_s.values()),
         "redraw_ratio": max(redraw_s.values()) / forward, "redraws_s": redraw_s,
         "store_mode": getattr(getattr(result, "attention_store", None), "mode", None),
+        "spilled_MB": (result.attention_store.spill.nbytes / MB
+                       if design != "today" and getattr(result.attention_store, "spill", None) is not None else 0.0),
         "package": str(Path(sys.modules["vit_inspect"].__file__).parent),
     }
     if cuda:
@@ -279,8 +285,9 @@ def main() -> None:
             peak = f"{r['peak_gpu_MB']:.0f} MB GPU" if "peak_gpu_MB" in r else f"{r['peak_rss_MB'] / 1e3:.2f} GB"
             versus = (f"{r['analysis_fwdbwd_ratio']:.2f} ÷ fwd+bwd, {r['analysis_ratio']:.2f} ÷ fwd+input bwd"
                       if r["floor_s"] is not None else f"{r['analysis_ratio']:.2f} ÷ fwd (no head)")
+            spilled = f" (+ {r['spilled_MB']:.0f} MB of maps on disk)" if r.get("spilled_MB") else ""
             rows.append([r["model"], design + (f" ({r['store_mode']})" if r["store_mode"] else ""), r["tokens"],
-                         f"{r['kept_MB']:.1f} MB", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
+                         f"{r['kept_MB']:.1f} MB{spilled}", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
                          f"{versus} ({r['analysis_s']:.2f} s)",
                          f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
                          f"{r['forward_s']:.3f} s"])
