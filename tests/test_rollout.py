@@ -190,3 +190,60 @@ def test_rows_sum_to_one(layout, head_fusion, discard_ratio, residual):
 def test_layout_token_count_must_match():
     with pytest.raises(ValueError, match="layout has"):
         rollout_matrix(HAND_ATTENTION, layout=LAYOUTS[0])
+
+
+def test_vector_times_layer_by_hand():
+    """v^T prepare_layer(W) without the prepared matrix: W = [[.5,.5,0],[.2,.8,0],[0,.4,.6]], class query
+    v = e_0, residual: A_0 = (0.5 W_0 + 0.5 e_0) / 1 = [.75, .25, 0]; the whole-matrix discard of 5 of 9
+    entries (ratio 0.6) zeroes the three zeros and the two lowest non-zeros (.2, .4), never (0, 0)."""
+    from vit_inspect.analysis.rollout import vector_times_layer
+
+    w = np.array([[.5, .5, 0.], [.2, .8, 0.], [0., .4, .6]])
+    e0 = np.array([1.0, 0.0, 0.0])
+    np.testing.assert_allclose(vector_times_layer(e0, w.copy(), 0, 0.0, "row", True, 0), [.75, .25, 0.], atol=1e-15)
+    # discard: [[.5,.5,0],[0,.8,0],[0,0,.6]]; row 1 of 0.5 W + 0.5 I = [0, .9, 0] / .9
+    v = np.array([0.0, 1.0, 0.0])
+    np.testing.assert_allclose(vector_times_layer(v, w.copy(), 0, 0.6, "matrix", True, 0), [0., 1., 0.], atol=1e-15)
+    # per-row discard of 1 of 3 (ratio 0.34), class column kept: row 2 [0, .4, .6] -> [0, 0, .6] (the 0 is
+    # the class column, kept), no residual: renormalised [0, 0, 1]
+    np.testing.assert_allclose(vector_times_layer(np.array([0., 0., 2.]), w.copy(), 0, 0.34, "row", False, 0),
+                               [0., 0., 2.], atol=1e-15)
+
+
+@pytest.mark.parametrize("discard", ["row", "matrix"])
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("dense", [True, False])
+def test_vector_times_layer_equals_the_product_with_the_prepared_layer(discard, residual, ratio, dense):
+    from vit_inspect.analysis.rollout import prepare_layer, vector_times_layer
+
+    rng = np.random.default_rng(7)
+    fused = rng.random((23, 23)) ** 3
+    fused[3, :5] = fused[3, 7]  # ties, broken by position
+    vector = rng.random(23) if dense else np.eye(23)[0] * 2.0
+    try:
+        expected = vector @ prepare_layer(fused.copy(), 4, ratio, discard, residual, 0)
+    except ValueError:  # the whole-matrix discard without the residual empties a row: refused alike
+        assert discard == "matrix" and not residual and ratio == 0.9
+        with pytest.raises(ValueError, match="no attention left"):
+            vector_times_layer(vector, fused.copy(), 4, ratio, discard, residual, 0)
+        return
+    np.testing.assert_allclose(vector_times_layer(vector, fused.copy(), 4, ratio, discard, residual, 0), expected,
+                               rtol=1e-12, atol=1e-15)
+
+
+def test_kth_lowest_equals_the_partition_with_ties_zeros_and_nan():
+    """The whole-matrix discard's threshold: the minimum's many copies set aside, then a partition; the same
+    value as np.partition for integer ties, mostly-zero matrices, random values and NaN (ranked last)."""
+    from vit_inspect.analysis.rollout import _kth_lowest
+
+    rng = np.random.default_rng(1)
+    for trial in range(2000):
+        n = int(rng.integers(1, 60))
+        values = [rng.integers(0, 4, n).astype(float), np.where(rng.random(n) < 0.8, 0.0, rng.random(n)),
+                  rng.random(n), np.where(rng.random(n) < 0.1, np.nan, rng.random(n))][trial % 4]
+        count = int(rng.integers(1, n + 1))
+        expected = np.partition(values, count - 1)[count - 1]
+        got = _kth_lowest(values, count)
+        assert got == expected or (np.isnan(got) and np.isnan(expected)), (values, count)
+    assert _kth_lowest(np.array([0.0, 0.0, 0.0, 0.5]), 3) == 0.0 and _kth_lowest(np.array([0.0, 0.0, 0.7, 0.5]), 3) == 0.5

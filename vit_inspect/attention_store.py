@@ -24,8 +24,8 @@ from torch import nn
 
 from .analysis.attention_distance import patch_distances
 from .analysis.attention_maps import Query
-from .analysis.rollout import (HEAD_FUSIONS, check_options, check_renormalisable, matrix_discard_mask,
-                               row_discard_mask)
+from .analysis.rollout import (HEAD_FUSIONS, check_options, row_discard_mask, row_product, vector_times_layer,
+                               zero_masked)
 from .models import ViTHandle
 from .spill import Spill
 from .tokens import TokenLayout
@@ -273,44 +273,18 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
     keep = layout.class_token_index
     vector = query_vector(layout, query)  # (N,)
     for layer in reversed(layers):
-        tokens = np.flatnonzero(vector)  # the rows of A_layer that v^T A_layer reads
-        if discard_ratio > 0 and discard == "matrix":
-            fused = store.fused_layer(layer, head_fusion)  # (N, N)
-            _zero(fused, matrix_discard_mask(fused, discard_ratio, keep))
-            if not residual:  # rows the query does not reach are still checked, as `prepare_layer` does
-                check_renormalisable(fused.sum(axis=-1), layer)
-            rows = fused if len(tokens) == store.num_tokens else fused[tokens]  # (n, N)
-            vector = _row_product(vector[tokens], tokens, rows, layer, residual)
+        if discard_ratio > 0 and discard == "matrix":  # ranks all N^2 entries: the whole layer, (N, N)
+            vector = vector_times_layer(vector, store.fused_layer(layer, head_fusion), layer, discard_ratio,
+                                        discard, residual, keep)
             continue
+        tokens = np.flatnonzero(vector)  # the rows of A_layer that v^T A_layer reads
         product = np.zeros(store.num_tokens)  # (N,) v^T A_layer
         for chunk, rows in store.fused_row_chunks(layer, tokens, head_fusion):  # (n,), (n, N)
             if discard_ratio > 0:
-                _zero(rows, row_discard_mask(rows, discard_ratio, keep))
-            product += _row_product(vector[chunk], chunk, rows, layer, residual)
+                zero_masked(rows, row_discard_mask(rows, discard_ratio, keep))
+            product += row_product(vector[chunk], chunk, rows, layer, residual)
         vector = product
     return layout.to_grid(layout.patches(vector))
-
-
-def _zero(values: np.ndarray, mask: np.ndarray | None) -> None:
-    """Zero ``values`` where ``mask``, in place: finite values times the kept mask (faster than putmask)."""
-    if mask is not None:
-        np.multiply(values, ~mask, out=values)
-
-
-def _row_product(weights: np.ndarray, tokens: np.ndarray, rows: np.ndarray, layer: int, residual: bool) -> np.ndarray:
-    """(N,) sum_i weights_i A_i over the rows i = ``tokens`` of a prepared layer A (`prepare_layer` steps 3-4:
-    A = 0.5 W + 0.5 I if ``residual``, rows renormalised to 1), from the discarded rows W = ``rows`` (n, N).
-    A_i = (0.5 W_i + 0.5 e_i) / s_i with s_i its sum, applied to the n weights rather than the n x N rows."""
-    row_sums = rows.sum(axis=-1)  # (n,)
-    if residual:
-        row_sums = 0.5 * row_sums + 0.5
-    check_renormalisable(row_sums, layer)
-    scaled = weights / row_sums  # (n,)
-    if not residual:
-        return scaled @ rows
-    product = (0.5 * scaled) @ rows  # (N,)
-    product[tokens] += 0.5 * scaled  # tokens are distinct
-    return product
 
 
 # ------------------------------------------------------------------------------------------------ the pass

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
 
 from .analysis.attention_maps import Query
-from .analysis.rollout import DISCARDS, check_options, prepare_layer
+from .analysis.rollout import DISCARDS, check_options, prepare_layer, vector_times_layer
 from .attention_store import query_vector
 from .errors import VitInspectError
 from .tokens import TokenLayout
@@ -61,9 +62,9 @@ class GradientRollouts:
         query = self.query if query is None else query
         if self.fused is not None:
             vector = query_vector(layout, query)  # (N,)
-            for layer in reversed(layers):
-                vector = vector @ prepare_layer(self.fused[layer].astype(np.float64), layer, discard_ratio, discard,
-                                                True, layout.class_token_index)
+            for layer in reversed(layers):  # v^T prepare_layer(G_l) without forming the prepared matrix
+                vector = vector_times_layer(vector, _as_float64(self.fused[layer]), layer, discard_ratio,
+                                            discard, True, layout.class_token_index)
             return layout.to_grid(layout.patches(vector))
         ratio = min(DISCARD_RATIOS, key=lambda r: abs(r - discard_ratio))
         key = (ratio, discard if ratio > 0 else DISCARDS[0], layers.start, layers.stop)
@@ -72,6 +73,12 @@ class GradientRollouts:
                 "For this large input the gradient rollout was kept only for discard ratios 0 to 0.95 in steps "
                 f"of 0.05 and the model's own readout ({self.query}); choose one of those.")
         return self.maps[key].copy()
+
+
+def _as_float64(half: np.ndarray) -> np.ndarray:
+    """A float16 array as float64, exactly: through float32 in torch, several times faster than numpy's
+    float16 conversion (0.04 against 0.17 ms for one of DeiT-Ti's (197, 197) layers)."""
+    return torch.from_numpy(np.require(half, requirements=["W"])).float().double().numpy()
 
 
 def gradient_rollouts(fused_layer: Callable[[int], np.ndarray], depth: int, layout: TokenLayout, query: Query,
