@@ -759,8 +759,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
                         help="GiB of session results plus loaded models; the least recently used results are "
                              f"dropped beyond this (default {AppConfig.memory_budget / 2 ** 30:g})")
     parser.add_argument("--spill-budget", type=float, default=AppConfig.spill_budget / 2 ** 30,
-                        help="GiB of local disk for the attention maps of many-token models (N >= 1.5 D, e.g. "
-                             "DINOv2-S/14 at 518 px), read by redraws instead of rebuilt; the least recently read "
+                        help="GiB of local disk for the attention maps of models whose maps are dear to rebuild "
+                             "(heads x N >= 0.015 D^2: DeiT-Ti at 224, DINOv2 at 518 px), read by redraws instead of "
+                             "rebuilt; the least recently read "
                              f"are dropped beyond this; 0 turns it off (default {AppConfig.spill_budget / 2 ** 30:g})")
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")

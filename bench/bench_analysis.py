@@ -1,7 +1,8 @@
 """Per-image analysis, redraw and per-session memory, each against plain passes of the same model
 and against the naive way (one pass per method, a full recompute per slider change).
 
-1. the per-image analysis (`analyze_image`, the app's default: no AttnLRP/LeGrad, + top-5) ÷ one plain
+1. the per-image analysis (`analyze_image` as the app runs it: no AttnLRP/LeGrad, the app's spill folder
+   (`spill.worth_spilling`), + top-5) ÷ one plain
    forward + backward, and ÷ the floor (forward + input-only backward)        target <= 1.15
 1c. the same pass with AttnLRP and LeGrad in it (``relevance=True``, the CLI's) ÷ the floor
 1d. AttnLRP and LeGrad added later (`relevance_maps`: one more forward) ÷ the floor
@@ -38,6 +39,7 @@ from vit_inspect.capture import capture_attention
 from vit_inspect.images import load_image
 from vit_inspect.models import ViTHandle, load_model
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, readout_query, relevance_maps
+from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
 from .common import (MODELS, REPO, THREADS, markdown_table, measure, plain_forward, plain_forward_backward,
                      plain_forward_input_backward,
@@ -260,6 +262,7 @@ def retained_bytes(analyse: Callable[[], ImageAnalysis]) -> tuple[ImageAnalysis,
 def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[list[str]]) -> None:
     handle = load_model(name, pretrained=False, device="cpu")
     model = plain_model(handle)
+    spill = SpillFolder(DEFAULT_SPILL_BUDGET)  # the app's: models whose maps are dear to rebuild write them to disk
     pixels, _ = handle.preprocess.apply(picture)
     top = int(plain_forward(model, pixels)[0].argmax())
     layout = handle.layout()
@@ -273,7 +276,7 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         "plain forward + input-only backward (the floor: no weight gradients)":
             lambda: plain_forward_input_backward(model, pixels, top),
         "ours: analyze_image + top-5": lambda: handle.top_labels(
-            analyze_image(handle, picture, relevance=False).probs, 5),
+            analyze_image(handle, picture, relevance=False, spill=spill).probs, 5),
         "ours with AttnLRP and LeGrad in the pass: analyze_image(relevance=True) + top-5": lambda: handle.top_labels(
             analyze_image(handle, picture, relevance=True).probs, 5),
         "AttnLRP and LeGrad added later: relevance_maps (one more forward)": lambda: relevance_maps(
@@ -310,7 +313,7 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
     summary.append(["1b. analysis ÷ naive (one pass per method)", name, f"{1e3 * ours.median:.0f} ms",
                     f"{1e3 * naive.median:.0f} ms", f"{ours.median / naive.median:.2f}", "—", "—"])
 
-    result = analyze_image(handle, picture)
+    result = analyze_image(handle, picture, spill=spill)
     kinds = redraws(handle, result, picture)
     candidates: dict[str, Callable[[], object]] = {"plain forward": lambda: plain_forward(model, pixels)}
     for kind in kinds:

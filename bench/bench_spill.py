@@ -36,7 +36,7 @@ def run(key: str, repeats: int, image: Path) -> list[list[object]]:
         store, layout = result.attention_store, result.layout
         if store.spill is None:
             raise RuntimeError(f"{key}: nothing spilled (N = {layout.num_tokens}, D = {handle.embed_dim}, "
-                               f"worth spilling: {worth_spilling(layout.num_tokens, handle.embed_dim)})")
+                               f"worth spilling: {worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads)})")
         rebuilt = dataclasses.replace(store, spill=None)
         pixels = handle.preprocess.apply(picture)[0]
 

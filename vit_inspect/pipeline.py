@@ -200,9 +200,10 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
     the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
 
-    With a `spill.SpillFolder`, a model whose tokens far outnumber its channels (`spill.worth_spilling`:
-    N >= 1.5 D, e.g. DINOv2-S/14 at 518 px) also writes every layer's float16 maps to a file there, and
-    the result's redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
+    With a `spill.SpillFolder`, a model whose maps are dear to rebuild (`spill.worth_spilling`:
+    heads * N >= 0.015 D^2, e.g. DeiT-Ti at 224 px, DINOv2-S/14 and -L/14 at 518 px) also writes every
+    layer's float16 maps to a file there, and the result's redraws read them instead of rebuilding rows
+    from q and k (`AttentionStore.spill`).
     """
     with blas_one_thread():
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
@@ -235,7 +236,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
     spilled = None
-    if spill is not None and worth_spilling(layout.num_tokens, handle.embed_dim):
+    if spill is not None and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
         spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled)
     stats = HeadStatsStream(handle.depth, layout)

@@ -1,9 +1,10 @@
 """Attention maps spilled to memory-mapped files on local disk, under a byte budget.
 
 The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
-(`attention_store`). Where the tokens far outnumber the channels, rebuilding is dear: a first rollout
+(`attention_store`). Where heads x tokens are many for the width, rebuilding is dear: a first rollout
 redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
-entries per head, about 0.45 of a forward pass. For such models the pass also writes each layer's
+entries per head, about 0.45 of a forward pass; DeiT-Ti's, at 224 px, 0.3 with 2 threads (`worth_spilling`).
+For such models the pass also writes each layer's
 probabilities, as the model produced them, in float16, to a file of a private folder, and redraws read
 rows from it (the operating system keeps recent files in its page cache): the first release's numbers,
 at the cost of disk, not memory.
@@ -32,16 +33,20 @@ import numpy as np
 
 log = logging.getLogger("vit_inspect.spill")
 
-# Spill when N >= SPILL_MIN_RATIO * D. Measured on the CPU (BENCHMARKS.md, issue 14): the slowest first
-# rollout redraw rebuilt from q and k costs 0.22 of a forward at N/D = 1.34 (DINOv2-L/14 at 518) and
-# 0.45 at N/D = 3.6 (DINOv2-S/14 at 518); past about 1.5 it exceeds the 0.25 aimed at.
-SPILL_MIN_RATIO = 1.5
+# Spill when heads * N >= SPILL_MIN_SHARE * D^2. A first rollout redraw rebuilds heads x N^2 entries per
+# layer (q.k^T and softmax) where a forward does about N x D^2 multiply-adds per layer (the projections and
+# the MLP), so the redraw's share of a forward follows heads * N / D^2. Measured on the CPU (BENCHMARKS.md,
+# issue 14), the slowest first redraw rebuilt from q and k costs: ViT-B/16 at 224 (share 0.004) 0.05 of a
+# forward, ViT-B/16 at 384 (0.012) 0.14, DeiT-Ti at 224 (0.016) 0.22 with 1 thread and 0.31 with 2,
+# DINOv2-L/14 at 518 (0.021) 0.23 with 1 thread, DINOv2-S/14 at 518 (0.056) 0.46. From 0.015 on it passes
+# the 0.25 aimed at with 2 threads, so those models spill.
+SPILL_MIN_SHARE = 0.015
 DEFAULT_SPILL_BUDGET = 4 * 2 ** 30  # bytes of local disk the app's spills may take (DINOv2-S/14 at 518: 272 MB each)
 
 
-def worth_spilling(num_tokens: int, embed_dim: int) -> bool:
-    """Whether a model's maps should be spilled: N >= SPILL_MIN_RATIO * D (see the constant)."""
-    return num_tokens >= SPILL_MIN_RATIO * embed_dim
+def worth_spilling(num_tokens: int, embed_dim: int, num_heads: int) -> bool:
+    """Whether a model's maps should be spilled: heads * N >= SPILL_MIN_SHARE * D^2 (see the constant)."""
+    return num_heads * num_tokens >= SPILL_MIN_SHARE * embed_dim ** 2
 
 
 class Spill:
