@@ -8,6 +8,7 @@ import pickle
 import stat
 
 import numpy as np
+from pathlib import Path
 import pytest
 import torch
 
@@ -67,6 +68,36 @@ def test_a_spill_is_served_only_when_every_layer_was_written(tmp_path):
     assert spill._fd is not None  # the writer's descriptor is not closed under it
     spill.write(1, np.ones(SHAPE[1:], np.float32))
     assert spill._fd is None and not spill.finish() and spill.layer(0) is None and folder.used == 0
+
+
+def _rss_file_bytes() -> int:
+    """File-backed resident memory of this process (mapped page-cache pages), from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc/self/status")
+def test_read_layers_leave_the_resident_set_with_their_arrays(tmp_path):
+    """Each `layer` call maps that layer only; once the array is dropped its pages leave the process's
+    resident memory (a mapping of the whole file, kept for the spill's life, held every page ever read)."""
+    shape = (4, 2, 1024, 1024)  # 4 layers of 4 MiB
+    folder = SpillFolder(2 ** 30, root=tmp_path)
+    spill = folder.reserve(shape)
+    for layer in range(shape[0]):
+        spill.write(layer, np.full(shape[1:], layer + 0.5, np.float16))
+    assert spill.finish()
+    before = _rss_file_bytes()
+    held = spill.layer(2)
+    assert float(held.astype(np.float32).sum()) == 2.5 * 2 * 1024 * 1024  # every page read
+    assert _rss_file_bytes() - before >= 3 * 2 ** 20  # mapped and resident while the array lives
+    del held
+    for layer in range(shape[0]):
+        assert float(spill.layer(layer)[1, 1023, 1023]) == layer + 0.5
+        total = float(spill.layer(layer).astype(np.float32).sum())
+        assert total == (layer + 0.5) * 2 * 1024 * 1024
+    assert _rss_file_bytes() - before < 2 ** 20  # 16 MiB read, none of it still mapped
 
 
 def test_a_spill_file_goes_with_its_last_reference(tmp_path):
