@@ -95,11 +95,12 @@ class AttentionStore:
         queries = torch.from_numpy(self.queries[layer][:, padded]).float()  # (heads, max(n, ROW_BLOCK), d)
         return _probabilities(queries, keys_t, float(self.scale[layer]))[:, :len(index)]
 
-    def _stored(self, layer: int) -> np.ndarray | None:
-        """(heads, N, N) float16 maps of one layer kept as such (the maps fallback, or a live spill), else None."""
+    def _stored_rows(self, layer: int, index: np.ndarray) -> np.ndarray | None:
+        """(heads, len(index), N) float16 rows of one layer kept as such (the maps fallback, or read from a
+        live spill), else None."""
         if self.maps is not None:
-            return self.maps[layer]
-        return None if self.spill is None else self.spill.layer(layer)
+            return _take_rows(self.maps[layer], index)
+        return None if self.spill is None else self.spill.rows(layer, index)
 
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
@@ -108,9 +109,9 @@ class AttentionStore:
         any, else rebuilt from Q and K."""
         self._check_layer(layer)
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        stored = self._stored(layer)
+        stored = self._stored_rows(layer, index)
         if stored is not None:
-            return _take_rows(stored, index).astype(np.float32)
+            return stored.astype(np.float32)
         return self._half_rows(layer, index, self._keys_t(layer)).float().numpy()
 
     def _chunk_rows(self) -> int:
@@ -144,8 +145,8 @@ class AttentionStore:
         self._check_layer(layer)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         step = self._chunk_rows()
-        # a spill is read once per layer: a drop while the chunks are read is harmless
-        spilled = self.spill.layer(layer) if self.maps is None and self.spill is not None else None
+        # a spill is read once per layer, the rows wanted only: a drop while the chunks are fused is harmless
+        spilled = self.spill.rows(layer, tokens) if self.maps is None and self.spill is not None else None
         keys_t = self._keys_t(layer) if self.maps is None and spilled is None else None  # converted once per layer
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
@@ -155,8 +156,7 @@ class AttentionStore:
                               else HEAD_FUSIONS[head_fusion](block, axis=0).astype(np.float64))
                 continue
             if spilled is not None:  # the model's own float16 rows, fused exactly as rebuilt ones are
-                rows = np.require(_take_rows(spilled, chunk), requirements=["C", "W"])  # (heads, n, N) float16
-                half = torch.from_numpy(rows)
+                half = torch.from_numpy(np.ascontiguousarray(spilled[:, start:start + step]))  # (heads, n, N) float16
             else:
                 half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass
@@ -181,8 +181,7 @@ class AttentionStore:
 
 
 def _take_rows(maps: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """(heads, len(index), N) rows ``index`` of (heads, N, N) maps: a slice when they are consecutive (a
-    spilled file is then read in runs, not row by row)."""
+    """(heads, len(index), N) rows ``index`` of (heads, N, N) maps: a slice (no copy) when they are consecutive."""
     if len(index) and index[-1] - index[0] == len(index) - 1 and (np.diff(index) == 1).all():
         return np.asarray(maps[:, index[0]:index[-1] + 1])
     return maps[:, index]

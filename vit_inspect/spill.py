@@ -114,22 +114,45 @@ class Spill:
         return True
 
     def layer(self, layer: int) -> np.ndarray | None:
-        """(heads, N, N) float16 maps of one layer, or None when the spill is gone or unfinished.
+        """(heads, N, N) float16 maps of one layer, or None when the spill is gone or unfinished."""
+        return self.rows(layer, np.arange(self.shape[2]))
 
-        Each call maps only that layer, and the mapping goes with the array returned: the pages a redraw
-        reads leave the process's resident memory with it (they stay in the page cache). A mapping kept
-        for the spill's lifetime would hold every page ever read, up to the whole file per result
-        (DINOv2-L/14 at 518: 1.45 GB), in the resident set."""
+    def rows(self, layer: int, index) -> np.ndarray | None:
+        """(heads, len(index), N) float16 query rows ``index`` of one layer, read from the file into memory
+        of their own (runs of consecutive rows in one read per head), or None when the spill is gone or
+        unfinished. Nothing stays mapped: the pages read stay in the page cache, not in this process's
+        resident memory (a mapping kept for the spill's life held every page ever read, up to the whole
+        file per result, DINOv2-L/14 at 518: 1.45 GB)."""
         if not (self._served and self.complete) or not 0 <= layer < self.shape[0]:
             return None
         folder = self._folder()
         if folder is not None:
             folder._touch(self.key)
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        heads, tokens, width = self.shape[1:]
+        row_bytes = width * 2
+        out = np.empty((heads, len(index), width), dtype=np.float16)
+        if len(index) == 0:
+            return out
+        if index.min() < 0 or index.max() >= tokens:
+            raise IndexError(f"rows {index.min()}..{index.max()} outside 0..{tokens - 1}")
+        cut = np.flatnonzero(np.diff(index) != 1) + 1  # runs of consecutive rows
+        starts, ends = np.concatenate([[0], cut]), np.concatenate([cut, [len(index)]])
         try:
-            return np.memmap(self.path, dtype=np.float16, mode="r", offset=layer * self._layer_bytes,
-                             shape=self.shape[1:])
-        except (OSError, ValueError):  # dropped meanwhile: the file went (an open mapping would stay readable)
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # dropped meanwhile: the file went
             return None
+        try:
+            for head in range(heads):
+                base = layer * self._layer_bytes + head * tokens * row_bytes
+                for start, end in zip(starts.tolist(), ends.tolist()):
+                    _read_exactly(fd, memoryview(out[head, start:end]).cast("B"), base + int(index[start]) * row_bytes)
+        except OSError as exc:  # a truncated or vanished file: rebuild instead
+            log.warning("Could not read spilled attention maps (%s); redraws rebuild them instead.", exc)
+            return None
+        finally:
+            os.close(fd)
+        return out
 
     @property
     def alive(self) -> bool:
@@ -149,6 +172,16 @@ class Spill:
 
     def __reduce__(self):
         raise TypeError("a Spill is a local file and does not pickle; pickle the store, which drops it")
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
+    """Fill ``into`` from ``fd`` at ``offset`` (os.preadv may return fewer bytes than asked)."""
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done)
+        if got == 0:
+            raise OSError(f"the spill file ends before byte {offset + len(into)}")
+        done += got
 
 
 class SpillFolder:
