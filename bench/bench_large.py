@@ -17,7 +17,7 @@ here (`analyze_today`); "main" is another checkout's own `analyze_image` (every 
 version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
 -x -C /tmp/main_tree`); "compact" is this checkout's, "app" this checkout's pass as the app runs it (`relevance=False`:
 no AttnLRP or LeGrad, which the app adds on request; on the CPU with the app's default spill folder, so a model
-with N >= 1.5 D also writes its maps to disk, shown beside the kept bytes).
+with heads * N >= 0.015 D^2 (`spill.worth_spilling`) also writes its maps to disk, shown beside the kept bytes).
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
