@@ -770,11 +770,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
         model = model_file_name(args.model_file) if args.model_file else args.model
     except VitInspectError as exc:
         parser.error(str(exc))
-    for flag, value, least in (("--max-upload-mb", args.max_upload_mb, 0.0), ("--max-image-pixels", args.max_image_pixels, 0),
-                               ("--memory-budget", args.memory_budget, 0.0), ("--max-sessions", args.max_sessions, 0),
-                               ("--cache-size", args.cache_size, 0)):
-        if not (math.isfinite(value) and value > least):  # a bound must bound: NaN, inf and 0 are refused
-            parser.error(f"{flag} must be a positive finite number, got {value!r}.")
+    for option, value in (("--max-upload-mb", args.max_upload_mb), ("--max-image-pixels", args.max_image_pixels),
+                          ("--memory-budget", args.memory_budget), ("--max-sessions", args.max_sessions),
+                          ("--cache-size", args.cache_size)):
+        if not (math.isfinite(value) and value > 0):  # a bound must bound: NaN, inf, 0 and below are refused
+            parser.error(f"{option} must be a positive finite number, got {value!r}.")
     if not math.isfinite(args.spill_budget):  # at most 0 turns spilling off; NaN or inf is a typing mistake
         parser.error(f"--spill-budget must be a finite number of GiB (0 turns it off), got {args.spill_budget!r}.")
     config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,

@@ -1,7 +1,6 @@
 """Faithfulness results -> a matplotlib Figure and a ranked table (numbers in, no torch, no gradio)."""
 from __future__ import annotations
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from .analysis.faithfulness import CURVES, DEL_INS_FRACTIONS, LOWER_IS_BETTER, Curves, better

@@ -16,7 +16,6 @@ import math
 import numbers
 import os
 import re
-from pathlib import Path
 from typing import Iterable
 
 from ..errors import InputError
