@@ -39,7 +39,7 @@ from vit_inspect.ui.common import (OutputImage, describe, download_folder, geome
                                    upload_source, weights_label)
 from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
-from vit_inspect.ui.model_tab import ModelTab
+from vit_inspect.ui.model_tab import ModelTab, model_tab_layout, wire_model_tab
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
@@ -633,24 +633,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             dataset_button = gr.Button("Average over these images", scale=1)
                         dataset_note = gr.Markdown()
                     with gr.Tab("Model") as model_tab:
-                        gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
-                        pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters",
-                                       **figure_out)
-                        gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
-                                    "as the model does it, at another input size (each full width; use the "
-                                    "fullscreen button to zoom):")
-                        similarity = OutputImage(label="Position-embedding similarity at the model's own size",
-                                              elem_id="similarity", **figure_out)
-                        with gr.Row(equal_height=True):
-                            height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
-                            width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
-                            similarity_button = gr.Button("Compare at this input size")
-                        similarity_other = OutputImage(label="Position-embedding similarity at the other size",
-                                                    elem_id="similarity-other", **figure_out)
-                        model_download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
-                                                          elem_id="model-downloads-button")
-                        model_files = gr.File(label="Model files", file_count="multiple", interactive=False,
-                                              elem_id="model-files")
+                        model_view = model_tab_layout(figure_out)
                     with gr.Tab("Downloads"):
                         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
                                     "record plus every setting: model, weights, input geometry, layer, head, query, "
@@ -667,8 +650,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         last_layer=last_layer, gradcam_layer=gradcam_layer, scale=scale, rollout_method=rollout_method,
                         discard=discard, threshold_on=threshold_on, threshold=threshold)
         geometry = [layer, head, first_layer, last_layer, gradcam_layer, row, col]
-        model_outputs = [pca, similarity, similarity_other]
-        cleared = [dataset_plot, dataset_note, download_files, model_files]  # shown for the previous model
+        model_outputs = [model_view.pca, model_view.similarity, model_view.similarity_other]
+        cleared = [dataset_plot, dataset_note, download_files, model_view.files]  # shown for the previous model
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
         class_outputs = [session, target, panel["gradcam"], panel["relevance"], panel["rollout"]]
         # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
@@ -716,13 +699,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                    follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
-        gr.on([model_tab.select], app.model_tab.filter_figure, inputs=[key], outputs=pca, api_name="filter_figure")
-        gr.on([model_tab.select], app.model_tab.native_similarity, inputs=[key], outputs=similarity,
-              api_name="native_similarity")
-        gr.on([similarity_button.click], app.model_tab.pos_similarity, inputs=[key, height, width], outputs=[similarity_other],
-              api_name="pos_similarity", **raw)
-        gr.on([model_download_button.click], app.model_tab.model_downloads, inputs=[key, height, width], outputs=[model_files],
-              api_name="model_downloads", **raw)
+        wire_model_tab(app.model_tab, model_view, model_tab, key, raw)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
               outputs=[download_files], api_name="downloads", **raw)
     return demo
