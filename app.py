@@ -40,6 +40,7 @@ from vit_inspect.ui.common import (OutputImage, describe, download_folder, geome
 from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
 from vit_inspect.ui.model_tab import ModelTab, model_tab_layout, wire_model_tab
+from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
@@ -75,6 +76,7 @@ ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollou
 DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
+CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
@@ -226,6 +228,7 @@ class Inspector:
         self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = model_label(config.model)  # the operator's model as the dropdown shows it
         self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
+        self.order = DrawOrder()  # a panel shows the newest of a session's overlapping draws
 
     def handle(self, key: CacheKey) -> ViTHandle:
         # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
@@ -311,7 +314,7 @@ class Inspector:
 
     @shows_errors
     def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
-                progress=gr.Progress(), **controls):
+                progress=gr.Progress(), request: gr.Request = None, **controls):
         relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
@@ -339,20 +342,24 @@ class Inspector:
         except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
             view = View.from_controls(result, **view_controls)
         panels = draw_panels(IMAGE_PANELS, session, view)
+        self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
         seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
         return session, prediction_labels(handle, result), result.rgb, target, *panels, seen
 
     def redraw(self, name: str):
-        """A handler that redraws one panel from the session's cached pass; never calls the model."""
+        """A handler that redraws one panel from the session's cached pass; never calls the model. A draw
+        overtaken by a later one of the same panel (another event, run in parallel) leaves the panel to it."""
         @shows_errors
-        def handler(session: Session | None, **controls):
+        def handler(session: Session | None, request: gr.Request = None, **controls):
             if session is None:
                 return gr.skip()
-            return draw_panels((name,), session, View.from_controls(session.result, **controls))[0]
+            ticket = self.order.begin(session_hash(request), name)
+            picture = draw_panels((name,), session, View.from_controls(session.result, **controls))[0]
+            return picture if self.order.is_latest(session_hash(request), name, ticket) else gr.skip()
         return handler
 
     @shows_errors
-    def pick_patch(self, evt: gr.SelectData, session: Session | None, **controls):
+    def pick_patch(self, evt: gr.SelectData, session: Session | None, request: gr.Request = None, **controls):
         """A click on the attention map (x, y in the crop's pixels) makes that patch the query; a click
         on the colour bar or the caption beside the map does nothing."""
         if session is None or evt.index is None:
@@ -365,16 +372,21 @@ class Inspector:
         if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         row, col = session.result.layout.patch_at(y, x)
+        ticket = self.order.begin(session_hash(request), "attention")
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
-        return row, col, PATCH, *draw_panels(("attention",), session, view)
+        picture = draw_panels(("attention",), session, view)[0]
+        if not self.order.is_latest(session_hash(request), "attention", ticket):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return row, col, PATCH, picture
 
     @shows_errors
-    def type_patch(self, session: Session | None, **controls):
-        """Typing a patch row or column makes that patch the query."""
+    def type_patch(self, session: Session | None, request: gr.Request = None, **controls):
+        """Typing a patch row or column makes that patch the query (the browser ticks it at once)."""
         if session is None:
             return PATCH, gr.skip()
-        view = View.from_controls(session.result, **(controls | dict(query=PATCH)))
-        return PATCH, *draw_panels(("attention",), session, view)
+        ticket = self.order.begin(session_hash(request), "attention")
+        picture = draw_panels(("attention",), session, View.from_controls(session.result, **(controls | dict(query=PATCH))))[0]
+        return PATCH, picture if self.order.is_latest(session_hash(request), "attention", ticket) else gr.skip()
 
     def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
         """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
@@ -403,7 +415,7 @@ class Inspector:
         return self.with_relevance(session, progress) if session.relevance else session
 
     def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
-                   **controls):
+                   request: gr.Request = None, **controls):
         """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
         choice is a warning and leaves every panel as it was."""
         try:
@@ -415,13 +427,13 @@ class Inspector:
                                  "in the search box.")
             contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
                                   "comparison")
-            return self._show_class(session, int(target), contrast, [int(target)], progress, controls)
+            return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
-                     **controls):
+                     request: gr.Request = None, **controls):
         """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
         list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
         every panel as it was."""
@@ -433,17 +445,19 @@ class Inspector:
             contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
                                   "comparison")
             found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
-            return self._show_class(session, index, contrast, found, progress, controls)
+            return self._show_class(session, index, contrast, found, progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
-    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls):
+    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls,
+                    request=None):
         session = self._switch(session, index, contrast, progress)
         view = View.from_controls(session.result, **controls)
         choices = class_choices(session.labels, session.result.probs, found)
-        return (session, gr.update(choices=choices, value=str(index)),
-                *draw_panels(("gradcam", "relevance", "rollout"), session, view))
+        panels = draw_panels(CLASS_PANELS, session, view)
+        self.order.supersede(session_hash(request), CLASS_PANELS)  # redraws in flight drew the previous class
+        return session, gr.update(choices=choices, value=str(index)), *panels
 
     @shows_errors
     def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
@@ -653,7 +667,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         model_outputs = [model_view.pca, model_view.similarity, model_view.similarity_other]
         cleared = [dataset_plot, dataset_note, download_files, model_view.files]  # shown for the previous model
         model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
-        class_outputs = [session, target, panel["gradcam"], panel["relevance"], panel["rollout"]]
+        class_outputs = [session, target, *[panel[n] for n in CLASS_PANELS]]
         # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
         # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
         raw = dict(preprocess=False)
@@ -685,6 +699,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
               concurrency_limit=DRAW_CONCURRENCY, **raw)
+        # the browser ticks "clicked patch" at once, so a redraw the page sends meanwhile draws the typed patch
+        gr.on([row.input, col.input], None, outputs=[query], js=f"() => {json.dumps(PATCH)}", queue=False)
         gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
               outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **raw)
