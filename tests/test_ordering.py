@@ -68,6 +68,19 @@ def test_the_pairs_remembered_are_bounded_least_recent_first():
         DrawOrder(max_keys=0)
 
 
+def test_a_long_session_id_is_kept_as_a_digest():
+    """A client chooses its session id: a megabyte of it costs the order 16 bytes, and ids differing
+    only at their end stay apart."""
+    order = DrawOrder()
+    long, other = "x" * 2 ** 20 + "a", "x" * 2 ** 20 + "b"
+    first = order.begin(long, "attention")
+    second = order.begin(other, "attention")
+    assert order.is_latest(long, "attention", first) and order.is_latest(other, "attention", second)
+    assert {len(key[0]) for key in order._latest} == {16}
+    order.begin("\ud800", "attention")  # a lone surrogate (JSON can carry one) is an id like any other
+    assert len(order) == 3
+
+
 @pytest.fixture(scope="module")
 def served():
     handle = tiny_handle("cls")

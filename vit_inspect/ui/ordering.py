@@ -8,18 +8,25 @@ when it ends, it shows its picture only if no later draw of that panel began mea
 begun wins). A new pass (an upload, another class) supersedes every draw begun before it ended,
 since those drew the previous result.
 
-Bounded: at most `max_keys` (session, panel) pairs are remembered, the least recently used
-forgotten first; a draw whose pair was forgotten shows its picture, as it would without ordering.
+Bounded in bytes: at most `max_keys` (session, panel) pairs are remembered, the least recently used
+forgotten first (a draw whose pair was forgotten shows its picture, as it would without ordering), and a
+session id, which a client chooses, is kept as a 16-byte digest whatever its length.
 No UI toolkit is imported here: the caller passes the session's id (Gradio's `session_hash`).
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from collections import OrderedDict
 from typing import Iterable
 
 DEFAULT_MAX_KEYS = 8192  # (session, panel) pairs; about 1 MB at most
+
+
+def _key(session: str, panel: str) -> tuple[bytes, str]:
+    """(a 16-byte digest of the client's session id, one of the app's own panel names)."""
+    return hashlib.blake2b(session.encode("utf-8", "surrogatepass"), digest_size=16).digest(), panel
 
 
 def session_hash(request: object) -> str | None:
@@ -37,14 +44,14 @@ class DrawOrder:
         self.max_keys = max_keys
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
-        self._latest: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._latest: OrderedDict[tuple[bytes, str], int] = OrderedDict()
 
     def begin(self, session: str | None, panel: str) -> int:
         """A ticket for a draw of `panel` starting now; it makes every earlier one of the pair stale.
         A draw without a session id (a direct call, not a web event) gets 0 and is never stale."""
         if session is None:
             return 0
-        key = (session, panel)
+        key = _key(session, panel)
         with self._lock:
             ticket = next(self._numbers)
             self._latest[key] = ticket
@@ -63,7 +70,7 @@ class DrawOrder:
         if session is None or ticket == 0:
             return True
         with self._lock:
-            latest = self._latest.get((session, panel))
+            latest = self._latest.get(_key(session, panel))
         return latest is None or latest == ticket
 
     def __len__(self) -> int:
