@@ -347,16 +347,20 @@ class Inspector:
         return session, prediction_labels(handle, result), result.rgb, target, *panels, seen
 
     def redraw(self, name: str):
-        """A handler that redraws one panel from the session's cached pass; never calls the model. A draw
-        overtaken by a later one of the same panel (another event, run in parallel) leaves the panel to it."""
+        """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
         @shows_errors
         def handler(session: Session | None, request: gr.Request = None, **controls):
             if session is None:
                 return gr.skip()
-            ticket = self.order.begin(session_hash(request), name)
-            picture = draw_panels((name,), session, View.from_controls(session.result, **controls))[0]
-            return picture if self.order.is_latest(session_hash(request), name, ticket) else gr.skip()
+            picture, newest = self._draw_newest(request, name, session, View.from_controls(session.result, **controls))
+            return picture if newest else gr.skip()
         return handler
+
+    def _draw_newest(self, request, name: str, session: Session, view: View) -> tuple:
+        """(one panel drawn for `view`, whether no later draw of that panel for this web session began meanwhile)."""
+        ticket = self.order.begin(session_hash(request), name)
+        picture = draw_panels((name,), session, view)[0]
+        return picture, self.order.is_latest(session_hash(request), name, ticket)
 
     @shows_errors
     def pick_patch(self, evt: gr.SelectData, session: Session | None, request: gr.Request = None, **controls):
@@ -372,21 +376,18 @@ class Inspector:
         if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         row, col = session.result.layout.patch_at(y, x)
-        ticket = self.order.begin(session_hash(request), "attention")
         view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
-        picture = draw_panels(("attention",), session, view)[0]
-        if not self.order.is_latest(session_hash(request), "attention", ticket):
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        return row, col, PATCH, picture
+        picture, newest = self._draw_newest(request, "attention", session, view)
+        return (row, col, PATCH, picture) if newest else (gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
     @shows_errors
     def type_patch(self, session: Session | None, request: gr.Request = None, **controls):
         """Typing a patch row or column makes that patch the query (the browser ticks it at once)."""
         if session is None:
             return PATCH, gr.skip()
-        ticket = self.order.begin(session_hash(request), "attention")
-        picture = draw_panels(("attention",), session, View.from_controls(session.result, **(controls | dict(query=PATCH))))[0]
-        return PATCH, picture if self.order.is_latest(session_hash(request), "attention", ticket) else gr.skip()
+        view = View.from_controls(session.result, **(controls | dict(query=PATCH)))
+        picture, newest = self._draw_newest(request, "attention", session, view)
+        return PATCH, picture if newest else gr.skip()
 
     def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
         """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
