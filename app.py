@@ -33,6 +33,7 @@ from vit_inspect.pipeline import ImageAnalysis, add_relevance, analyze_image, da
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 from vit_inspect.ui import compare as compare_ui
+from vit_inspect.ui.attention import attention_tab_layout, map_geometry, wire_attention_tab
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
 from vit_inspect.ui.common import (OutputImage, describe, download_folder, geometry_updates, model_label,
                                    names_python_file, own_upload_folder, prediction_labels, public_message, shown_model, shows_errors, upload_folders,
@@ -44,6 +45,8 @@ from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, PATCH, ROLLOUTS, SCALES, View
+from vit_inspect.ui.view import READOUT  # noqa: F401  (the query choices, for API callers and tests)
 from vit_inspect.zerogpu import gpu_pass
 
 log = logging.getLogger("vit_inspect.app")
@@ -68,12 +71,7 @@ EXAMPLES = (  # (file in assets/, caption with the credit and licence from asset
     ("china.jpg", "China · danielbuechele (Flickr) · CC BY 2.0"),
     ("flower.jpg", "Flower · vultilion (Flickr) · CC BY 2.0"),
 )
-READOUT, PATCH = "class / readout token", "clicked patch"  # choices of the attention query
-HEAD_FUSIONS = ("mean", "max", "min")
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
-SCALES = {"each map its own range": "own", "shared across layers and heads": "shared", "absolute (0 to 1)": "absolute"}
-ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollout for the class (vit-explain)": "gradient"}
-DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
@@ -135,80 +133,6 @@ def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) 
     """Bytes held by a session's results, the attention store they share counted once."""
     stores = {id(r.attention_store): r.attention_store.nbytes() for r in results.values()}
     return sum(r.nbytes() - r.attention_store.nbytes() for r in results.values()) + sum(stores.values())
-
-
-@dataclass(frozen=True)
-class View:
-    """What the controls ask to see, in library terms, fitted to one result's geometry."""
-
-    layer: int
-    head: int | None  # None: mean of heads
-    patch: tuple[int, int] | None  # query patch (row, col); None: the readout token
-    head_fusion: str  # rollout: how heads are fused
-    discard_ratio: float  # rollout: fraction of the lowest attention dropped
-    first_layer: int  # rollout: first and last layer, both included
-    last_layer: int
-    gradcam_layer: int
-    scale: str = "own"  # colour range: "own" (each map), "shared" (across layers/heads), "absolute" (0 to 1)
-    rollout_method: str = "attention"  # "attention" (Abnar & Zuidema) or "gradient" (vit-explain, class-specific)
-    discard: str = "row"  # "row" (ours) or "matrix" (vit-explain's whole-matrix discard)
-    threshold: float | None = None  # heads grid: keep the patches holding this fraction of the mass; None: off
-
-    @classmethod
-    def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
-                      discard_ratio, first_layer, last_layer, gradcam_layer, scale=None, rollout_method=None,
-                      discard=None, threshold_on=False, threshold=60) -> View:
-        """Raw client values -> a View. Values beyond this model (±inf included) are clamped, an empty
-        box is 0; NaN and wrong types are refused with a sentence (`InputError`), and so is an inverted
-        rollout range (never silently swapped)."""
-        layout = result.layout
-        top = result.depth - 1
-
-        def clamp(value, what: str, hi: int) -> int:
-            return finite_int(value, what, 0, hi, default=0)
-
-        def choice(value, options: dict, default: str) -> str:
-            return options[value] if isinstance(value, str) and value in options else default
-
-        first, last = clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)
-        if first > last:
-            raise InputError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
-                             "'From layer' must not be after 'To layer'.")
-        mass = finite_float(threshold, "Attention mass kept", 1.0, 100.0, default=60.0) / 100.0
-        return cls(layer=clamp(layer, "Layer", top),
-                   head=None if flag(mean_heads, "Mean of heads") else clamp(head, "Head", result.num_heads - 1),
-                   patch=((clamp(row, "Patch row", layout.grid_h - 1), clamp(col, "Patch column", layout.grid_w - 1))
-                          if query == PATCH else None),
-                   head_fusion=head_fusion if isinstance(head_fusion, str) and head_fusion in HEAD_FUSIONS else "mean",
-                   discard_ratio=finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0),
-                   first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top),
-                   scale=choice(scale, SCALES, "own"), rollout_method=choice(rollout_method, ROLLOUTS, "attention"),
-                   discard=choice(discard, DISCARDS, "row"),
-                   threshold=mass if flag(threshold_on, "Threshold mask") else None)
-
-    def query_text(self) -> str:
-        return "the class / readout token" if self.patch is None else f"patch (row {self.patch[0]}, col {self.patch[1]})"
-
-    def titles(self) -> dict[str, str]:
-        heads = "mean of heads" if self.head is None else f"head {self.head}"
-        discard = f", discard {self.discard_ratio:.0%} {'per row' if self.discard == 'row' else 'of the whole matrix'}"
-        rollout = ("gradient rollout for the class (vit-explain)" if self.rollout_method == "gradient"
-                   else f"rollout ({self.head_fusion} of heads)")
-        return {"attention": f"attention, layer {self.layer}, {heads}, from {self.query_text()}",
-                "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
-                           + (discard if self.discard_ratio > 0 else ""),
-                "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
-                "relevance": "gradient-weighted attention (Chefer et al.)"}
-
-    def record(self) -> dict:
-        """These settings for the downloads."""
-        return {"attention": {"layer": self.layer, "head": "mean of heads" if self.head is None else self.head,
-                              "query": "class / readout token" if self.patch is None else list(self.patch)},
-                "rollout": {"method": self.rollout_method, "head_fusion": self.head_fusion,
-                            "discard_ratio": self.discard_ratio, "discard": self.discard,
-                            "first_layer": self.first_layer, "last_layer": self.last_layer},
-                "gradcam_block": self.gradcam_layer, "colour_scale": self.scale,
-                "threshold_mass": self.threshold}
 
 
 class Inspector:
@@ -318,7 +242,7 @@ class Inspector:
         relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
-            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None
+            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None
         source, name = upload
         geometry = self.geometry_of(geometry_mode, shorter_side)
         view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
@@ -344,7 +268,7 @@ class Inspector:
         panels = draw_panels(IMAGE_PANELS, session, view)
         self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
         seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
-        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen
+        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result)
 
     def redraw(self, name: str):
         """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
@@ -560,22 +484,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         seen = OutputImage(label="Your upload: the outlined region is what the model saw",
                                         elem_id="seen-region", height=340, **map_out)
                     with gr.Tab("Attention"):
-                        with gr.Row():
-                            panel["attention"] = OutputImage(label="Attention map: click a patch to query from it",
-                                                          elem_id="attention-map", **map_out)
-                            with gr.Column():
-                                layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
-                                head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
-                                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)",
-                                                         elem_id="mean-heads")
-                                query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
-                                                 info="Whose attention: the token the classifier reads, or a "
-                                                      "patch (click the map, or type its row and column).")
-                                with gr.Row():
-                                    row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13,
-                                                    elem_id="patch-row")
-                                    col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13,
-                                                    elem_id="patch-col")
+                        attention = attention_tab_layout(map_out)
+                        panel["attention"] = attention.panel
+                        layer, head, mean_heads, query, row, col = (attention.layer, attention.head, attention.mean_heads,
+                                                                    attention.query, attention.row, attention.col)
                     with gr.Tab("All heads") as heads_tab:
                         gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
                                     "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
@@ -679,7 +591,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
         analyzed = gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
-              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen],
+              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention.geometry],
               api_name="analyze", **raw, **model_pass)
         # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
         # when their tab opens.
@@ -695,16 +607,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **raw)
-        gr.on([mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[mean_heads],
-              outputs=[head], api_name="head_enabled", show_progress="hidden")
-        gr.on([panel["attention"].select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
-              outputs=[row, col, query, panel["attention"]], api_name="pick_patch", show_progress="hidden",
-              concurrency_limit=DRAW_CONCURRENCY, **raw)
-        # the browser ticks "clicked patch" at once, so a redraw the page sends meanwhile draws the typed patch
-        gr.on([row.input, col.input], None, outputs=[query], js=f"() => {json.dumps(PATCH)}", queue=False)
-        gr.on([row.input, col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
-              outputs=[query, panel["attention"]], api_name="type_patch", show_progress="hidden",
-              trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **raw)
+        wire_attention_tab(demo, attention, session, controls, app.pick_patch, app.type_patch, DRAW_CONCURRENCY, raw)
         retargeted = gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],

@@ -29,7 +29,7 @@ from vit_inspect.ui.common import OutputImage  # noqa: E402
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CATS = ("Egyptian cat", "tabby", "tiger cat")
-ANALYZE_OUTPUTS = ("predictions", "crop", "target", *app.IMAGE_PANELS, "seen")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *app.IMAGE_PANELS, "seen", "geometry")
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
@@ -159,6 +159,8 @@ def test_a_cat_photo_is_a_cat(client):
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
     for name in app.IMAGE_PANELS:
         assert pixels(result[name]).ndim == 3
+    # what the browser turns a clicked pixel into a patch with: DeiT-Ti's 224 px input, 16 px patches, 14 x 14
+    assert result["geometry"] == {"input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
 
 
 def test_sliders_redraw_from_the_cached_pass_without_the_model(server, client):

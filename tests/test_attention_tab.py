@@ -1,0 +1,58 @@
+"""The Attention tab's browser side: the patch grid sent with each image (`map_geometry`), and the click
+arithmetic the page runs (`PICK_JS`), run in Chromium and compared with the server's `TokenLayout.patch_at`
+on every pixel class of a non-square grid of non-square patches."""
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from vit_inspect.tokens import TokenLayout
+from vit_inspect.ui.attention import CLICK_JS, MAP_ID, PICK_JS, map_geometry
+from vit_inspect.ui.view import PATCH, READOUT
+
+# 5 rows of 12-pixel patches and 7 columns of 16-pixel ones: an input of 60 x 112 pixels
+LAYOUT = TokenLayout(num_prefix_tokens=1, has_class_token=True, num_dist_tokens=0, num_reg_tokens=0,
+                     grid_h=5, grid_w=7, patch_h=12, patch_w=16)
+
+
+def test_the_geometry_sent_with_an_image_is_its_input_patch_and_grid():
+    geometry = map_geometry(SimpleNamespace(layout=LAYOUT))
+    assert geometry == {"input": [60, 112], "patch": [12, 16], "grid": [5, 7]}
+    assert json.loads(json.dumps(geometry)) == geometry  # what Gradio's JSON component carries
+
+
+def test_the_click_listener_names_the_map_it_listens_to():
+    assert f'closest("#{MAP_ID} button")' in CLICK_JS and MAP_ID == "attention-map"
+
+
+def test_the_browser_turns_a_clicked_pixel_into_the_servers_patch():
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
+
+    geometry = map_geometry(SimpleNamespace(layout=LAYOUT))
+    ys = [0, 1, 11, 12, 13, 23, 24, 47, 48, 59]  # both sides of every kind of patch border, and the last row
+    xs = [0, 15, 16, 17, 31, 32, 95, 96, 111]
+    inside = [(x, y) for x, y in itertools.product(xs, ys)]
+    outside = [(112, 0), (200, 30), (0, 60), (50, 90), (-1, 10), (10, -1)]  # colour bar, caption, beyond
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            picked = page.evaluate(
+                """([pick, geometry, clicks]) => {
+                    const run = eval("(" + pick + ")");
+                    return clicks.map(([x, y]) => { window.vitInspectClick = {x, y};
+                                                    return run(geometry, 0, 0, "unchanged"); });
+                }""", [PICK_JS, geometry, inside + outside])
+            untouched = page.evaluate(  # no click remembered (a select without one), or no image yet
+                """([pick, geometry]) => { const run = eval("(" + pick + ")"); window.vitInspectClick = null;
+                    const none = run(geometry, 3, 4, "q"); window.vitInspectClick = {x: 1, y: 1};
+                    return [none, run(null, 3, 4, "q"), window.vitInspectClick]; }""", [PICK_JS, geometry])
+        finally:
+            browser.close()
+    assert picked[:len(inside)] == [[*LAYOUT.patch_at(y, x), PATCH] for x, y in inside]
+    assert picked[len(inside):] == [[0, 0, "unchanged"]] * len(outside)
+    assert untouched == [[3, 4, "q"], [3, 4, "q"], None]  # and a click is used once
+    assert PATCH != READOUT
