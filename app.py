@@ -32,6 +32,7 @@ from vit_inspect.module_spec import model_file_name
 from vit_inspect.pipeline import ImageAnalysis, add_relevance, analyze_image, dataset_attention_distance
 from vit_inspect.session_store import DEFAULT_BUDGET, SessionStore, Slot, module_nbytes
 from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
+from vit_inspect.ui import clicks
 from vit_inspect.ui import compare as compare_ui
 from vit_inspect.ui.attention import attention_tab_layout, map_geometry, wire_attention_tab
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
@@ -585,6 +586,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
         raw = dict(preprocess=False)
 
+        clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
         gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
         gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
               outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
@@ -607,7 +609,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **raw)
-        wire_attention_tab(demo, attention, session, controls, app.pick_patch, app.type_patch, DRAW_CONCURRENCY, raw)
+        wire_attention_tab(attention, session, controls, app.pick_patch, app.type_patch, DRAW_CONCURRENCY, raw)
         retargeted = gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],

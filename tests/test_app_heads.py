@@ -3,6 +3,7 @@ each number checked against the library call it shows (ablation effect, head imp
 bad head specs, cancellation, heatmap clicks and the lens of a model without a head."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 
@@ -159,8 +160,8 @@ def test_mean_ablation_names_its_reference_set(served):
 def test_importance_equals_the_library_and_a_click_selects_its_cell(served):
     inspector, handle, session, tab = served
     result = session.result
-    state, importance, first, note = tab.rank(session, None, "zero", None, Request("s1"), progress=Progress(),
-                                              **CONTROLS)
+    state, importance, first, note, geometry = tab.rank(session, None, "zero", None, Request("s1"),
+                                                        progress=Progress(), **CONTROLS)
     pixels = handle.preprocess.normalize(result.rgb)
     expected = head_importance(handle, pixels, target=result.target)
     assert state.importance.logit_drop.shape == (12, 3)
@@ -169,6 +170,9 @@ def test_importance_equals_the_library_and_a_click_selects_its_cell(served):
     assert importance.ndim == 3 and first.ndim == 3 and tab.running == {}
 
     boxes = dict(state.boxes)
+    # what the page gets to turn a click into a cell itself (PICK_CELL_JS): the same boxes, the model's grid
+    assert geometry == {name: {"box": list(boxes[name]), "grid": [12, 3]} for name in ("importance", "first_order")}
+    assert json.loads(json.dumps(geometry)) == geometry
     for which in ("importance", "first_order"):
         x0, y0, x1, y1 = boxes[which]
         centre = (x0 + (2 + 0.5) * (x1 - x0) / 3, y0 + (7 + 0.5) * (y1 - y0) / 12)  # head 2, layer 7
@@ -202,13 +206,13 @@ def test_cancel_stops_importance_before_its_next_batch(served):
     forwards = []
     hook = handle.model.register_forward_pre_hook(lambda m, a: forwards.append(a[0].shape[0]))
     try:
-        state, importance, first, note = tab.rank(session, None, "zero", None, request,
-                                                  progress=Progress(then=lambda: tab.cancel(request)), **CONTROLS)
+        state, importance, first, note, geometry = tab.rank(
+            session, None, "zero", None, request, progress=Progress(then=lambda: tab.cancel(request)), **CONTROLS)
     finally:
         hook.remove()
     assert forwards == [16]  # one batch of 16 rows of the 37, then stopped
     assert "cancelled after 16 of 37 rows" in note
-    assert state.importance is None and importance == gr.skip() and tab.running == {}
+    assert state.importance is None and importance == gr.skip() and geometry == gr.skip() and tab.running == {}
 
 
 def test_lens_table_has_a_row_per_block(served):
@@ -230,6 +234,8 @@ def test_overview_draws_from_the_pass_and_clears_another_class(served):
     other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     cleared = tab.overview(other, state, **CONTROLS)
     assert cleared[0].ablated is None and cleared[1] is None and cleared[8] == "" and cleared[-1] is None
+    assert outputs[9] == {"first_order": {"box": list(dict(outputs[0].boxes)["first_order"]), "grid": [12, 3]}}
+    assert cleared[9] == {"first_order": {"box": list(dict(cleared[0].boxes)["first_order"]), "grid": [12, 3]}}
 
 
 def test_distilled_and_headless_lens():

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from vit_inspect.tokens import TokenLayout
-from vit_inspect.ui.attention import CLICK_JS, MAP_ID, PICK_JS, map_geometry
+from vit_inspect.ui.attention import PICK_JS, map_geometry
+from vit_inspect.ui.clicks import CLICKABLE, MAP_ID
 from vit_inspect.ui.view import PATCH, READOUT
 
 # 5 rows of 12-pixel patches and 7 columns of 16-pixel ones: an input of 60 x 112 pixels
@@ -24,8 +25,8 @@ def test_the_geometry_sent_with_an_image_is_its_input_patch_and_grid():
     assert json.loads(json.dumps(geometry)) == geometry  # what Gradio's JSON component carries
 
 
-def test_the_click_listener_names_the_map_it_listens_to():
-    assert f'closest("#{MAP_ID} button")' in CLICK_JS and MAP_ID == "attention-map"
+def test_the_click_listener_listens_to_the_map():
+    assert MAP_ID == "attention-map" and MAP_ID in CLICKABLE
 
 
 def test_the_browser_turns_a_clicked_pixel_into_the_servers_patch():
@@ -43,16 +44,19 @@ def test_the_browser_turns_a_clicked_pixel_into_the_servers_patch():
             picked = page.evaluate(
                 """([pick, geometry, clicks]) => {
                     const run = eval("(" + pick + ")");
-                    return clicks.map(([x, y]) => { window.vitInspectClick = {x, y};
+                    return clicks.map(([x, y]) => { window.vitInspectClick = {id: "attention-map", x, y};
                                                     return run(geometry, 0, 0, "unchanged"); });
                 }""", [PICK_JS, geometry, inside + outside])
-            untouched = page.evaluate(  # no click remembered (a select without one), or no image yet
+            untouched = page.evaluate(  # no click remembered (a select without one), no image yet, another picture
                 """([pick, geometry]) => { const run = eval("(" + pick + ")"); window.vitInspectClick = null;
-                    const none = run(geometry, 3, 4, "q"); window.vitInspectClick = {x: 1, y: 1};
-                    return [none, run(null, 3, 4, "q"), window.vitInspectClick]; }""", [PICK_JS, geometry])
+                    const none = run(geometry, 3, 4, "q"); window.vitInspectClick = {id: "attention-map", x: 1, y: 1};
+                    const noImage = [run(null, 3, 4, "q"), window.vitInspectClick];
+                    window.vitInspectClick = {id: "first-order-map", x: 1, y: 1};
+                    return [none, ...noImage, run(geometry, 3, 4, "q"), window.vitInspectClick]; }""", [PICK_JS, geometry])
         finally:
             browser.close()
     assert picked[:len(inside)] == [[*LAYOUT.patch_at(y, x), PATCH] for x, y in inside]
     assert picked[len(inside):] == [[0, 0, "unchanged"]] * len(outside)
-    assert untouched == [[3, 4, "q"], [3, 4, "q"], None]  # and a click is used once
+    assert untouched[:3] == [[3, 4, "q"], [3, 4, "q"], None]  # and a click is used once
+    assert untouched[3:] == [[3, 4, "q"], {"id": "first-order-map", "x": 1, "y": 1}]  # left for its own picture
     assert PATCH != READOUT

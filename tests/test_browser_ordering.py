@@ -1,9 +1,11 @@
-"""A patch chosen in a real browser is the query at once, before the server answers, so a redraw the page
-sends meanwhile draws that patch rather than the class token's attention:
+"""A patch or a head chosen in a real browser is chosen at once, before the server answers, so a redraw the
+page sends meanwhile draws that choice rather than the previous one:
 
 - typing a row ticks "clicked patch" in the browser (the server's type_patch is held until it has);
 - clicking the map sets row, column and "clicked patch" in the browser (the server's pick_patch is held
-  while a slider redraw is sent, and that redraw draws the clicked patch)."""
+  while a slider redraw is sent, and that redraw draws the clicked patch);
+- clicking a Heads heatmap cell sets layer and head in the browser (the server's pick is held while a
+  colour scale change redraws the attention map, and that redraw draws the clicked layer and head)."""
 from __future__ import annotations
 
 import functools
@@ -19,28 +21,37 @@ from test_browser import click_pixel, image_src, open_tab, page, sync_api  # noq
 from test_app import CHELSEA, Server, pixels, pytestmark  # noqa: F401  (weights check and filters)
 
 import app
+from vit_inspect.analysis import class_name
+from vit_inspect.model_cache import CacheKey
+from vit_inspect.pipeline import analyze_image
+from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap
 
-HELD = {"type_patch": threading.Event(), "pick_patch": threading.Event()}  # set: that handler may answer
+HELD = {"type_patch": threading.Event(), "pick_patch": threading.Event(),  # set: that handler may answer
+        "pick_head": threading.Event()}
+INSPECTOR = ("type_patch", "pick_patch")  # app.Inspector's handlers; pick_head is HeadsTab.pick's handler
+
+
+def held(name: str, answer):
+    @functools.wraps(answer)  # Gradio reads the signature (the click's SelectData, the request)
+    def wait_then_answer(*args, **kwargs):
+        assert HELD[name].wait(120), f"the test never let {name} answer"
+        return answer(*args, **kwargs)
+    return wait_then_answer
 
 
 @pytest.fixture(scope="module")
 def server():
-    answers = {name: getattr(app.Inspector, name) for name in HELD}
-
-    def holding(name):
-        @functools.wraps(answers[name])  # Gradio reads the signature (the click's SelectData, the request)
-        def held(self, *args, **kwargs):
-            assert HELD[name].wait(120), f"the test never let {name} answer"
-            return answers[name](self, *args, **kwargs)
-        return held
-
-    for name in HELD:  # before the demo is built: its events hold the bound methods
-        setattr(app.Inspector, name, holding(name))
+    answers = {name: getattr(app.Inspector, name) for name in INSPECTOR}
+    pick_head = HeadsTab.pick
+    for name in INSPECTOR:  # before the demo is built: its events hold the bound methods
+        setattr(app.Inspector, name, held(name, answers[name]))
+    HeadsTab.pick = lambda tab, which: held("pick_head", pick_head(tab, which))
     try:
         served = Server()
     finally:
         for name, answer in answers.items():
             setattr(app.Inspector, name, answer)
+        HeadsTab.pick = pick_head
     yield served
     for event in HELD.values():
         event.set()
@@ -94,3 +105,45 @@ def test_a_clicked_patch_is_the_query_of_a_redraw_sent_before_the_server_answers
     expect(page.locator("#attention-map img")).not_to_have_attribute("src", before)
     assert np.array_equal(shown_pixels(page, "attention-map"), clicked)  # the clicked patch, mean of heads
     HELD["pick_patch"].set()
+
+
+def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_server_answers(server, page):
+    # the cell under crop pixel (35 %, 45 %) of the first-order heatmap, from a figure drawn alike
+    handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
+    result = analyze_image(handle, CHELSEA)  # the page's pass: the same first-order values and class
+    what = f"{app.shown_model(handle)}, class {class_name(handle.labels, result.target)}"
+    local, box = heatmap(result.heads.first_order, f"{what}\nfirst-order estimate Σ A·∂y/∂A per head",
+                         "estimated logit drop (logits)", None)
+    x, y = int(0.35 * local.shape[1]), int(0.45 * local.shape[0])
+    layer, head = cell_at(box, (12, 3), x, y)
+    assert (layer, head) != (11, 0)  # not the sliders' starting values
+    # what the map must show after the click and a colour scale change: drawn for another session
+    shared = "shared across layers and heads"
+    client = Client(server.url, verbose=False)
+    client.predict(handle_file(str(CHELSEA)), api_name="/analyze")
+    clicked = pixels(client.predict(layer=layer, head=head, scale=shared, api_name="/attention"))
+    assert not np.array_equal(clicked, pixels(client.predict(layer=11, head=0, scale=shared, api_name="/attention")))
+
+    expect = sync_api.expect
+    page.reload(wait_until="load")  # a new session with the default controls (the module shares one page)
+    page.wait_for_selector("#input-image")
+    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
+    expect(page.locator("#predictions")).to_contain_text("cat")
+    open_tab(page, "Attention")
+    expect(page.locator(f"#query input[value='{app.READOUT}']")).to_be_checked()
+    before = image_src(page, "attention-map")
+    open_tab(page, "Heads")
+    heatmap_img = page.locator("#first-order-map img")
+    expect(heatmap_img).to_be_visible()
+    assert heatmap_img.evaluate("e => [e.naturalWidth, e.naturalHeight]") == list(local.shape[1::-1])
+    click_pixel(heatmap_img, x, y)
+    open_tab(page, "Attention")
+    expect(page.locator("#layer-slider input[type=number]")).to_have_value(str(layer))
+    expect(page.locator("#head-slider input[type=number]")).to_have_value(str(head))
+    assert not HELD["pick_head"].is_set()  # set in the browser: the server's pick has not answered
+    expect(page.locator("#attention-map img")).to_have_attribute("src", before)
+
+    page.locator("#scale").get_by_text(shared).click()  # a redraw sent while the pick is still held
+    expect(page.locator("#attention-map img")).not_to_have_attribute("src", before)
+    assert np.array_equal(shown_pixels(page, "attention-map"), clicked)  # the clicked layer and head
+    HELD["pick_head"].set()

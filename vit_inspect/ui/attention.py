@@ -6,9 +6,9 @@ page sends it, so a slider moved while a click or a typed patch is on its way to
 otherwise draw the previous query, and, begun later, keep the panel (`ordering.DrawOrder`). So:
 
 - typing a row or column ticks "clicked patch" in the browser at once;
-- a click is turned into a patch in the browser too (`CLICK_JS` records the pixel exactly as Gradio's
-  select event computes it; `PICK_JS` divides it by the patch size of the input shown, `map_geometry`),
-  and row, column and "clicked patch" are set at once. The server's `pick_patch` computes the same patch
+- a click is turned into a patch in the browser too (`clicks.CLICK_JS` records the pixel exactly as
+  Gradio's select event computes it; `PICK_JS` divides it by the patch size of the input shown,
+  `map_geometry`), and row, column and "clicked patch" are set at once. The server's `pick_patch` computes the same patch
   from the same pixel (`TokenLayout.patch_at`) and draws it.
 
 Only the browser's own controls change there: no server call, and nothing a client sends is trusted more
@@ -23,41 +23,21 @@ from typing import Callable
 import gradio as gr
 
 from ..pipeline import ImageAnalysis
+from .clicks import MAP_ID, clicked_pixel
 from .common import OutputImage
 from .view import PATCH, READOUT
-
-MAP_ID = "attention-map"  # elem_id of the attention map, which the browser's click listener looks for
-
-# Installed once per page: remembers the (x, y) pixel of the map a click lands on, computed as Gradio's
-# image select event computes it (the picture letterboxed in its button, never scaled up), before the
-# select event fires (capture phase).
-CLICK_JS = """() => {
-  if (window.vitInspectClicks) return;
-  window.vitInspectClicks = true;
-  document.addEventListener("click", (event) => {
-    const button = event.target instanceof Element ? event.target.closest("#%(map)s button") : null;
-    const img = button ? button.querySelector("img") : null;
-    if (!img || !img.naturalWidth || !img.naturalHeight) return;
-    const box = img.getBoundingClientRect();
-    const ratio = Math.min(box.width / img.naturalWidth, box.height / img.naturalHeight, 1);
-    const left = (box.width - img.naturalWidth * ratio) / 2, top = (box.height - img.naturalHeight * ratio) / 2;
-    window.vitInspectClick = {x: Math.round((event.clientX - box.left - left) / ratio),
-                              y: Math.round((event.clientY - box.top - top) / ratio)};
-  }, true);
-}""" % {"map": MAP_ID}
 
 # On the map's select event: the remembered pixel -> (row, col, "clicked patch") with the patch grid of the
 # input shown; a click beside the crop (colour bar, caption) or before any image leaves the controls as
 # they are. Floor division and clamping as `TokenLayout.patch_at`.
 PICK_JS = """(geometry, row, col, query) => {
-  const click = window.vitInspectClick;
-  window.vitInspectClick = null;
+  %(clicked)s
   if (!click || !geometry || !geometry.input) return [row, col, query];
   const [height, width] = geometry.input, [patchH, patchW] = geometry.patch, [gridH, gridW] = geometry.grid;
   if (!(click.x >= 0 && click.x < width && click.y >= 0 && click.y < height)) return [row, col, query];
   return [Math.min(Math.floor(click.y / patchH), gridH - 1), Math.min(Math.floor(click.x / patchW), gridW - 1),
           %(patch)s];
-}""" % {"patch": json.dumps(PATCH)}
+}""" % {"patch": json.dumps(PATCH), "clicked": clicked_pixel(MAP_ID)}
 
 
 @dataclass(frozen=True)
@@ -100,12 +80,11 @@ def map_geometry(result: ImageAnalysis) -> dict:
             "grid": [layout.grid_h, layout.grid_w]}
 
 
-def wire_attention_tab(demo: gr.Blocks, view: AttentionView, session: gr.State, controls: dict,
+def wire_attention_tab(view: AttentionView, session: gr.State, controls: dict,
                        pick_patch: Callable, type_patch: Callable, concurrency_limit: int, raw: dict) -> None:
     """The tab's own events: a click or a typed patch sets the query in the browser at once and draws it on the
     server (``pick_patch``, ``type_patch``); "mean of heads" greys out the head slider. Its slider redraws are
     wired with the other panels' (app.py)."""
-    gr.on([demo.load], None, js=CLICK_JS, queue=False)
     gr.on([view.panel.select], None, inputs=[view.geometry, view.row, view.col, view.query],
           outputs=[view.row, view.col, view.query], js=PICK_JS, queue=False)
     gr.on([view.panel.select], pick_patch, inputs=[session], inputs_kwargs=controls,

@@ -9,7 +9,9 @@ For the session's model, image and class:
 - **Importance** (`ablation.head_importance`: 1 + L·H rows, batched) with a progress bar and a Cancel button
   that stops it before its next batch; beside it the first-order estimate from the pass already made
   (`HeadPass.first_order`) and their Spearman ρ.
-- Clicking a heatmap cell sets the app's shared layer and head.
+- Clicking a heatmap cell sets the app's shared layer and head: in the page at once (`PICK_CELL_JS`, with
+  the cells' place sent beside the heatmaps, `cell_geometry`), so a redraw the page sends before the
+  server's answer draws the clicked head, and on the server (`cell_at`, the same arithmetic).
 - The logit lens table from the cached pass (`heads_report.lens_record`).
 
 Per session only the latest ablated pass, the latest importance grid (two (depth, heads) arrays) and the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import threading
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -40,6 +43,7 @@ from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outp
 from ..pipeline import ImageAnalysis
 from ..session_store import DROPPED, Detached, ResultDropped, Slot
 from ..zerogpu import gpu_pass
+from .clicks import HEATMAP_IDS, clicked_pixel
 from .common import OutputImage
 from .panels import draw_panels
 from .untrusted import client_files, finite_float, redact_paths, text
@@ -49,6 +53,19 @@ IMPORTANCE_BATCH = 16  # rows per forward of head importance
 ABLATED_PANELS = ("attention", "rollout", "gradcam")
 TOP_HEADERS = ["rank", "original: class", "original: prob", "ablated: class", "ablated: prob"]
 Box = tuple[float, float, float, float]  # (x0, y0, x1, y1) of a heatmap's axes in the image's pixels
+
+# On a heatmap's select event, in the page: the remembered pixel -> (layer, head, not "mean of heads") with
+# the cells' box and grid the server sent (`cell_geometry`), the arithmetic of `cell_at`; a click on the
+# title, the colour bar or the margins, or before any heatmap, leaves the controls as they are.
+PICK_CELL_JS = """(geometry, layer, head, mean) => {
+  %(clicked)s
+  const cells = click && geometry ? geometry[%(which)s] : null;
+  if (!cells) return [layer, head, mean];
+  const [x0, y0, x1, y1] = cells.box, [depth, heads] = cells.grid;
+  if (!(x0 <= click.x && click.x < x1 && y0 <= click.y && click.y < y1)) return [layer, head, mean];
+  return [Math.min(Math.floor((click.y - y0) / (y1 - y0) * depth), depth - 1),
+          Math.min(Math.floor((click.x - x0) / (x1 - x0) * heads), heads - 1), false];
+}"""
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +176,17 @@ def cell_at(box: Box, grid: tuple[int, int], x: float, y: float) -> tuple[int, i
     return (min(int((y - y0) / (y1 - y0) * depth), depth - 1), min(int((x - x0) / (x1 - x0) * heads), heads - 1))
 
 
+def cell_geometry(state: HeadsState, grid: tuple[int, int]) -> dict:
+    """{heatmap name: {"box": [x0, y0, x1, y1], "grid": [depth, heads]}} of the heatmaps shown: what the page
+    needs to turn a clicked pixel into a cell as `cell_at` does (`PICK_CELL_JS`)."""
+    return {name: {"box": [float(v) for v in box], "grid": [int(grid[0]), int(grid[1])]} for name, box in state.boxes}
+
+
+def pick_cell_js(which: str) -> str:
+    """`PICK_CELL_JS` for heatmap `which` ("importance" or "first_order")."""
+    return PICK_CELL_JS % {"clicked": clicked_pixel(HEATMAP_IDS[which]), "which": json.dumps(which)}
+
+
 def top_rows(effect, label: Callable[[int], str]) -> list[list]:
     return [[rank, f"{label(i)} (#{i})", round(p, 4), f"{label(j)} (#{j})", round(q, 4)]
             for rank, ((i, p), (j, q)) in enumerate(zip(effect.top_before, effect.top_after), 1)]
@@ -240,10 +268,11 @@ class HeadsTab:
                 elem_id="importance-button")
             self.cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
         with gr.Row():
-            self.importance = OutputImage(label="Drop of the class logit, each head ablated alone", elem_id="importance-map",
-                                       **figure_out)
-            self.first_order = OutputImage(label="First-order estimate (attention × gradient)", elem_id="first-order-map",
-                                        **figure_out)
+            self.importance = OutputImage(label="Drop of the class logit, each head ablated alone",
+                                          elem_id=HEATMAP_IDS["importance"], **figure_out)
+            self.first_order = OutputImage(label="First-order estimate (attention × gradient)",
+                                           elem_id=HEATMAP_IDS["first_order"], **figure_out)
+        self.geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
         self.importance_note = gr.Markdown(elem_id="importance-note")
         self.lens_note = gr.Markdown(elem_id="lens-note")
         self.lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **figure_out)
@@ -350,14 +379,15 @@ class HeadsTab:
                                      batch_size=IMPORTANCE_BATCH, cancelled=stop.is_set,
                                      progress=lambda done, total: progress((done, total), unit="rows"))
         except Cancelled as exc:
-            return state, gr.skip(), gr.skip(), f"{exc.public} Nothing was changed."
+            return state, gr.skip(), gr.skip(), f"{exc.public} Nothing was changed.", gr.skip()
         finally:
             if self.running.get(session_id) is stop:
                 del self.running[session_id]
         words = f"mode {mode}" + (f", {reference}" if reference else "")
         state = replace(state, importance=ranked, importance_words=words)
         images, state = self.heatmaps(session, state, self.selected(controls))
-        return state, *images, self.importance_text(session, state, handle.label)
+        return (state, *images, self.importance_text(session, state, handle.label),
+                cell_geometry(state, (result.depth, result.num_heads)))
 
     def cancel(self, request: gr.Request) -> str:
         """Stop this session's importance run before its next batch."""
@@ -435,7 +465,7 @@ class HeadsTab:
     def overview(self, session, state: HeadsState | None, **controls):
         """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared."""
         if session is None:
-            return None, None, None, "", None, None, "", None, "", *[None] * len(ABLATED_PANELS)
+            return None, None, None, "", None, None, "", None, "", None, *[None] * len(ABLATED_PANELS)
         state = fresh(state, session)
         handle = self.app.handle(session.model)
         images, state = self.heatmaps(session, state, self.selected(controls))
@@ -455,6 +485,7 @@ class HeadsTab:
         return (state, *images, "" if state.importance is None else gr.skip(), plot,
                 gr.update(value=rows, headers=headers), note,
                 None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
+                cell_geometry(state, (session.result.depth, session.result.num_heads)),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
     # ------------------------------------------------------------------------------------------- wiring
@@ -468,7 +499,7 @@ class HeadsTab:
         redrawn = [*self.maps, self.importance, self.first_order]
         overview = dict(fn=shows_errors(self.overview), inputs=[session, self.state], inputs_kwargs=controls,
                         outputs=[self.state, self.importance, self.first_order, self.importance_note, self.lens_plot,
-                                 self.lens, self.lens_note, self.top, self.effect, *self.maps],
+                                 self.lens, self.lens_note, self.top, self.effect, self.geometry, *self.maps],
                         show_progress="hidden", **event_options)
         gr.on([tab.select], api_name="heads_overview", **overview)
         for index, dependency in enumerate(refreshed):
@@ -477,9 +508,9 @@ class HeadsTab:
               inputs=[session, self.state, self.spec, self.mode, self.references], inputs_kwargs=controls,
               outputs=[self.state, self.effect, self.top, *self.maps], api_name="ablate_heads",
               **event_options, **model_pass)
-        gr.on([self.importance_button.click], shows_errors(refusals_warn(4)(self.rank)),
+        gr.on([self.importance_button.click], shows_errors(refusals_warn(5)(self.rank)),
               inputs=[session, self.state, self.mode, self.references], inputs_kwargs=controls,
-              outputs=[self.state, self.importance, self.first_order, self.importance_note],
+              outputs=[self.state, self.importance, self.first_order, self.importance_note, self.geometry],
               api_name="head_importance", **event_options, **model_pass)
         gr.on([self.cancel_button.click], shows_errors(self.cancel), outputs=[self.importance_note],
               api_name="cancel_head_importance", queue=False, **event_options)
@@ -487,6 +518,8 @@ class HeadsTab:
               inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw", trigger_mode="always_last",
               show_progress="hidden", **event_options)
         for which, image in (("importance", self.importance), ("first_order", self.first_order)):
+            gr.on([image.select], None, inputs=[self.geometry, layer, head, mean_heads],
+                  outputs=[layer, head, mean_heads], js=pick_cell_js(which), queue=False)  # in the page, at once
             picked = gr.on([image.select], shows_errors(self.pick(which)), inputs=[session, self.state],
                            outputs=[layer, head, mean_heads], api_name=f"pick_head_{which}", show_progress="hidden",
                            **event_options)
