@@ -1,14 +1,15 @@
 """Drawing one map as the app shows it (`plotting.map_panel`: overlay, colour bar, caption) and encoding it
 as PNG, what a slider redraw waits for after its maps are computed: another version's `plotting` with
-Gradio's own encoding (PIL's default PNG level) against this checkout's with the app's
-(`plotting.encode_png`, level `plotting.PNG_LEVEL`), each ÷ one plain forward of the model.
+that version's app encoding (its `plotting.encode_png`, or Gradio's own, PIL's default PNG level, for a
+version without one) against this checkout's (`plotting.encode_png`), each ÷ one plain forward of the model.
 
 The other version's package is loaded from ``--before-tree`` under another name, e.g.
 
     git archive c17cb98 vit_inspect | tar -x -C /tmp/before_tree
 
 The maps are the cached result's own (attention of every layer, rollout, Grad-CAM of every layer) of
-`assets/chelsea.png`; both versions must draw the same bytes (checked before timing). Every call gets a
+`assets/chelsea.png`; both versions must draw the same pixels and their PNGs decode to them (checked
+before timing). Every call gets a
 caption it has not drawn before (a counter in its first line, as a slider's new value would be), so text
 kept from earlier redraws helps only where a real redraw would reuse it (tick labels, the unit, the
 second caption line). Candidates are interleaved (bench.common.measure). Random weights.
@@ -18,6 +19,7 @@ second caption line). Candidates are interleaved (bench.common.measure). Random 
 """
 from __future__ import annotations
 
+import io
 import itertools
 from pathlib import Path
 
@@ -69,19 +71,27 @@ def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
             return encode(module.map_panel(rgb, grid, caption, unit, **options))
         return draw
 
-    for grid, unit, options in maps:  # the same bytes, or the timing compares different pictures
-        if not np.array_equal(plotting.map_panel(rgb, grid, "x\ny", unit, **options),
-                              before_plotting.map_panel(rgb, grid, "x\ny", unit, **options)):
+    before_encode = getattr(before_plotting, "encode_png", gradio_default_png)
+    sizes_before, sizes_after = [], []  # PNG bytes of each map's panel
+    for grid, unit, options in maps:  # the same pixels, or the timing compares different pictures
+        panel = plotting.map_panel(rgb, grid, "x\ny", unit, **options)
+        if not np.array_equal(panel, before_plotting.map_panel(rgb, grid, "x\ny", unit, **options)):
             raise RuntimeError(f"{key}: the two versions draw different panels")
+        for encode, kept in ((before_encode, sizes_before), (plotting.encode_png, sizes_after)):
+            data = encode(panel)
+            if not np.array_equal(np.asarray(Image.open(io.BytesIO(data))), panel):
+                raise RuntimeError(f"{key}: {encode.__module__}.{encode.__name__} does not give the panel back")
+            kept.append(len(data))
     pixels, _ = handle.preprocess.apply(picture)
     model = plain_model(handle)
     times = measure({"forward": lambda: plain_forward(model, pixels),
-                     "before": drawer(before_plotting, gradio_default_png),
+                     "before": drawer(before_plotting, before_encode),
                      "after": drawer(plotting, plotting.encode_png)}, repeats)
     forward = times["forward"].median
     old, new = times["before"], times["after"]
     return [[MODELS[key][3], old.ms(), new.ms(), f"{old.median / forward:.3f}", f"{new.median / forward:.3f}",
-             f"{old.median / new.median:.2f}x", times["forward"].ms()]]
+             f"{old.median / new.median:.2f}x", f"{np.median(sizes_before) / 1e3:.1f}", f"{np.median(sizes_after) / 1e3:.1f}",
+             times["forward"].ms()]]
 
 
 def main() -> None:
@@ -90,7 +100,7 @@ def main() -> None:
                  f"{args.repeats} interleaved repeats, medians)")
     rows = [row for key in args.models for row in run(key, before, args.repeats, args.image)]
     print(markdown_table(("model", "before ms", "after ms", "before ÷ forward", "after ÷ forward", "speed-up",
-                          "plain forward ms"), rows))
+                          "before PNG KB", "after PNG KB", "plain forward ms"), rows))
 
 
 if __name__ == "__main__":

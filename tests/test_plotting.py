@@ -1,3 +1,4 @@
+import io
 import subprocess
 import sys
 
@@ -200,3 +201,108 @@ def test_distance_scatter_paints_highlight_where_the_dot_is():
     assert all(np.abs(whole_layer[int(round(py)), int(round(px))] - red).max() < 2 for px, py in scatter.points[0])
     with pytest.raises(ValueError):
         scatter.draw((2, 0))
+
+
+# ------------------------------------------------------------------------------------------------ PNG
+
+def _png_chunks(data: bytes) -> list[tuple[bytes, bytes, int]]:
+    """[(type, data, stored CRC)] of a PNG file, read by hand."""
+    import struct
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, at = [], 8
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        chunks.append((kind, body, crc))
+        at += 12 + length
+    return chunks
+
+
+def test_png_bytes_by_hand():
+    """A 2 x 2 greyscale picture: the header's fields, the rows' filter types (0 for the first row, 2 "Up"
+    after it) and their bytes (each minus the byte above, modulo 256), and every chunk's CRC-32."""
+    import zlib
+
+    from vit_inspect.plotting import PNG_LEVEL, encode_png
+
+    data = encode_png(np.array([[10, 250], [5, 3]], dtype=np.uint8))
+    chunks = _png_chunks(data)
+    assert [kind for kind, _, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+    assert chunks[0][1] == bytes([0, 0, 0, 2, 0, 0, 0, 2, 8, 0, 0, 0, 0])  # width 2, height 2, 8 bits, grey
+    assert zlib.decompress(chunks[1][1]) == bytes([0, 10, 250, 2, (5 - 10) % 256, (3 - 250) % 256])
+    assert chunks[1][1][:2] == zlib.compress(b"", PNG_LEVEL)[:2]  # the zlib header of the level used
+    assert chunks[2][1] == b""
+    assert all(crc == zlib.crc32(kind + body) for kind, body, crc in chunks)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (37, 53), (37, 53, 3), (5, 7, 4), (200, 3, 3)])
+def test_png_round_trips_through_pil_exactly(shape):
+    from PIL import Image
+
+    from vit_inspect.plotting import encode_png
+
+    rng = np.random.default_rng(sum(shape))
+    picture = rng.integers(0, 256, shape).astype(np.uint8)
+    picture[:, ::3] = 255  # bytes next to 0 and 255 wrap around in the filter
+    picture[::2, 1::3] = 0
+    data = encode_png(picture)
+    with Image.open(io.BytesIO(data)) as decoded:
+        decoded.verify()  # PIL checks every chunk's CRC
+    with Image.open(io.BytesIO(data)) as decoded:
+        assert decoded.mode == {1: "L", 3: "RGB", 4: "RGBA"}[1 if len(shape) == 2 else shape[2]]
+        np.testing.assert_array_equal(np.asarray(decoded), picture)
+
+
+def test_png_of_a_map_panel_is_small_and_exact():
+    from PIL import Image
+
+    from vit_inspect.plotting import encode_png, map_panel
+
+    rgb = np.random.default_rng(1).integers(0, 256, (224, 224, 3)).astype(np.uint8) // 2 + 60
+    grid = np.add.outer(np.arange(14.0), np.arange(14.0))
+    panel = map_panel(rgb, grid, "a caption\nits second line", "attention weight")
+    data = encode_png(panel)
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(data))), panel)
+    assert len(data) < 0.75 * panel.nbytes  # compressed, not stored
+
+
+@pytest.mark.parametrize("bad", [np.zeros((4, 4), np.float32), np.zeros((4, 4, 2), np.uint8),
+                                 np.zeros((0, 4, 3), np.uint8), np.zeros((2, 2, 2, 3), np.uint8)])
+def test_png_refuses_what_it_cannot_write(bad):
+    from vit_inspect.plotting import encode_png
+
+    with pytest.raises(ValueError, match="uint8 picture"):
+        encode_png(bad)
+
+
+def test_png_is_drawn_by_chromium_to_the_same_pixels():
+    """An independent decoder: the browser that shows the app's maps draws the bytes on a canvas."""
+    import base64
+
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
+
+    from vit_inspect.plotting import encode_png
+
+    rng = np.random.default_rng(7)
+    pictures = [rng.integers(0, 256, (29, 41, 3)).astype(np.uint8), rng.integers(0, 256, (13, 9)).astype(np.uint8)]
+    urls = ["data:image/png;base64," + base64.b64encode(encode_png(p)).decode() for p in pictures]
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            drawn = browser.new_page().evaluate(
+                """async urls => Promise.all(urls.map(async url => {
+                    const img = new Image(); img.src = url; await img.decode();
+                    const canvas = document.createElement("canvas"); canvas.width = img.width; canvas.height = img.height;
+                    const context = canvas.getContext("2d"); context.drawImage(img, 0, 0);
+                    return [img.width, img.height, Array.from(context.getImageData(0, 0, img.width, img.height).data)];
+                }))""", urls)
+        finally:
+            browser.close()
+    for picture, (width, height, rgba) in zip(pictures, drawn):
+        rgba = np.array(rgba, dtype=np.uint8).reshape(height, width, 4)
+        expected = picture if picture.ndim == 3 else np.repeat(picture[..., None], 3, axis=2)
+        assert (width, height) == picture.shape[1::-1]
+        np.testing.assert_array_equal(rgba[..., :3], expected)
+        assert (rgba[..., 3] == 255).all()
