@@ -76,6 +76,10 @@ GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", 
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
+# A new image's answer carries its maps; these figures (about 1 s of matplotlib for DeiT-Ti, 7x its pass) are
+# drawn by events that follow it, so predictions and maps show as soon as the pass is done
+LATER_PANELS = ("distance", "compare", "heads")
+FIRST_PANELS = tuple(name for name in IMAGE_PANELS if name not in LATER_PANELS)
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
@@ -110,7 +114,7 @@ class Session:
     name: str  # the upload's file name, for the downloads
     slot: Slot  # its results in the server's byte-bounded store: {(target, contrast): ImageAnalysis}, one pass per pair
     target: tuple[int | None, int | None]  # the pass shown now
-    distance: plotting.DistanceScatter  # this image's attention-distance scatter, drawn once
+    distance: plotting.DistanceScatterOnce  # this image's attention-distance scatter, rendered on first use
     labels: tuple[str, ...] = ()  # the model's class names
     model_label: str = ""  # model name and weights, for every caption
     geometry: InputGeometry = InputGeometry()  # how the upload became the input
@@ -253,8 +257,8 @@ class Inspector:
                            + (", plus AttnLRP and LeGrad)" if relevance else ")"))
         result = self._pass(handle, source, geometry, relevance=relevance)
         progress(0.8, desc="Drawing")
-        scatter = plotting.distance_scatter(result.mean_distance, image_width=result.layout.input_size[1],
-                                            title=f"{model_label(handle.name)} · this image")
+        scatter = plotting.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
+                                               title=f"{model_label(handle.name)} · this image")
         slot = self.store.put({(result.target, None): result}, result.nbytes())
         session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
                           distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
@@ -266,7 +270,8 @@ class Inspector:
             view = View.from_controls(result, **controls)
         except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
             view = View.from_controls(result, **view_controls)
-        panels = draw_panels(IMAGE_PANELS, session, view)
+        drawn = dict(zip(FIRST_PANELS, draw_panels(FIRST_PANELS, session, view)))
+        panels = [drawn.get(name) for name in IMAGE_PANELS]  # LATER_PANELS: cleared now, drawn by the next events
         self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
         seen = plotting.outline_region(result.preview, result.seen_box, result.source_size)
         return session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result)
@@ -595,6 +600,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention.geometry],
               api_name="analyze", **raw, **model_pass)
+        for name in LATER_PANELS:  # the figures of a new image, drawn once its maps are shown
+            analyzed.success(app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
+                             api_name=f"{name}_of_new_image", show_progress="hidden",
+                             concurrency_limit=DRAW_CONCURRENCY, **raw)
         # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
         # when their tab opens.
         scale_change = [scale.input]

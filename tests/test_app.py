@@ -157,8 +157,12 @@ def test_a_cat_photo_is_a_cat(client):
     assert sum(any(cat in label for cat in CATS) for label in labels[:3]) == 3
     assert pixels(result["crop"]).shape == (224, 224, 3)
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
-    for name in app.IMAGE_PANELS:
+    for name in app.FIRST_PANELS:
         assert pixels(result[name]).ndim == 3
+    for name in app.LATER_PANELS:  # the figures: cleared by the answer, drawn by the events that follow it
+        assert result[name] is None
+        assert pixels(client.predict(api_name=f"/{name}_of_new_image")).ndim == 3
+    assert set(app.FIRST_PANELS) | set(app.LATER_PANELS) == set(app.IMAGE_PANELS)
     # what the browser turns a clicked pixel into a patch with: DeiT-Ti's 224 px input, 16 px patches, 14 x 14
     assert result["geometry"] == {"input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
 

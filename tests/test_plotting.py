@@ -177,6 +177,23 @@ def test_plotting_does_not_import_pyplot():
     assert result.returncode == 0, result.stderr
 
 
+def test_distance_scatter_once_renders_on_its_first_draw_and_keeps_it(monkeypatch):
+    from vit_inspect import plotting
+
+    distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])
+    rendered = []
+    render = plotting.distance_scatter
+    monkeypatch.setattr(plotting, "distance_scatter", lambda *a, **k: rendered.append(a) or render(*a, **k))
+    once = plotting.DistanceScatterOnce(distances, image_width=224, title="t")
+    distances[0, 0] = 99.0  # the holder keeps its own copy
+    assert rendered == []  # nothing rendered for a new image until a panel needs it
+    first, again = once.draw((1, 2)), once.draw((0, None))
+    assert len(rendered) == 1  # rendered once, kept for every later highlight
+    alike = render(np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]]), image_width=224, title="t")
+    np.testing.assert_array_equal(first, alike.draw((1, 2)))
+    np.testing.assert_array_equal(again, alike.draw((0, None)))
+
+
 def test_distance_scatter_paints_highlight_where_the_dot_is():
     from vit_inspect.plotting import HIGHLIGHT_COLOR, HEAD_COLOR, distance_scatter
     import matplotlib.colors

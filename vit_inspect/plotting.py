@@ -431,6 +431,26 @@ class DistanceScatter:
         return np.asarray(image)
 
 
+class DistanceScatterOnce:
+    """`distance_scatter` of one image's distances, rendered on the first `draw` and kept: a new image's answer
+    does not wait for the quarter of a second of matplotlib, which only the distance panel needs.
+    Two first draws at once may both render it (the same picture); each keeps one."""
+
+    def __init__(self, distances: np.ndarray, image_width: int | None = None, title: str = ""):
+        self.distances, self.image_width, self.title = np.array(distances, dtype=float), image_width, title
+        self._scatter: DistanceScatter | None = None
+
+    @property
+    def scatter(self) -> DistanceScatter:
+        if self._scatter is None:
+            self._scatter = distance_scatter(self.distances, self.image_width, self.title)
+        return self._scatter
+
+    def draw(self, highlight: tuple[int, int | None] | None = None) -> np.ndarray:
+        """`DistanceScatter.draw` of the scatter, rendered now if it was not yet."""
+        return self.scatter.draw(highlight)
+
+
 def distance_scatter(distances: np.ndarray, image_width: int | None = None, title: str = "") -> DistanceScatter:
     """`attention_distance_figure` drawn once, with the pixel position of every head's dot."""
     fig = attention_distance_figure(distances, None, image_width, title)

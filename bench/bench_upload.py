@@ -1,0 +1,107 @@
+"""What a user waits for after an upload: the app's answer to a new image (`Inspector.analyze`: the pass,
+then the maps it shows at once), against the pass alone and against drawing every per-image panel and
+the distance scatter before answering, as the app did before the figures moved to the events that follow
+the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all heads of a layer).
+
+6. answer to a new image ÷ the pass alone                       (drawing the first maps is what it adds)
+6b. every panel drawn before answering ÷ answer                 (what moving the figures saves)
+6c. the figures drawn afterwards, each ÷ the pass               (what the page fills in after the answer)
+
+One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
+candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
+or ../shared/models when present) the real model, else random weights.
+
+    python -m bench.bench_upload [--repeats 7] [--threads 2] [--image assets/chelsea.png]
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+from pathlib import Path
+
+from .common import REPO, SHARED, THREADS, markdown_table, measure, print_header, set_threads
+
+
+class _Quiet:
+    """A stand-in for gr.Progress outside an event."""
+
+    def __call__(self, *args, **kwargs) -> None:
+        return None
+
+
+CONTROLS = dict(layer=11, head=0, mean_heads=False, query="class / readout token", row=0, col=0, head_fusion="mean",
+                discard_ratio=0.0, first_layer=0, last_layer=11, gradcam_layer=11)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
+    parser.add_argument("--weights", type=Path, default=None)
+    args = parser.parse_args()
+    set_threads(args.threads)
+
+    import app
+    from vit_inspect import plotting
+    from vit_inspect.geometry import InputGeometry
+    from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui.panels import draw_panels
+
+    weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
+                                                SHARED / "models" / "deit_tiny_patch16_224.safetensors")
+                                    if p.is_file()), None)
+    config = app.AppConfig(weights=str(weights) if weights else None, device="cpu")
+    inspector = app.Inspector(config, ModelCache(1) if weights else ModelCache(1, loader=_random_loader))
+    handle = inspector.handle(inspector.default_key)
+    upload = {"url": "data:image/png;base64," + base64.b64encode(args.image.read_bytes()).decode(),
+              "orig_name": args.image.name}
+    controls = dict(CONTROLS, last_layer=handle.depth - 1, layer=handle.depth - 1, gradcam_layer=handle.depth - 1)
+    answered = inspector.analyze(upload, inspector.default_key, None, None, progress=_Quiet(), **controls)
+    session = answered[0]
+    view = app.View.from_controls(session.result, **controls)
+    picture = session.source
+
+    def answer():
+        return inspector.analyze(upload, inspector.default_key, None, None, progress=_Quiet(), **controls)
+
+    def pass_alone():
+        return inspector._pass(handle, picture, InputGeometry(), relevance=False)
+
+    def everything_first():  # the earlier answer: the pass, then every panel and the scatter before answering
+        result = inspector._pass(handle, picture, InputGeometry(), relevance=False)
+        scatter = plotting.distance_scatter(result.mean_distance, result.layout.input_size[1], "t")
+        return scatter, draw_panels(app.IMAGE_PANELS, session, view)
+
+    def figure(name):
+        def draw():
+            fresh = type(session.distance)(session.distance.distances, session.distance.image_width, "t")
+            shown = dataclasses.replace(session, distance=fresh)  # each call renders its scatter, as a new image's does
+            return draw_panels((name,), shown, view)
+        return draw
+
+    candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first}
+    candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
+    times = measure(candidates, args.repeats)
+    base, answer_ms = times["pass"].median, times["answer"].median
+    print_header(f"The answer to a new image ({handle.name}, {'real' if weights else 'random'} weights, "
+                 f"{args.threads} thread(s), {args.repeats} interleaved repeats, medians)")
+    rows = [[name, timing.ms(), f"{timing.median / base:.2f}"] for name, timing in times.items()]
+    print(markdown_table(("candidate", "ms (min–max)", "÷ the pass alone"), rows))
+    print()
+    print(markdown_table(("measure", "ratio"), [
+        ["6. answer ÷ the pass alone", f"**{answer_ms / base:.2f}**"],
+        ["6b. every panel drawn before answering ÷ answer", f"**{times['everything first'].median / answer_ms:.2f}**"],
+        *[[f"6c. later: {name} ÷ the pass", f"{times[f'later: {name}'].median / base:.2f}"]
+          for name in app.LATER_PANELS]]))
+
+
+def _random_loader(name, weights, device, **kwargs):
+    from vit_inspect.models import load_model
+
+    return load_model(name, device=device, pretrained=False)
+
+
+if __name__ == "__main__":
+    main()
