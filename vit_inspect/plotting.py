@@ -434,7 +434,7 @@ class DistanceScatter:
 class DistanceScatterOnce:
     """`distance_scatter` of one image's distances, rendered on the first `draw` and kept: a new image's answer
     does not wait for the quarter of a second of matplotlib, which only the distance panel needs.
-    Two first draws at once may both render it (the same picture); each keeps one."""
+    Two first draws at once may both render it (the same picture; the last one rendered is kept)."""
 
     def __init__(self, distances: np.ndarray, image_width: int | None = None, title: str = ""):
         self.distances, self.image_width, self.title = np.array(distances, dtype=float), image_width, title
