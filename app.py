@@ -77,8 +77,10 @@ MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
 # A new image's answer carries its maps; these figures (about 1 s of matplotlib for DeiT-Ti, 7x its pass) are
-# drawn by events that follow it, so predictions and maps show as soon as the pass is done
-LATER_PANELS = ("distance", "compare", "heads")
+# drawn by events that follow it, so predictions and maps show as soon as the pass is done, and only if the
+# page shows their tab then (else the tab draws its figure when it opens): panel -> its tab
+LATER_PANELS = {"distance": "Attention distance", "compare": "All maps", "heads": "All heads"}
+FIRST_TAB = "Predictions"  # the tab a page opens on
 FIRST_PANELS = tuple(name for name in IMAGE_PANELS if name not in LATER_PANELS)
 DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
@@ -286,6 +288,15 @@ class Inspector:
             return picture if newest else gr.skip()
         return handler
 
+    def redraw_if_shown(self, name: str, tab: str):
+        """`redraw(name)` when the page shows ``tab`` (the browser's own record of its open tab, a client's
+        word: it only decides whether to draw now); otherwise nothing, and the tab draws when it opens."""
+        draw = self.redraw(name)
+
+        def handler(session: Session | None, shown: object, request: gr.Request = None, **controls):
+            return draw(session, request=request, **controls) if shown == tab else gr.skip()
+        return handler
+
     def _draw_newest(self, request, name: str, session: Session, view: View) -> tuple:
         """(one panel drawn for `view`, whether no later draw of that panel for this web session began meanwhile)."""
         ticket = self.order.begin(session_hash(request), name)
@@ -482,7 +493,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                 scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
                                  info="Shared: one range over every layer and head (attention) or block "
                                       "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
-                with gr.Tabs():
+                shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the tab the page shows
+                with gr.Tabs() as tabs:
                     with gr.Tab("Predictions"):
                         with gr.Row():
                             predictions = gr.Label(num_top_classes=5, label="Top-5 classes", elem_id="predictions")
@@ -600,9 +612,11 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
               outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention.geometry],
               api_name="analyze", **raw, **model_pass)
-        for name in LATER_PANELS:  # the figures of a new image, drawn once its maps are shown
-            analyzed.success(app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
-                             api_name=f"{name}_of_new_image", show_progress="hidden",
+        for tab in tabs.children:  # the page records which tab it shows, in the page (no server call)
+            gr.on([tab.select], None, outputs=[shown_tab], js=f"() => {json.dumps(tab.label)}", queue=False)
+        for name, tab in LATER_PANELS.items():  # the figures of a new image, once its maps are shown, if in view
+            analyzed.success(app.redraw_if_shown(name, tab), inputs=[session, shown_tab], inputs_kwargs=controls,
+                             outputs=panel[name], api_name=f"{name}_of_new_image", show_progress="hidden",
                              concurrency_limit=DRAW_CONCURRENCY, **raw)
         # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
         # when their tab opens.
@@ -627,7 +641,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
         faithfulness.wire(app.handle, session, controls, relevance=app.with_relevance, **raw, **model_pass)
         heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
-                   follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")], **raw)
+                   follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")],
+                   shown_tab=shown_tab, **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         wire_model_tab(app.model_tab, model_view, model_tab, key, raw)

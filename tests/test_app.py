@@ -124,6 +124,23 @@ def _zlib_level_class(png: bytes) -> int:
     return png[at + 1] >> 6
 
 
+def test_the_page_records_the_tab_it_shows():
+    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
+    labels = {tab.label for tab in tabs}
+    assert set(app.LATER_PANELS.values()) | {app.FIRST_TAB, "Heads"} <= labels  # the tabs the gating names exist
+    shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
+    assert shown.value == app.FIRST_TAB and not shown.visible
+    recorded = {}
+    for dep in demo.config["dependencies"]:
+        if not dep.get("backend_fn") and dep["outputs"] == [shown._id] and dep["js"]:
+            [(target, event)] = dep["targets"]
+            assert event == "select"
+            recorded[target] = dep["js"]
+    assert {t._id for t in tabs} <= set(recorded)  # every tab records itself, without a server call
+    assert all(recorded[t._id] == f"() => {json.dumps(t.label)}" for t in tabs)
+
+
 def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
     outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
@@ -159,9 +176,9 @@ def test_a_cat_photo_is_a_cat(client):
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
     for name in app.FIRST_PANELS:
         assert pixels(result[name]).ndim == 3
-    for name in app.LATER_PANELS:  # the figures: cleared by the answer, drawn by the events that follow it
+    for name, tab in app.LATER_PANELS.items():  # the figures: cleared by the answer, then drawn if in view
         assert result[name] is None
-        assert pixels(client.predict(api_name=f"/{name}_of_new_image")).ndim == 3
+        assert pixels(client.predict(tab, api_name=f"/{name}_of_new_image")).ndim == 3
     assert set(app.FIRST_PANELS) | set(app.LATER_PANELS) == set(app.IMAGE_PANELS)
     # what the browser turns a clicked pixel into a patch with: DeiT-Ti's 224 px input, 16 px patches, 14 x 14
     assert result["geometry"] == {"input": [224, 224], "patch": [16, 16], "grid": [14, 14]}

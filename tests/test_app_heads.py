@@ -25,7 +25,7 @@ from vit_inspect.zerogpu import gpu_pass  # noqa: E402
 from vit_inspect.session_store import DROPPED, Detached  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.heads import (HeadsTab, cell_at, heatmap, importance_of_crop, lens_table, parse_head_spec,  # noqa: E402
-                                  refusals_warn)
+                                  refusals_warn, result_key)
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -236,6 +236,30 @@ def test_overview_draws_from_the_pass_and_clears_another_class(served):
     assert cleared[0].ablated is None and cleared[1] is None and cleared[8] == "" and cleared[-1] is None
     assert outputs[9] == {"first_order": {"box": list(dict(outputs[0].boxes)["first_order"]), "grid": [12, 3]}}
     assert cleared[9] == {"first_order": {"box": list(dict(cleared[0].boxes)["first_order"]), "grid": [12, 3]}}
+
+
+def test_a_new_images_figures_and_heads_overview_wait_for_their_tab(served):
+    """After a new image (or class) the page asks for these; they draw only while their tab is shown, and
+    the tab draws them when it opens (its own select event)."""
+    inspector, handle, session, tab = served
+    assert set(app.LATER_PANELS) | set(app.FIRST_PANELS) == set(app.IMAGE_PANELS)
+    for name, label in app.LATER_PANELS.items():
+        shown_only = inspector.redraw_if_shown(name, label)
+        assert shown_only(session, app.FIRST_TAB, **CONTROLS) == gr.skip()
+        assert shown_only(session, ["not", "a", "tab"], **CONTROLS) == gr.skip()  # a client's word, compared only
+        np.testing.assert_array_equal(shown_only(session, label, **CONTROLS), inspector.redraw(name)(session, **CONTROLS))
+
+    state = tab.ablate(session, None, "0:0", "zero", None, progress=Progress(), **CONTROLS)[0]
+    other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
+    outputs = len(tab.overview(session, state, **CONTROLS))
+    if_shown = tab.overview_if_shown("Heads", outputs)
+    hidden = if_shown(other, state, app.FIRST_TAB, **CONTROLS)
+    assert len(hidden) == outputs and all(output == gr.skip() for output in hidden[1:])
+    assert hidden[0].key == result_key(other) and hidden[0].ablated is None  # the old ablated pass let go at once
+    assert state.ablated_slot.dropped
+    shown = if_shown(other, hidden[0], "Heads", **CONTROLS)
+    assert shown[2].ndim == 3 and shown[9] == {"first_order": {"box": list(dict(shown[0].boxes)["first_order"]),
+                                                                "grid": [12, 3]}}
 
 
 def test_distilled_and_headless_lens():

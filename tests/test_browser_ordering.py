@@ -5,7 +5,9 @@ page sends meanwhile draws that choice rather than the previous one:
 - clicking the map sets row, column and "clicked patch" in the browser (the server's pick_patch is held
   while a slider redraw is sent, and that redraw draws the clicked patch);
 - clicking a Heads heatmap cell sets layer and head in the browser (the server's pick is held while a
-  colour scale change redraws the attention map, and that redraw draws the clicked layer and head)."""
+  colour scale change redraws the attention map, and that redraw draws the clicked layer and head).
+
+And the page records the tab it shows, so a new image's figures are drawn for the tab in view only."""
 from __future__ import annotations
 
 import functools
@@ -147,3 +149,19 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     expect(page.locator("#attention-map img")).not_to_have_attribute("src", before)
     assert np.array_equal(shown_pixels(page, "attention-map"), clicked)  # the clicked layer and head
     HELD["pick_head"].set()
+
+
+def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypatch):
+    """An upload made while "All maps" is open: the answer clears the figure and the event that follows it
+    draws it there, without the tab being opened again; the figures of tabs not in view are not drawn."""
+    drawn = []
+    draw = app.draw_panels
+    monkeypatch.setattr(app, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
+    page.reload(wait_until="load")  # a new session (the module shares one page)
+    page.wait_for_selector("#input-image")
+    open_tab(page, "All maps")
+    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
+    sync_api.expect(page.locator("#predictions")).to_contain_text("cat")
+    sync_api.expect(page.locator("#compare-maps img")).to_be_visible()
+    assert drawn.count("compare") == 1 and "distance" not in drawn and "heads" not in drawn
+    assert set(drawn) == {*app.FIRST_PANELS, "compare"}

@@ -488,12 +488,23 @@ class HeadsTab:
                 cell_geometry(state, (session.result.depth, session.result.num_heads)),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
+    def overview_if_shown(self, tab: str, outputs: int):
+        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise only the
+        state is brought to this model, image and class (an older ablated pass is let go at once) and the
+        other ``outputs - 1`` outputs are left as they are: the tab draws them when it opens."""
+        def handler(session, state: HeadsState | None, shown: object, **controls):
+            if shown == tab or session is None:
+                return self.overview(session, state, **controls)
+            return fresh(state, session), *[gr.skip()] * (outputs - 1)
+        return handler
+
     # ------------------------------------------------------------------------------------------- wiring
 
     def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, shows_errors: Callable,
-             model_pass: dict, follow: list, **event_options) -> None:
+             model_pass: dict, follow: list, shown_tab: gr.Textbox, **event_options) -> None:
         """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
-        cache; `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head);
+        cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows);
+        `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head);
         `controls` are the shared controls (layer, head, ...)."""
         layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
         redrawn = [*self.maps, self.importance, self.first_order]
@@ -502,8 +513,10 @@ class HeadsTab:
                                  self.lens, self.lens_note, self.top, self.effect, self.geometry, *self.maps],
                         show_progress="hidden", **event_options)
         gr.on([tab.select], api_name="heads_overview", **overview)
+        if_shown = overview | dict(fn=shows_errors(self.overview_if_shown(tab.label, len(overview["outputs"]))),
+                                   inputs=[session, self.state, shown_tab])
         for index, dependency in enumerate(refreshed):
-            dependency.success(api_name=f"heads_overview_{index}", **overview)
+            dependency.success(api_name=f"heads_overview_{index}", **if_shown)
         gr.on([self.ablate_button.click, self.spec.submit], shows_errors(refusals_warn(3 + len(self.maps))(self.ablate)),
               inputs=[session, self.state, self.spec, self.mode, self.references], inputs_kwargs=controls,
               outputs=[self.state, self.effect, self.top, *self.maps], api_name="ablate_heads",
