@@ -488,7 +488,7 @@ def encode_png(picture: np.ndarray) -> bytes:
     What a slider redraw waits for is mostly this encoding: at PIL's default level 6 a DeiT-Ti map panel
     took ≈ 22 ms to encode, against ≈ 2.5 ms to draw. PIL at level 1 tries all five filters on every row
     and keeps the best (adaptive filtering); one fixed filter, in numpy, takes about half its time for a
-    file about 4 % larger (bench/bench_render.py). Any PNG decoder reads it back to the same pixels
+    file about 6 % larger (bench/bench_render.py). Any PNG decoder reads it back to the same pixels
     (tests/test_plotting.py: PIL, and Chromium's own decoder)."""
     picture = np.asarray(picture)
     channels = 1 if picture.ndim == 2 else picture.shape[-1] if picture.ndim == 3 else 0

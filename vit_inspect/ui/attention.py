@@ -8,8 +8,8 @@ otherwise draw the previous query, and, begun later, keep the panel (`ordering.D
 - typing a row or column ticks "clicked patch" in the browser at once;
 - a click is turned into a patch in the browser too (`clicks.CLICK_JS` records the pixel exactly as
   Gradio's select event computes it; `PICK_JS` divides it by the patch size of the input shown,
-  `map_geometry`), and row, column and "clicked patch" are set at once. The server's `pick_patch` computes the same patch
-  from the same pixel (`TokenLayout.patch_at`) and draws it.
+  `map_geometry`), and row, column and "clicked patch" are set at once. The server's `pick_patch`
+  computes the same patch from the same pixel (`TokenLayout.patch_at`) and draws it.
 
 Only the browser's own controls change there: no server call, and nothing a client sends is trusted more
 than before (the server clamps row and column as for any client, `View.from_controls`).
