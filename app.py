@@ -288,13 +288,14 @@ class Inspector:
             return picture if newest else gr.skip()
         return handler
 
-    def redraw_if_shown(self, name: str, tab: str):
+    def redraw_if_shown(self, name: str, tab: str | None):
         """`redraw(name)` when the page shows ``tab`` (the browser's own record of its open tab, a client's
-        word: it only decides whether to draw now); otherwise nothing, and the tab draws when it opens."""
+        word: it only decides whether to draw now); otherwise nothing, and the tab draws when it opens.
+        ``tab`` None: a panel no tab opening redraws (the attention map), drawn whatever is shown."""
         draw = self.redraw(name)
 
         def handler(session: Session | None, shown: object, request: gr.Request = None, **controls):
-            return draw(session, request=request, **controls) if shown == tab else gr.skip()
+            return draw(session, request=request, **controls) if tab is None or shown == tab else gr.skip()
         return handler
 
     def _draw_newest(self, request, name: str, session: Session, view: View) -> tuple:
@@ -641,7 +642,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
         faithfulness.wire(app.handle, session, controls, relevance=app.with_relevance, **raw, **model_pass)
         heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
-                   follow=[(name, app.redraw(name), panel[name]) for name in ("attention", "distance")],
+                   follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
+                           for name in ("attention", "distance")],
                    shown_tab=shown_tab, **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)

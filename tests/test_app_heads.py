@@ -262,6 +262,26 @@ def test_a_new_images_figures_and_heads_overview_wait_for_their_tab(served):
                                                                 "grid": [12, 3]}}
 
 
+def test_a_cell_click_redraws_the_attention_map_and_the_distance_scatter_only_in_its_tab(served):
+    """After a click on a Heads cell the page asks for the panels showing layer and head: the attention
+    map always (no tab opening redraws it), the distance scatter only while its tab is shown."""
+    inspector, handle, session, tab = served
+    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
+    inputs = {dep["api_name"]: dep["inputs"] for dep in demo.config["dependencies"]}
+    handlers = {fn.api_name: fn.fn for fn in demo.fns.values()}
+    for which in ("importance", "first_order"):
+        for name in ("attention", "distance"):
+            api = f"pick_head_{which}_{name}"
+            assert inputs[api][1] == shown._id  # the page's record of the tab it shows
+            follow, drawn = handlers[api], inspector.redraw(name)(session, **CONTROLS)
+            np.testing.assert_array_equal(follow(session, "Attention distance", **CONTROLS), drawn)
+            if name == "attention":
+                np.testing.assert_array_equal(follow(session, "Heads", **CONTROLS), drawn)
+            else:
+                assert follow(session, "Heads", **CONTROLS) == gr.skip()
+
+
 def test_distilled_and_headless_lens():
     from PIL import Image
 

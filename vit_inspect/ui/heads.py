@@ -504,7 +504,8 @@ class HeadsTab:
              model_pass: dict, follow: list, shown_tab: gr.Textbox, **event_options) -> None:
         """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
         cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows);
-        `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head);
+        `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
+        each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
         `controls` are the shared controls (layer, head, ...)."""
         layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
         redrawn = [*self.maps, self.importance, self.first_order]
@@ -540,6 +541,6 @@ class HeadsTab:
                                     outputs=redrawn, api_name=f"pick_head_{which}_redraw", show_progress="hidden",
                                     **event_options)
             for name, handler, output in follow:
-                picked = picked.success(handler, inputs=[session], inputs_kwargs=controls, outputs=output,
-                                        api_name=f"pick_head_{which}_{name}", show_progress="hidden",
-                                        **event_options)
+                picked = picked.success(handler, inputs=[session, shown_tab], inputs_kwargs=controls,
+                                        outputs=output, api_name=f"pick_head_{which}_{name}",
+                                        show_progress="hidden", **event_options)
