@@ -6,6 +6,8 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6. answer to a new image ÷ the pass alone                       (drawing the first maps is what it adds)
 6b. every panel drawn before answering ÷ answer                 (what moving the figures saves)
 6c. the figures drawn afterwards, each ÷ the pass               (what the page fills in after the answer)
+6d. all maps side by side as a matplotlib figure ÷ as PIL panels (`plotting.maps_figure`, which the app
+    drew before, against `plotting.maps_mosaic`, which it draws now; same maps, titles, units, ranges)
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -47,7 +49,7 @@ def main() -> None:
     from vit_inspect import plotting
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.model_cache import ModelCache
-    from vit_inspect.ui.panels import draw_panels
+    from vit_inspect.ui.panels import draw_panels, figure_image
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")
@@ -81,8 +83,18 @@ def main() -> None:
             return draw_panels((name,), shown, view)
         return draw
 
+    def compare_as_matplotlib():  # the same draw_panels call with the figure the app drew before the mosaic
+        def figure_of(rgb, maps, **options):
+            return figure_image(plotting.maps_figure(rgb, maps, **options))
+        mosaic, plotting.maps_mosaic = plotting.maps_mosaic, figure_of
+        try:
+            return draw_panels(("compare",), session, view)
+        finally:
+            plotting.maps_mosaic = mosaic
+
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first}
     candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
+    candidates["later: compare as a matplotlib figure (before)"] = compare_as_matplotlib
     times = measure(candidates, args.repeats)
     base, answer_ms = times["pass"].median, times["answer"].median
     print_header(f"The answer to a new image ({handle.name}, {'real' if weights else 'random'} weights, "
@@ -94,7 +106,9 @@ def main() -> None:
         ["6. answer ÷ the pass alone", f"**{answer_ms / base:.2f}**"],
         ["6b. every panel drawn before answering ÷ answer", f"**{times['everything first'].median / answer_ms:.2f}**"],
         *[[f"6c. later: {name} ÷ the pass", f"{times[f'later: {name}'].median / base:.2f}"]
-          for name in app.LATER_PANELS]]))
+          for name in app.LATER_PANELS],
+        ["6d. all maps: matplotlib figure ÷ PIL panels",
+         f"**{times['later: compare as a matplotlib figure (before)'].median / times['later: compare'].median:.1f}**"]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

@@ -112,7 +112,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     np.testing.assert_array_equal(ticked.result.legrad, one_pass.legrad)
     np.testing.assert_array_equal(ticked.result.attnlrp, one_pass.attnlrp)
     assert ticked.result.target == one_pass.target == 285
-    assert figure.shape[1] > plain.shape[1]  # two more panels: LeGrad and AttnLRP
+    assert figure.shape[0] > plain.shape[0] and figure.shape[1] == plain.shape[1]  # LeGrad and AttnLRP: a row more
     assert inspector.store.held == ticked.slot.nbytes == app.results_nbytes(ticked.results)
     assert session.result.attnlrp is not None  # one slot per session: the stored pass now holds them
     calls.reset()
@@ -143,13 +143,13 @@ def drawn_all_maps(session, monkeypatch) -> dict:
     from vit_inspect import plotting
 
     seen = {}
-    real_figure = plotting.maps_figure
+    real_figure = plotting.maps_mosaic
 
     def recording(rgb, maps, **kwargs):
         seen.update(title=kwargs["title"], names=list(maps))
         return real_figure(rgb, maps, **kwargs)
 
-    monkeypatch.setattr(plotting, "maps_figure", recording)
+    monkeypatch.setattr(plotting, "maps_mosaic", recording)
     app.draw_panels(("compare",), session, app.View.from_controls(session.result, **CONTROLS))
     return seen
 

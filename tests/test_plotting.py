@@ -8,8 +8,8 @@ import pytest
 
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plotting import (
-    MARKER_COLOR, attention_distance_figure, figure_to_png, figure_to_rgb, filter_pca_figure, maps_figure, overlay,
-    pos_similarity_figure)
+    CAPTION_LINE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure, figure_to_png, figure_to_rgb,
+    filter_pca_figure, map_panel, map_range, maps_figure, maps_mosaic, overlay, pos_similarity_figure)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -95,6 +95,37 @@ def test_maps_figure_shows_each_overlay_with_its_title():
                                   overlay(GRAY, maps["grad-cam"], relu=True, marker=(0, 0)))
     with pytest.raises(ValueError, match="no maps"):
         maps_figure(GRAY, {})
+
+
+def test_maps_mosaic_lays_out_one_map_panel_per_map_under_the_title():
+    maps = {"rollout": one_hot_map(0, 1), "grad-cam": np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+            "third": np.arange(6.0).reshape(GRID_H, GRID_W)}
+    shown = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+                        ranges={"third": (0.0, 10.0)}, title="model M · class 5", columns=2)
+    first = map_panel(GRAY, maps["rollout"], "rollout", "fraction", *map_range(maps["rollout"], False), marker=(0, 0))
+    second = map_panel(GRAY, maps["grad-cam"], "grad-cam", "value", *map_range(maps["grad-cam"], True), relu=True,
+                       marker=(0, 0))
+    third = map_panel(GRAY, maps["third"], "third", "value", 0.0, 10.0, marker=(0, 0))  # its fixed range
+    assert map_range(maps["grad-cam"], True) == (0.0, 1.0)  # ReLU'd: the -1 is not in the range
+    title_h = CAPTION_LINE_PIXELS + 8  # one line
+    row_h = max(first.shape[0], second.shape[0])
+    assert shown.shape == (title_h + row_h + MOSAIC_GAP + third.shape[0], 2 * first.shape[1] + MOSAIC_GAP, 3)
+    top, right = title_h, first.shape[1] + MOSAIC_GAP
+    np.testing.assert_array_equal(shown[top:top + first.shape[0], :first.shape[1]], first)
+    np.testing.assert_array_equal(shown[top:top + second.shape[0], right:right + second.shape[1]], second)
+    np.testing.assert_array_equal(shown[top + row_h + MOSAIC_GAP:, :third.shape[1]], third)
+    assert (shown[top:, first.shape[1]:right] == 255).all() and (shown[top + row_h + MOSAIC_GAP:, third.shape[1]:] == 255).all()
+    assert (shown[:title_h] < 100).sum() > 40  # the title's black text
+    untitled = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+                           ranges={"third": (0.0, 10.0)}, columns=2)
+    np.testing.assert_array_equal(untitled, shown[title_h:])
+    one_row = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+                          ranges={"third": (0.0, 10.0)})  # four columns by default: one row
+    assert one_row.shape[1] == 3 * first.shape[1] + 2 * MOSAIC_GAP
+    with pytest.raises(ValueError, match="no maps"):
+        maps_mosaic(GRAY, {})
+    with pytest.raises(ValueError, match="columns"):
+        maps_mosaic(GRAY, maps, columns=0)
 
 
 def test_filter_pca_figure():

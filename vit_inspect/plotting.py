@@ -257,6 +257,53 @@ def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vm
     return np.asarray(panel)
 
 
+MOSAIC_COLUMNS = 4  # map panels per row of maps_mosaic: the four maps of a pass, AttnLRP and LeGrad below
+MOSAIC_GAP = 10  # white pixels between two panels of maps_mosaic
+
+
+def maps_mosaic(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
+                marker: tuple[int, int] | None = None, units: dict[str, str] | None = None,
+                ranges: dict[str, tuple[float, float]] | None = None, title: str = "",
+                columns: int = MOSAIC_COLUMNS) -> np.ndarray:
+    """What `maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL: one `map_panel` per named
+    (grid_h, grid_w) map (the overlay at the crop's own pixels, its colour bar labelled with its unit from
+    ``units``, default "value", and the map's name as its caption), ``columns`` panels per row left to
+    right, ``MOSAIC_GAP`` white pixels apart, under the wrapped ``title``. Maps named in ``relu_names``
+    are ReLU'd; ``ranges`` fixes a map's colour range (default: its own min-max, `map_range`). A matplotlib
+    figure of four maps took ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
+    if not maps:
+        raise ValueError("no maps to show")
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
+    panels = []
+    for name, grid_map in maps.items():
+        relu = name in relu_names
+        low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
+        panels.append(map_panel(rgb, grid_map, name, (units or {}).get(name, "value"), vmin=low, vmax=high,
+                                relu=relu, marker=marker))
+    rows = [panels[start:start + columns] for start in range(0, len(panels), columns)]
+    row_heights = [max(p.shape[0] for p in row) for row in rows]
+    width = max(sum(p.shape[1] for p in row) + MOSAIC_GAP * (len(row) - 1) for row in rows)
+    chars = max(20, width // 7)  # 11-pixel DejaVu Sans: about 7 pixels a character
+    lines = [line for part in title.split("\n") for line in textwrap.wrap(part, chars)] if title else []
+    title_h = CAPTION_LINE_PIXELS * len(lines) + 8 if lines else 0
+    out = np.full((title_h + sum(row_heights) + MOSAIC_GAP * (len(rows) - 1), width, 3), 255, dtype=np.uint8)
+    top = title_h
+    for row, row_h in zip(rows, row_heights):
+        left = 0
+        for p in row:
+            out[top:top + p.shape[0], left:left + p.shape[1]] = p
+            left += p.shape[1] + MOSAIC_GAP
+        top += row_h + MOSAIC_GAP
+    if lines:
+        picture = Image.fromarray(out)
+        pen, text = ImageDraw.Draw(picture), _font(11)
+        for index, line in enumerate(lines):
+            pen.text((4, 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+        out = np.asarray(picture)
+    return out
+
+
 def heads_grid_figure(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
                       vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
                       ncols: int = 6) -> Figure:

@@ -117,10 +117,10 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
             words = relevance_words(session)
             title += f"\n{words}" if words else ""
-            drawn.append(figure_image(plotting.maps_figure(
+            drawn.append(plotting.maps_mosaic(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
-                ranges={titles[k]: r for k, r in ranges.items()}, title=title)))
+                ranges={titles[k]: r for k, r in ranges.items()}, title=title))
         elif grid_map(name) is None:
             drawn.append(None)
         else:
