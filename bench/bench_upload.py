@@ -6,14 +6,17 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6. answer to a new image ÷ the pass alone                       (drawing the first maps is what it adds)
 6b. every panel drawn before answering ÷ answer                 (what moving the figures saves)
 6c. the figures drawn afterwards, each ÷ the pass               (what the page fills in after the answer)
-6d. all maps side by side as a matplotlib figure ÷ as PIL panels (`plotting.maps_figure`, which the app
-    drew before, against `plotting.maps_mosaic`, which it draws now; same maps, titles, units, ranges)
+6d. with ``--before-tree``: each figure as another version draws it ÷ as this checkout does (that version's
+    `vit_inspect.ui.panels.draw_panels` on the same session and view; e.g. all maps and all heads as
+    matplotlib figures before 6f01c5e and this commit, PIL panels (`plotting.maps_mosaic`, `heads_mosaic`) now)
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
 or ../shared/models when present) the real model, else random weights.
 
-    python -m bench.bench_upload [--repeats 7] [--threads 2] [--image assets/chelsea.png]
+    python -m bench.bench_upload [--repeats 7] [--threads 2] [--image assets/chelsea.png] [--before-tree DIR]
+
+    git archive afcd7f7 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the figures with
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=THREADS)
     parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
     parser.add_argument("--weights", type=Path, default=None)
+    parser.add_argument("--before-tree", type=Path, default=None,
+                        help="a folder holding another version's vit_inspect, whose figures are timed too (6d)")
     args = parser.parse_args()
     set_threads(args.threads)
 
@@ -49,7 +54,7 @@ def main() -> None:
     from vit_inspect import plotting
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.model_cache import ModelCache
-    from vit_inspect.ui.panels import draw_panels, figure_image
+    from vit_inspect.ui.panels import draw_panels
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")
@@ -83,18 +88,18 @@ def main() -> None:
             return draw_panels((name,), shown, view)
         return draw
 
-    def compare_as_matplotlib():  # the same draw_panels call with the figure the app drew before the mosaic
-        def figure_of(rgb, maps, **options):
-            return figure_image(plotting.maps_figure(rgb, maps, **options))
-        mosaic, plotting.maps_mosaic = plotting.maps_mosaic, figure_of
-        try:
-            return draw_panels(("compare",), session, view)
-        finally:
-            plotting.maps_mosaic = mosaic
-
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first}
     candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
-    candidates["later: compare as a matplotlib figure (before)"] = compare_as_matplotlib
+    before = {}
+    if args.before_tree is not None:  # the other version's drawing of the same session and view
+        import importlib
+
+        from .bench_rollout_redraw import load_package
+
+        other = importlib.import_module(f"{load_package(args.before_tree.resolve()).__name__}.ui.panels")
+        before = {name: f"later: {name}, the other version" for name in ("compare", "heads")}
+        candidates |= {label: (lambda name=name: other.draw_panels((name,), session, view))
+                       for name, label in before.items()}
     times = measure(candidates, args.repeats)
     base, answer_ms = times["pass"].median, times["answer"].median
     print_header(f"The answer to a new image ({handle.name}, {'real' if weights else 'random'} weights, "
@@ -107,8 +112,8 @@ def main() -> None:
         ["6b. every panel drawn before answering ÷ answer", f"**{times['everything first'].median / answer_ms:.2f}**"],
         *[[f"6c. later: {name} ÷ the pass", f"{times[f'later: {name}'].median / base:.2f}"]
           for name in app.LATER_PANELS],
-        ["6d. all maps: matplotlib figure ÷ PIL panels",
-         f"**{times['later: compare as a matplotlib figure (before)'].median / times['later: compare'].median:.1f}**"]]))
+        *[[f"6d. {name}: the other version ÷ this one", f"**{times[label].median / times[f'later: {name}'].median:.1f}**"]
+          for name, label in before.items()]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

@@ -8,8 +8,9 @@ import pytest
 
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plotting import (
-    CAPTION_LINE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure, figure_to_png, figure_to_rgb,
-    filter_pca_figure, map_panel, map_range, maps_figure, maps_mosaic, overlay, pos_similarity_figure)
+    CAPTION_LINE_PIXELS, COLORBAR_PIXELS, HEAD_TILE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure,
+    figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, map_panel, map_range, maps_figure, maps_mosaic,
+    overlay, pos_similarity_figure)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -126,6 +127,31 @@ def test_maps_mosaic_lays_out_one_map_panel_per_map_under_the_title():
         maps_mosaic(GRAY, {})
     with pytest.raises(ValueError, match="columns"):
         maps_mosaic(GRAY, maps, columns=0)
+
+
+def test_heads_mosaic_lays_out_every_head_on_one_colour_range_with_one_colour_bar():
+    maps = np.stack([one_hot_map(0, 0), one_hot_map(1, 2), 0.5 * one_hot_map(0, 1)])  # (3, 2, 3), range 0..1
+    masks = np.zeros((3, GRID_H, GRID_W), dtype=bool)
+    masks[1, 1, 2] = True
+    shown = heads_mosaic(GRAY, maps, ["h0", "h1", "h2"], "weight", title="layer 4", masks=masks, columns=2)
+    title_h, head_h = CAPTION_LINE_PIXELS + 8, CAPTION_LINE_PIXELS + 4  # one line each
+    tile_h = head_h + GRAY.shape[0]  # a 30 x 45 crop is not scaled
+    grid_w = 2 * GRAY.shape[1] + MOSAIC_GAP
+    assert shown.shape == (title_h + 2 * tile_h + MOSAIC_GAP, grid_w + COLORBAR_PIXELS, 3)
+    for index, (row, col) in enumerate([(0, 0), (0, 1), (1, 0)]):
+        top, left = title_h + row * (tile_h + MOSAIC_GAP) + head_h, col * (GRAY.shape[1] + MOSAIC_GAP)
+        expected = overlay(GRAY, maps[index], vmin=0.0, vmax=1.0, mask=masks[index])  # shared: head 2 peaks at 0.5
+        np.testing.assert_array_equal(shown[top:top + GRAY.shape[0], left:left + GRAY.shape[1]], expected)
+        assert (shown[top - head_h:top, left:left + GRAY.shape[1]] < 100).any()  # its title
+    bar = shown[title_h + head_h + 1:title_h + 2 * tile_h + MOSAIC_GAP - 1, grid_w + 14]  # inside the outline
+    assert tuple(bar[0]) != tuple(bar[-1]) and (bar[-1] < 20).all()  # inferno: bright at the top, black at 0
+    assert (shown[:title_h] < 100).sum() > 20
+    large = np.zeros((2 * HEAD_TILE_PIXELS, 3 * HEAD_TILE_PIXELS, 3), dtype=np.uint8)  # scaled to fit a tile
+    wide = heads_mosaic(large, maps, ["a", "b", "c"], "weight", columns=3)
+    assert wide.shape[1] == 3 * HEAD_TILE_PIXELS + 2 * MOSAIC_GAP + COLORBAR_PIXELS
+    assert wide.shape[0] == head_h + round(HEAD_TILE_PIXELS * 2 / 3)
+    with pytest.raises(ValueError, match="3 maps but 2 titles"):
+        heads_mosaic(GRAY, maps, ["a", "b"], "weight")
 
 
 def test_filter_pca_figure():

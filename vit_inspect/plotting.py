@@ -228,7 +228,7 @@ def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vm
     low, high = map_range(grid_map, relu) if vmin is None or vmax is None else (vmin, vmax)
     image = overlay(rgb, grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
     height, width = image.shape[:2]
-    small, text = _font(10), _font(11)
+    text = _font(11)
     total_w = width + COLORBAR_PIXELS
     chars = max(20, total_w // 6)
     lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, chars)]
@@ -236,7 +236,18 @@ def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vm
     panel = Image.new("RGB", (total_w, height + caption_h), (255, 255, 255))
     panel.paste(Image.fromarray(image), (0, 0))
     pen = ImageDraw.Draw(panel)
-    top, bottom, left = 6, max(7, height - 6), width + 8
+    _draw_colorbar(panel, pen, width + 8, 6, max(7, height - 6), low, high, unit, cmap)
+    for index, line in enumerate(lines):
+        pen.text((4, height + 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+    return np.asarray(panel)
+
+
+def _draw_colorbar(panel: Image.Image, pen: ImageDraw.ImageDraw, left: int, top: int, bottom: int, low: float,
+                   high: float, unit: str, cmap: str) -> None:
+    """A colour bar of ``cmap`` from ``low`` (row ``bottom`` - 1) to ``high`` (row ``top``), 12 pixels wide from
+    column ``left``, outlined, with up to five ticks labelled to its right and ``unit`` written upwards at
+    ``left + COLORBAR_PIXELS - 24``: the column `map_panel` keeps right of its map."""
+    small = _font(10)
     ramp = matplotlib.colormaps[cmap](np.linspace(1.0, 0.0, bottom - top))[:, :3]  # (rows, 3), high at the top
     bar = np.repeat((ramp * 255).astype(np.uint8)[:, None], 12, axis=1)  # (rows, 12, 3)
     panel.paste(Image.fromarray(bar), (left, top))
@@ -251,10 +262,25 @@ def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vm
         pen.text((left + 18, bottom - 1), f"{low:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
     label = Image.new("RGB", (max(1, bottom - top), 14), (255, 255, 255))
     ImageDraw.Draw(label).text((label.width // 2, 7), unit, fill=(0, 0, 0), font=small, anchor="mm")
-    panel.paste(label.rotate(90, expand=True), (total_w - 16, top))
+    panel.paste(label.rotate(90, expand=True), (left + COLORBAR_PIXELS - 24, top))
+
+
+def _titled(picture: np.ndarray, title: str) -> np.ndarray:
+    """``picture`` (H, W, 3) uint8 under a white band holding ``title`` (lines split at "\\n", then wrapped
+    to the width), 11-pixel DejaVu Sans; the picture itself when the title is empty."""
+    width = picture.shape[1]
+    chars = max(20, width // 7)  # 11-pixel DejaVu Sans: about 7 pixels a character
+    lines = [line for part in title.split("\n") for line in textwrap.wrap(part, chars)] if title else []
+    if not lines:
+        return picture
+    band = CAPTION_LINE_PIXELS * len(lines) + 8
+    out = np.full((band + picture.shape[0], width, 3), 255, dtype=np.uint8)
+    out[band:] = picture
+    image = Image.fromarray(out)
+    pen, text = ImageDraw.Draw(image), _font(11)
     for index, line in enumerate(lines):
-        pen.text((4, height + 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
-    return np.asarray(panel)
+        pen.text((4, 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+    return np.asarray(image)
 
 
 MOSAIC_COLUMNS = 4  # map panels per row of maps_mosaic: the four maps of a pass, AttnLRP and LeGrad below
@@ -281,57 +307,69 @@ def maps_mosaic(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
         low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
         panels.append(map_panel(rgb, grid_map, name, (units or {}).get(name, "value"), vmin=low, vmax=high,
                                 relu=relu, marker=marker))
-    rows = [panels[start:start + columns] for start in range(0, len(panels), columns)]
+    return _titled(_grid(panels, columns), title)
+
+
+def _grid(pictures: list[np.ndarray], columns: int) -> np.ndarray:
+    """(H, W, 3) uint8 white canvas holding ``pictures`` left to right, ``columns`` to a row, each at the top
+    left of its cell, MOSAIC_GAP pixels apart; a row is as tall as its tallest picture."""
+    rows = [pictures[start:start + columns] for start in range(0, len(pictures), columns)]
     row_heights = [max(p.shape[0] for p in row) for row in rows]
     width = max(sum(p.shape[1] for p in row) + MOSAIC_GAP * (len(row) - 1) for row in rows)
-    chars = max(20, width // 7)  # 11-pixel DejaVu Sans: about 7 pixels a character
-    lines = [line for part in title.split("\n") for line in textwrap.wrap(part, chars)] if title else []
-    title_h = CAPTION_LINE_PIXELS * len(lines) + 8 if lines else 0
-    out = np.full((title_h + sum(row_heights) + MOSAIC_GAP * (len(rows) - 1), width, 3), 255, dtype=np.uint8)
-    top = title_h
+    out = np.full((sum(row_heights) + MOSAIC_GAP * (len(rows) - 1), width, 3), 255, dtype=np.uint8)
+    top = 0
     for row, row_h in zip(rows, row_heights):
         left = 0
         for p in row:
             out[top:top + p.shape[0], left:left + p.shape[1]] = p
             left += p.shape[1] + MOSAIC_GAP
         top += row_h + MOSAIC_GAP
-    if lines:
-        picture = Image.fromarray(out)
-        pen, text = ImageDraw.Draw(picture), _font(11)
-        for index, line in enumerate(lines):
-            pen.text((4, 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
-        out = np.asarray(picture)
     return out
 
 
-def heads_grid_figure(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
-                      vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
-                      ncols: int = 6) -> Figure:
-    """Every head of one layer (``maps`` (heads, grid_h, grid_w)) as overlays on one shared colour range
-    (default: the min-max over all heads) with one colour bar; ``masks`` (heads, grid_h, grid_w) bool
-    darkens what lies outside each head's threshold mask (Caron et al. 2021, DINO, Fig. 3)."""
+HEAD_TILE_PIXELS = 224  # longest side of one head's overlay in heads_mosaic (larger crops are scaled down)
+
+
+def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
+                 vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
+                 columns: int = 6) -> np.ndarray:
+    """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it took
+    ≈ 10x as long; `bench.bench_upload`): every head
+    (``maps`` (heads, grid_h, grid_w)) as an overlay (`overlay`) on one shared colour range (default: the
+    min-max over all heads), its longest side scaled (bilinear) to at most HEAD_TILE_PIXELS, its title above
+    it, ``columns`` heads to a row; one colour bar labelled with ``unit`` right of the grid, spanning it; the
+    wrapped ``title`` above all. ``masks`` (heads, grid_h, grid_w) bool darkens what lies outside each head's
+    threshold mask (Caron et al. 2021, DINO, Fig. 3)."""
     heads = maps.shape[0]
     if len(titles) != heads:
         raise ValueError(f"{heads} maps but {len(titles)} titles")
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
     low = float(maps.min()) if vmin is None else vmin
     high = float(maps.max()) if vmax is None else vmax
-    ncols = min(ncols, heads)
-    nrows = math.ceil(heads / ncols)
     height, width = rgb.shape[:2]
-    tile_w, tile_h = 2.2 * math.sqrt(width / height), 2.2 * math.sqrt(height / width)
-    fig = Figure(figsize=(tile_w * ncols + 1.2, (tile_h + 0.35) * nrows + 0.5), layout="constrained")
-    axes = []
+    shrink = min(1.0, HEAD_TILE_PIXELS / max(height, width))
+    size = (max(1, round(width * shrink)), max(1, round(height * shrink)))  # (w, h)
+    small = _font(10)
+    chars = max(10, size[0] // 6)
+    wrapped = [textwrap.wrap(t, chars) or [""] for t in titles]
+    head_h = CAPTION_LINE_PIXELS * max(len(lines) for lines in wrapped) + 4
+    tiles = []
     for index in range(heads):
-        ax = fig.add_subplot(nrows, ncols, index + 1)
-        ax.imshow(overlay(rgb, maps[index], vmin=low, vmax=high, mask=None if masks is None else masks[index]))
-        ax.set_title(titles[index], fontsize="small")
-        ax.set_axis_off()
-        axes.append(ax)
-    _colorbar(fig, low, high, unit, ax=axes, fraction=0.03, pad=0.01)
-    if title:
-        chars = int(fig.get_figwidth() * 11)  # about 11 medium-size characters per inch
-        fig.suptitle("\n".join(textwrap.fill(part, chars) for part in title.split("\n")), fontsize="medium")
-    return fig
+        shown = overlay(rgb, maps[index], vmin=low, vmax=high, mask=None if masks is None else masks[index])
+        tile = Image.new("RGB", (size[0], head_h + size[1]), (255, 255, 255))
+        picture = Image.fromarray(shown)
+        tile.paste(picture if shrink == 1.0 else picture.resize(size, Image.BILINEAR), (0, head_h))
+        pen = ImageDraw.Draw(tile)
+        for row, line in enumerate(wrapped[index]):
+            pen.text((0, row * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=small)
+        tiles.append(np.asarray(tile))
+    grid = _grid(tiles, columns)
+    out = Image.new("RGB", (grid.shape[1] + COLORBAR_PIXELS, grid.shape[0]), (255, 255, 255))
+    out.paste(Image.fromarray(grid), (0, 0))
+    _draw_colorbar(out, ImageDraw.Draw(out), grid.shape[1] + 8, head_h, max(head_h + 1, grid.shape[0]), low, high,
+                   unit, "inferno")
+    return _titled(np.asarray(out), title)
 
 
 def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],

@@ -85,8 +85,8 @@ def heads_figure(session, view) -> np.ndarray:
     masks = None if view.threshold is None else mass_mask(maps, view.threshold)
     mask_words = "" if masks is None else f" · bright: the patches holding {view.threshold:.0%} of each head's attention"
     title = (f"{session.model_label} · layer {view.layer}, every head, from {view.query_text()}{mask_words}\n{words}")
-    return figure_image(plotting.heads_grid_figure(result.rgb, maps, titles, UNITS["heads"], title=title,
-                                                   vmin=low, vmax=high, masks=masks))
+    return plotting.heads_mosaic(result.rgb, maps, titles, UNITS["heads"], title=title, vmin=low, vmax=high,
+                                 masks=masks)  # PIL tiles: ≈ 10x faster than a matplotlib figure
 
 
 def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None]:
