@@ -282,6 +282,29 @@ def test_a_cell_click_redraws_the_attention_map_and_the_distance_scatter_only_in
                 assert follow(session, "Heads", **CONTROLS) == gr.skip()
 
 
+def test_a_layer_or_head_change_redraws_the_heads_tab_only_while_it_is_shown(served):
+    """The heatmaps (two matplotlib figures, ≈ 0.3 s each) and the ablated maps follow the layer and head
+    sliders only on the Heads tab; its opening draws them (`overview`) for the sliders' values then."""
+    inspector, handle, session, tab = served
+    state = tab.ablate(session, None, "0:0", "zero", None, progress=Progress(), **CONTROLS)[0]
+    moved = dict(CONTROLS, layer=3, head=1)
+    gated = tab.redraw_if_shown("Heads")
+    hidden = gated(session, state, "Attention", **moved)
+    assert len(hidden) == len(tab.redraw(session, state, **moved)) and all(out == gr.skip() for out in hidden)
+    redrawn, opened = tab.redraw(session, state, **moved), tab.overview(session, state, **moved)
+    drawn = gated(session, state, "Heads", **moved)
+    assert len(drawn) == len(redrawn) and redrawn[-1].ndim == 3 and redrawn[0].ndim == 3  # first-order, ablated map
+    for shown_now, direct in zip(drawn, redrawn):
+        np.testing.assert_array_equal(shown_now, direct)
+    for direct, at_opening in zip(redrawn, [*opened[10:], opened[1], opened[2]]):  # the opening draws the same
+        np.testing.assert_array_equal(direct, at_opening)
+    assert not np.array_equal(redrawn[-1], tab.redraw(session, state, **CONTROLS)[-1])  # another cell outlined
+    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
+    [redraw] = [dep for dep in demo.config["dependencies"] if dep["api_name"] == "heads_redraw"]
+    assert redraw["inputs"][2] == shown._id
+
+
 def test_distilled_and_headless_lens():
     from PIL import Image
 

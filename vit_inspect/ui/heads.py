@@ -365,6 +365,15 @@ class HeadsTab:
         images, _ = self.heatmaps(session, state, self.selected(controls))
         return *self.ablated_maps(session, state, controls), *images
 
+    def redraw_if_shown(self, tab: str):
+        """`redraw` when the page shows ``tab`` (the browser's record of its open tab, a client's word that
+        only decides whether to draw now); otherwise nothing: the tab's opening draws it all (`overview`)."""
+        def handler(session, state: HeadsState | None, shown: object, **controls):
+            if shown == tab:
+                return self.redraw(session, state, **controls)
+            return [gr.skip()] * (len(ABLATED_PANELS) + 2)
+        return handler
+
     def rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request,
              progress=gr.Progress(), **controls):
         """Head importance for this image and class, stoppable with Cancel between batches."""
@@ -503,7 +512,8 @@ class HeadsTab:
     def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, shows_errors: Callable,
              model_pass: dict, follow: list, shown_tab: gr.Textbox, **event_options) -> None:
         """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
-        cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows);
+        cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows), as
+        does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
         `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
         each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
         `controls` are the shared controls (layer, head, ...)."""
@@ -528,9 +538,9 @@ class HeadsTab:
               api_name="head_importance", **event_options, **model_pass)
         gr.on([self.cancel_button.click], shows_errors(self.cancel), outputs=[self.importance_note],
               api_name="cancel_head_importance", queue=False, **event_options)
-        gr.on([layer.input, head.input, mean_heads.input], shows_errors(self.redraw), inputs=[session, self.state],
-              inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw", trigger_mode="always_last",
-              show_progress="hidden", **event_options)
+        gr.on([layer.input, head.input, mean_heads.input], shows_errors(self.redraw_if_shown(tab.label)),
+              inputs=[session, self.state, shown_tab], inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw",
+              trigger_mode="always_last", show_progress="hidden", **event_options)
         for which, image in (("importance", self.importance), ("first_order", self.first_order)):
             gr.on([image.select], None, inputs=[self.geometry, layer, head, mean_heads],
                   outputs=[layer, head, mean_heads], js=pick_cell_js(which), queue=False)  # in the page, at once
