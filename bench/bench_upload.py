@@ -8,7 +8,10 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6c. the figures drawn afterwards, each ÷ the pass               (what the page fills in after the answer)
 6d. with ``--before-tree``: each figure as another version draws it ÷ as this checkout does (that version's
     `vit_inspect.ui.panels.draw_panels` on the same session and view; e.g. all maps and all heads as
-    matplotlib figures before 6f01c5e and this commit, PIL panels (`plotting.maps_mosaic`, `heads_mosaic`) now)
+    matplotlib figures in afcd7f7, PIL panels now: `plotting.maps_mosaic`, `heads_mosaic`), and one Heads-tab
+    heatmap as a change of layer or head redraws it (`vit_inspect.ui.heads.heatmap` on the pass's
+    first-order values, another cell outlined each time: a matplotlib figure in afcd7f7,
+    `plotting.heatmap_panel` now)
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import dataclasses
 from pathlib import Path
 
@@ -54,6 +58,7 @@ def main() -> None:
     from vit_inspect import plotting
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui import heads as heads_ui
     from vit_inspect.ui.panels import draw_panels
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
@@ -100,6 +105,14 @@ def main() -> None:
         before = {name: f"later: {name}, the other version" for name in ("compare", "heads")}
         candidates |= {label: (lambda name=name: other.draw_panels((name,), session, view))
                        for name, label in before.items()}
+        other_heads = importlib.import_module(f"{other.__name__.rsplit('.', 1)[0]}.heads")
+        first_order = session.result.heads.first_order
+        cells = itertools.cycle([(layer, head) for layer in range(handle.depth) for head in range(handle.num_heads)])
+
+        def heatmap_of(module):
+            return lambda: module.heatmap(first_order, "title\nfirst-order estimate", "logits", next(cells))
+        candidates |= {"heads heatmap": heatmap_of(heads_ui), "heads heatmap, the other version": heatmap_of(other_heads)}
+        before["heads heatmap"] = "heads heatmap, the other version"
     times = measure(candidates, args.repeats)
     base, answer_ms = times["pass"].median, times["answer"].median
     print_header(f"The answer to a new image ({handle.name}, {'real' if weights else 'random'} weights, "
@@ -112,7 +125,8 @@ def main() -> None:
         ["6b. every panel drawn before answering ÷ answer", f"**{times['everything first'].median / answer_ms:.2f}**"],
         *[[f"6c. later: {name} ÷ the pass", f"{times[f'later: {name}'].median / base:.2f}"]
           for name in app.LATER_PANELS],
-        *[[f"6d. {name}: the other version ÷ this one", f"**{times[label].median / times[f'later: {name}'].median:.1f}**"]
+        *[[f"6d. {name}: the other version ÷ this one",
+           f"**{times[label].median / times[name if name in times else f'later: {name}'].median:.1f}**"]
           for name, label in before.items()]]))
 
 

@@ -9,8 +9,8 @@ import pytest
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plotting import (
     CAPTION_LINE_PIXELS, COLORBAR_PIXELS, HEAD_TILE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure,
-    figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, map_panel, map_range, maps_figure, maps_mosaic,
-    overlay, pos_similarity_figure)
+    figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, heatmap_panel, map_panel, map_range, maps_figure,
+    maps_mosaic, overlay, pos_similarity_figure)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -152,6 +152,37 @@ def test_heads_mosaic_lays_out_every_head_on_one_colour_range_with_one_colour_ba
     assert wide.shape[0] == head_h + round(HEAD_TILE_PIXELS * 2 / 3)
     with pytest.raises(ValueError, match="3 maps but 2 titles"):
         heads_mosaic(GRAY, maps, ["a", "b"], "weight")
+
+
+def test_heatmap_panel_colours_each_cell_on_a_scale_centred_on_zero_and_gives_the_cells_box():
+    values = np.array([[1.0, -3.0], [0.5, 0.0], [0.0, 2.0]])  # (3 layers, 2 heads), max |value| 3
+    image, box = heatmap_panel(values, "drop (tiny, class 3)", "logits", selected=(1, 0))
+    x0, y0, x1, y1 = box
+    assert (x1 - x0, y1 - y0) == (2 * 80, 3 * 34)  # cells of 130 x 133 wanted, clipped to 80 x 34
+    colours = matplotlib.colormaps["RdBu_r"]
+    for (layer, head), value in np.ndenumerate(values):  # -3 -> the map's low end, 0 -> its middle, 3 -> its top
+        expected = (np.array(colours((value + 3.0) / 6.0)[:3]) * 255).astype(np.uint8)
+        np.testing.assert_array_equal(image[int(y0) + layer * 34 + 17, int(x0) + head * 80 + 40], expected)
+    inside = image[int(y0) + 34:int(y0) + 68, int(x0):int(x0) + 80]  # the selected cell: a 2-pixel black outline
+    assert (inside[[0, 1, -2, -1], :] == 0).all() and (inside[:, [0, 1, -2, -1]] == 0).all()
+    assert (inside[2:-2, 2:-2] == inside[17, 40]).all() and (inside[17, 40] > 200).all()  # 0.5 of 3: pale red
+    other = image[int(y0):int(y0) + 34, int(x0) + 80:int(x0) + 160]  # not selected: one colour to its edges
+    assert (other == other[0, 0]).all()
+    bar = image[int(y0) + 1:int(y1) - 1, int(x1) + 14]  # the colour bar, inside its outline: top +3, bottom -3
+    ramp = colours(np.linspace(1.0, 0.0, int(y1 - y0)))[:, :3]  # its rows, the outline drawn over the first and last
+    np.testing.assert_array_equal(bar, (ramp[1:-1] * 255).astype(np.uint8))
+    assert (image[:int(y0)] < 100).sum() > 20  # the title
+    plain, plain_box = heatmap_panel(values, "", "logits")
+    assert plain_box[1] == y0 - CAPTION_LINE_PIXELS - 8 and plain.shape[0] == image.shape[0] - CAPTION_LINE_PIXELS - 8
+    flat, flat_box = heatmap_panel(np.full((2, 2), 7.0), "t", "nats", diverging=False)  # no range: the low end
+    np.testing.assert_array_equal(flat[int(flat_box[1]) + 5, int(flat_box[0]) + 5],
+                                  (np.array(matplotlib.colormaps["viridis"](0.0)[:3]) * 255).astype(np.uint8))
+    tall, tall_box = heatmap_panel(np.zeros((40, 16)), "t", "nats")  # DINOv2-g: cells of 16 x 10 pixels
+    assert (tall_box[2] - tall_box[0], tall_box[3] - tall_box[1]) == (16 * 16, 40 * 10)
+    with pytest.raises(ValueError, match="depth, heads"):
+        heatmap_panel(np.zeros(3), "t", "u")
+    with pytest.raises(ValueError, match="finite"):
+        heatmap_panel(np.array([[np.nan]]), "t", "u")
 
 
 def test_filter_pca_figure():

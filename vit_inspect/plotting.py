@@ -372,6 +372,64 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
     return _titled(np.asarray(out), title)
 
 
+HEATMAP_CELL_LIMITS = ((12, 80), (10, 34))  # (min, max) pixels of a heatmap_panel cell: (width, height)
+HEATMAP_GRID_PIXELS = (260, 400)  # (width, height) a heatmap_panel's cells aim to fill
+
+
+def heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: bool = True,
+                  selected: tuple[int, int] | None = None) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """(depth, heads) values as an (H, W, 3) uint8 heatmap drawn with PIL, layer 0 at the top, and the
+    (x0, y0, x1, y1) pixel box its cells fill (cell (layer, head) spans x0 + head * w to x0 + (head + 1) * w
+    and y0 + layer * h to y0 + (layer + 1) * h, for `ui.heads.cell_at`). What
+    `head_plots.head_heatmap_figure` shows: ``diverging`` centres the colours on 0 (RdBu_r from -m to m,
+    m = max |value|: red supports the class, blue opposes it), else viridis over the min-max; a colour bar
+    labelled with ``unit``; ``selected`` (layer, head) outlined in black; layers and heads numbered; the
+    wrapped ``title`` above. A matplotlib figure of it took ≈ 0.3 s, this ≈ 2 ms."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or 0 in values.shape:
+        raise ValueError(f"expected (depth, heads) values, got shape {values.shape}")
+    if not np.isfinite(values).all():
+        raise ValueError("heatmap values must be finite")
+    depth, heads = values.shape
+    (min_w, max_w), (min_h, max_h) = HEATMAP_CELL_LIMITS
+    cell_w = int(np.clip(HEATMAP_GRID_PIXELS[0] // heads, min_w, max_w))
+    cell_h = int(np.clip(HEATMAP_GRID_PIXELS[1] // depth, min_h, max_h))
+    if diverging:
+        limit = max(float(np.abs(values).max()), 1e-12)
+        low, high, cmap = -limit, limit, "RdBu_r"
+        fraction = (values + limit) / (2 * limit)
+    else:
+        low, high, cmap = float(values.min()), float(values.max()), "viridis"
+        fraction = (values - low) / (high - low) if high > low else np.zeros_like(values)
+    colours = (matplotlib.colormaps[cmap](np.clip(fraction, 0.0, 1.0))[..., :3] * 255).astype(np.uint8)
+    cells = np.repeat(np.repeat(colours, cell_h, axis=0), cell_w, axis=1)  # (depth * h, heads * w, 3)
+    small = _font(10)
+    digits = len(str(depth - 1))
+    x0, y0 = 18 + 7 * digits, 4  # room for "layer" and the layer numbers; the title goes above, later
+    grid_w, grid_h = heads * cell_w, depth * cell_h
+    panel = Image.new("RGB", (x0 + grid_w + COLORBAR_PIXELS, y0 + grid_h + 34), (255, 255, 255))
+    panel.paste(Image.fromarray(cells), (x0, y0))
+    pen = ImageDraw.Draw(panel)
+    if selected is not None and 0 <= selected[0] < depth and 0 <= selected[1] < heads:
+        left, top = x0 + selected[1] * cell_w, y0 + selected[0] * cell_h
+        pen.rectangle((left, top, left + cell_w - 1, top + cell_h - 1), outline=(0, 0, 0), width=2)
+    every = max(1, math.ceil(12 / cell_h))  # layer numbers at least 12 pixels apart
+    for layer in range(0, depth, every):
+        pen.text((x0 - 3, y0 + (layer + 0.5) * cell_h), str(layer), fill=(0, 0, 0), font=small, anchor="rm")
+    every = max(1, math.ceil((7 * len(str(heads - 1)) + 4) / cell_w))
+    for head in range(0, heads, every):
+        pen.text((x0 + (head + 0.5) * cell_w, y0 + grid_h + 3), str(head), fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((x0 + grid_w / 2, y0 + grid_h + 18), "head", fill=(0, 0, 0), font=small, anchor="mt")
+    label = Image.new("RGB", (max(1, grid_h), 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((label.width // 2, 7), "layer", fill=(0, 0, 0), font=small, anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (0, y0))
+    _draw_colorbar(panel, pen, x0 + grid_w + 8, y0, y0 + grid_h, low, high, unit, cmap)
+    body = np.asarray(panel)
+    shown = _titled(body, title)
+    band = shown.shape[0] - body.shape[0]
+    return shown, (float(x0), float(y0 + band), float(x0 + grid_w), float(y0 + band + grid_h))
+
+
 def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
                    source_size: tuple[int, int]) -> np.ndarray:
     """The preview of a whole upload (h, w, 3) uint8 with ``box`` = (left, top, right, bottom), in the

@@ -156,15 +156,10 @@ def heads_text(pairs) -> str:
 
 
 def heatmap(values: np.ndarray, title: str, unit: str, selected: tuple[int, int] | None) -> tuple[np.ndarray, Box]:
-    """A `head_plots.head_heatmap_figure` as an image, and where its axes lie in it (for clicks)."""
-    fig = head_plots.head_heatmap_figure(values, title, unit, selected=selected)
-    try:
-        image = plotting.figure_to_rgb(fig)
-        extent = fig.axes[0].get_window_extent()  # display pixels, origin bottom left
-    finally:
-        fig.clear()
-    height = image.shape[0]
-    return image, (float(extent.x0), float(height - extent.y1), float(extent.x1), float(height - extent.y0))
+    """A diverging layers x heads heatmap as an image (`plotting.heatmap_panel`, drawn with PIL: a slider
+    moves its outlined cell in ≈ 4 ms, where a matplotlib figure took ≈ 0.3 s), and where its cells lie
+    in it (for clicks)."""
+    return plotting.heatmap_panel(values, title, unit, selected=selected)
 
 
 def cell_at(box: Box, grid: tuple[int, int], x: float, y: float) -> tuple[int, int] | None:
