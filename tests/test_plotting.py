@@ -9,8 +9,8 @@ import pytest
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plotting import (
     CAPTION_LINE_PIXELS, COLORBAR_PIXELS, HEAD_TILE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure,
-    figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, heatmap_panel, map_panel, map_range, maps_figure,
-    maps_mosaic, overlay, pos_similarity_figure)
+    NOT_FINITE_COLOR, figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, heatmap_panel, map_panel,
+    map_range, maps_figure, maps_mosaic, overlay, pos_similarity_figure)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -181,8 +181,12 @@ def test_heatmap_panel_colours_each_cell_on_a_scale_centred_on_zero_and_gives_th
     assert (tall_box[2] - tall_box[0], tall_box[3] - tall_box[1]) == (16 * 16, 40 * 10)
     with pytest.raises(ValueError, match="depth, heads"):
         heatmap_panel(np.zeros(3), "t", "u")
-    with pytest.raises(ValueError, match="finite"):
-        heatmap_panel(np.array([[np.nan]]), "t", "u")
+    gaps, gaps_box = heatmap_panel(np.array([[np.nan, 1.0], [-np.inf, -0.5]]), "t", "u")  # grey, out of the range
+    corner = [(int(gaps_box[1]) + 17 + 34 * layer, int(gaps_box[0]) + 40 + 80 * head)
+              for layer in (0, 1) for head in (0, 1)]  # cell centres: (0, 0), (0, 1), (1, 0), (1, 1)
+    np.testing.assert_array_equal([gaps[y, x] for y, x in corner[::2]], [NOT_FINITE_COLOR, NOT_FINITE_COLOR])
+    np.testing.assert_array_equal(gaps[corner[1]], (np.array(colours(1.0)[:3]) * 255).astype(np.uint8))  # 1 = max
+    np.testing.assert_array_equal(gaps[corner[3]], (np.array(colours(0.25)[:3]) * 255).astype(np.uint8))  # -0.5
 
 
 def test_filter_pca_figure():
