@@ -12,6 +12,8 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
     heatmap as a change of layer or head redraws it (`vit_inspect.ui.heads.heatmap` on the pass's
     first-order values, another cell outlined each time: a matplotlib figure in afcd7f7,
     `plotting.heatmap_panel` now)
+6e. the Heads tab's logit-lens plot as a matplotlib figure (`head_plots.lens_figure`, the CLI's, which the app
+    drew before) ÷ as the app draws it now (`plotting.lens_panel`), on this pass's lens
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -59,7 +61,9 @@ def main() -> None:
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.model_cache import ModelCache
     from vit_inspect.ui import heads as heads_ui
-    from vit_inspect.ui.panels import draw_panels
+    from vit_inspect import head_plots
+    from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
+    from vit_inspect.ui.panels import draw_panels, figure_image
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")
@@ -93,7 +97,15 @@ def main() -> None:
             return draw_panels((name,), shown, view)
         return draw
 
-    candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first}
+    def lens(draw):
+        readout = session.result.heads.lens["readout"]
+        final = int(readout[-1].argmax())
+        ranks, probs = lens_ranks(readout, final), lens_probs(readout)[:, final]
+        return lambda: draw(ranks, probs, "title: logit lens, final class")
+
+    candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
+                  "lens plot": lens(plotting.lens_panel),
+                  "lens plot as a matplotlib figure": lens(lambda *a: figure_image(head_plots.lens_figure(*a)))}
     candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
     before = {}
     if args.before_tree is not None:  # the other version's drawing of the same session and view
@@ -127,7 +139,9 @@ def main() -> None:
           for name in app.LATER_PANELS],
         *[[f"6d. {name}: the other version ÷ this one",
            f"**{times[label].median / times[name if name in times else f'later: {name}'].median:.1f}**"]
-          for name, label in before.items()]]))
+          for name, label in before.items()],
+        ["6e. lens plot: matplotlib figure ÷ PIL panel",
+         f"**{times['lens plot as a matplotlib figure'].median / times['lens plot'].median:.1f}**"]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

@@ -9,8 +9,8 @@ import pytest
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plotting import (
     CAPTION_LINE_PIXELS, COLORBAR_PIXELS, HEAD_TILE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure,
-    NOT_FINITE_COLOR, figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, heatmap_panel, map_panel,
-    map_range, maps_figure, maps_mosaic, overlay, pos_similarity_figure)
+    LENS_PLOT_PIXELS, NOT_FINITE_COLOR, figure_to_png, figure_to_rgb, filter_pca_figure, heads_mosaic, heatmap_panel,
+    lens_panel, map_panel, map_range, maps_figure, maps_mosaic, overlay, pos_similarity_figure)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -187,6 +187,31 @@ def test_heatmap_panel_colours_each_cell_on_a_scale_centred_on_zero_and_gives_th
     np.testing.assert_array_equal([gaps[y, x] for y, x in corner[::2]], [NOT_FINITE_COLOR, NOT_FINITE_COLOR])
     np.testing.assert_array_equal(gaps[corner[1]], (np.array(colours(1.0)[:3]) * 255).astype(np.uint8))  # 1 = max
     np.testing.assert_array_equal(gaps[corner[3]], (np.array(colours(0.25)[:3]) * 255).astype(np.uint8))  # -0.5
+
+
+def test_lens_panel_puts_each_block_at_its_rank_on_a_log_axis_coloured_by_probability():
+    ranks, probs = np.array([100, 10, 1, 1]), np.array([0.0, 0.25, 0.5, 1.0])
+    shown = lens_panel(ranks, probs, "lens (tiny)")
+    plain = lens_panel(ranks, probs, "")
+    band = CAPTION_LINE_PIXELS + 8
+    np.testing.assert_array_equal(shown[band:], plain)
+    left, top = 52, 8  # the axes' corner; two decades over 230 pixels: rank 10 halfway down
+    width, height = LENS_PLOT_PIXELS
+    xs = left + (np.arange(4) + 0.5) * width / 4
+    ys = top + np.array([2.0, 1.0, 0.0, 0.0]) / 2 * (height - 1)
+    viridis = matplotlib.colormaps["viridis"]
+    for x, y, p in zip(xs, ys, probs):  # each dot's centre is the colour of its probability
+        np.testing.assert_array_equal(plain[int(round(y)), int(round(x))], (np.array(viridis(p)[:3]) * 255).astype(np.uint8))
+    assert plain.shape == (top + height + 36, left + width + COLORBAR_PIXELS, 3)
+    assert (plain[top + 100, left + 10] == 255).all()  # empty axes are white
+    deep = lens_panel(np.array([1, 2000]), np.array([0.5, 0.1]), "")  # down to 10^4
+    y = top + np.log10(2000) / 4 * (height - 1)  # 3.3 of the 4 decades down: pixel 197
+    np.testing.assert_array_equal(deep[int(round(y)), int(round(left + 0.75 * width))],
+                                  (np.array(viridis(0.1)[:3]) * 255).astype(np.uint8))
+    with pytest.raises(ValueError, match="one rank and one probability"):
+        lens_panel(np.array([1, 2]), np.array([0.5]), "t")
+    with pytest.raises(ValueError, match="start at 1"):
+        lens_panel(np.array([0, 2]), np.array([0.5, 0.4]), "t")
 
 
 def test_filter_pca_figure():

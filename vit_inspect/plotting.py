@@ -434,6 +434,56 @@ def heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: bool = T
     return shown, (float(x0), float(y0 + band), float(x0 + grid_w), float(y0 + band + grid_h))
 
 
+LENS_PLOT_PIXELS = (420, 230)  # (width, height) of lens_panel's axes at least
+LENS_DOT_RADIUS = 5  # pixels
+
+
+def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
+    """The logit lens by depth as an (H, W, 3) uint8 picture drawn with PIL: what `head_plots.lens_figure`
+    shows (a matplotlib figure of it took ≈ 0.3-0.5 s, this ≈ 3 ms). x: the block after which the lens reads
+    (0 .. depth - 1, evenly spaced); y: the rank of the final class, 1 (the top class) at the top, on a
+    log10 axis down to the next power of ten at or past the worst rank, a tick per decade; a grey line
+    joins the dots, each coloured by the final class's probability (viridis over 0..1, the colour bar
+    right); the wrapped ``title`` above."""
+    ranks, probs = np.asarray(ranks, dtype=np.float64).ravel(), np.asarray(probs, dtype=np.float64).ravel()
+    if len(ranks) == 0 or len(ranks) != len(probs):
+        raise ValueError(f"expected one rank and one probability per block, got {len(ranks)} and {len(probs)}")
+    if not (np.isfinite(ranks).all() and (ranks >= 1).all()):
+        raise ValueError("ranks start at 1 (the top class)")
+    depth = len(ranks)
+    decades = max(1, math.ceil(math.log10(ranks.max()) - 1e-12))  # the axis runs from 10^0 to 10^decades
+    small = _font(10)
+    left, top = 52, 8
+    plot_w, plot_h = max(LENS_PLOT_PIXELS[0], 24 * depth), LENS_PLOT_PIXELS[1]
+    panel = Image.new("RGB", (left + plot_w + COLORBAR_PIXELS, top + plot_h + 36), (255, 255, 255))
+    pen = ImageDraw.Draw(panel)
+    xs = left + (np.arange(depth) + 0.5) * plot_w / depth
+    ys = top + np.log10(ranks) / decades * (plot_h - 1)
+    for decade in range(decades + 1):
+        y = top + decade / decades * (plot_h - 1)
+        pen.line((left - 4, y, left - 1, y), fill=(0, 0, 0))
+        pen.text((left - 6, y), f"{10 ** decade:g}", fill=(0, 0, 0), font=small, anchor="rm")
+    every = max(1, math.ceil(7 * len(str(depth - 1)) / (plot_w / depth)))
+    for block in range(0, depth, every):
+        pen.line((xs[block], top + plot_h, xs[block], top + plot_h + 3), fill=(0, 0, 0))
+        pen.text((xs[block], top + plot_h + 5), str(block), fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((left + plot_w / 2, top + plot_h + 20), "after block", fill=(0, 0, 0), font=small, anchor="mt")
+    label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((plot_h // 2, 7), "rank of the final class (1 = top)", fill=(0, 0, 0), font=small,
+                               anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (0, top))
+    pen.line(list(zip(xs.tolist(), ys.tolist())), fill=(128, 128, 128), width=1)
+    colours = (matplotlib.colormaps["viridis"](np.clip(probs, 0.0, 1.0))[:, :3] * 255).astype(np.uint8)
+    for x, y, colour in zip(xs, ys, colours):
+        pen.ellipse((x - LENS_DOT_RADIUS, y - LENS_DOT_RADIUS, x + LENS_DOT_RADIUS, y + LENS_DOT_RADIUS),
+                    fill=tuple(int(c) for c in colour))
+    pen.rectangle((left - 1, top - LENS_DOT_RADIUS - 1, left + plot_w, top + plot_h + LENS_DOT_RADIUS),
+                  outline=(0, 0, 0))
+    _draw_colorbar(panel, pen, left + plot_w + 8, top, top + plot_h, 0.0, 1.0, "probability of the final class",
+                   "viridis")
+    return _titled(np.asarray(panel), title)
+
+
 def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
                    source_size: tuple[int, int]) -> np.ndarray:
     """The preview of a whole upload (h, w, 3) uint8 with ``box`` = (left, top, right, bottom), in the

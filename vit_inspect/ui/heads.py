@@ -33,7 +33,7 @@ from typing import Callable
 import gradio as gr
 import numpy as np
 
-from .. import head_plots, plotting
+from .. import plotting
 from ..ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from ..analysis.heads import spearman
 from ..analysis.logit_lens import lens_probs, lens_ranks
@@ -478,12 +478,8 @@ class HeadsTab:
         plot = None
         if "readout" in lens:
             final = int(np.argmax(session.result.heads.logits))
-            fig = head_plots.lens_figure(lens_ranks(lens["readout"], final), lens_probs(lens["readout"])[:, final],
-                                         f"{session.model_label}: logit lens, final class {handle.label(final)}")
-            try:
-                plot = plotting.figure_to_rgb(fig)
-            finally:
-                fig.clear()
+            plot = plotting.lens_panel(lens_ranks(lens["readout"], final), lens_probs(lens["readout"])[:, final],
+                                       f"{session.model_label}: logit lens, final class {handle.label(final)}")
         stale = state.ablated_slot is None or state.ablated_slot.dropped
         dropped = state.ablated_slot is not None and state.ablated_slot.dropped
         return (state, *images, "" if state.importance is None else gr.skip(), plot,
