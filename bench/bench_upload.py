@@ -7,8 +7,9 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6b. every panel drawn before answering ÷ answer                 (what moving the figures saves)
 6c. the figures drawn afterwards, each ÷ the pass               (what the page fills in after the answer)
 6d. with ``--before-tree``: each figure as another version draws it ÷ as this checkout does (that version's
-    `vit_inspect.ui.panels.draw_panels` on the same session and view; e.g. all maps and all heads as
-    matplotlib figures in afcd7f7, PIL panels now: `plotting.maps_mosaic`, `heads_mosaic`), and one Heads-tab
+    `vit_inspect.ui.panels.draw_panels` on the same session and view, its own scatter rendered afresh; e.g.
+    the distance scatter, all maps and all heads as matplotlib figures in afcd7f7, PIL panels now:
+    `plotting.distance_scatter`, `maps_mosaic`, `heads_mosaic`), and one Heads-tab
     heatmap as a change of layer or head redraws it (`vit_inspect.ui.heads.heatmap` on the pass's
     first-order values, another cell outlined each time: a matplotlib figure in afcd7f7,
     `plotting.heatmap_panel` now)
@@ -90,11 +91,11 @@ def main() -> None:
         scatter = plotting.distance_scatter(result.mean_distance, result.layout.input_size[1], "t")
         return scatter, draw_panels(app.IMAGE_PANELS, session, view)
 
-    def figure(name):
+    def figure(name, panels=draw_panels, holder=plotting.DistanceScatterOnce):
         def draw():
-            fresh = type(session.distance)(session.distance.distances, session.distance.image_width, "t")
+            fresh = holder(session.distance.distances, session.distance.image_width, "t")
             shown = dataclasses.replace(session, distance=fresh)  # each call renders its scatter, as a new image's does
-            return draw_panels((name,), shown, view)
+            return panels((name,), shown, view)
         return draw
 
     def lens(draw):
@@ -114,10 +115,11 @@ def main() -> None:
         from .bench_rollout_redraw import load_package
 
         other = importlib.import_module(f"{load_package(args.before_tree.resolve()).__name__}.ui.panels")
-        before = {name: f"later: {name}, the other version" for name in ("compare", "heads")}
-        candidates |= {label: (lambda name=name: other.draw_panels((name,), session, view))
-                       for name, label in before.items()}
-        other_heads = importlib.import_module(f"{other.__name__.rsplit('.', 1)[0]}.heads")
+        other_package = other.__name__.rsplit(".", 2)[0]
+        other_scatter = importlib.import_module(f"{other_package}.plotting").DistanceScatterOnce
+        before = {name: f"later: {name}, the other version" for name in ("distance", "compare", "heads")}
+        candidates |= {label: figure(name, other.draw_panels, other_scatter) for name, label in before.items()}
+        other_heads = importlib.import_module(f"{other_package}.ui.heads")
         first_order = session.result.heads.first_order
         cells = itertools.cycle([(layer, head) for layer in range(handle.depth) for head in range(handle.num_heads)])
 

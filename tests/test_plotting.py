@@ -337,6 +337,26 @@ def test_distance_scatter_paints_highlight_where_the_dot_is():
         scatter.draw((2, 0))
 
 
+def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title():
+    from vit_inspect.plotting import SCATTER_PLOT_PIXELS, distance_scatter
+
+    distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])
+    scatter = distance_scatter(distances, image_width=224, title="t")
+    untitled = distance_scatter(distances, image_width=224)
+    np.testing.assert_allclose(scatter.points[..., 1] - untitled.points[..., 1], CAPTION_LINE_PIXELS + 8)
+    np.testing.assert_array_equal(scatter.background[CAPTION_LINE_PIXELS + 8:], untitled.background)
+    plot_h = SCATTER_PLOT_PIXELS[1]
+    highest = 1.08 * 110 + 1  # the axis runs from 0 to this, bottom to top
+    rows = untitled.points[..., 1]
+    np.testing.assert_allclose(rows, 8 + plot_h - 1 - distances / highest * (plot_h - 1))  # linear, 0 at the bottom
+    np.testing.assert_allclose(untitled.points[:, :, 0], [[58 + 95] * 3, [58 + 285] * 3])  # layer centres, 190 px apart
+    assert distance_scatter(distances).background.shape[1] == untitled.background.shape[1] - 60  # no fraction axis
+    with pytest.raises(ValueError, match="depth, heads"):
+        distance_scatter(np.zeros(3))
+    with pytest.raises(ValueError, match="finite"):
+        distance_scatter(np.array([[np.nan, 1.0]]))
+
+
 # ------------------------------------------------------------------------------------------------ PNG
 
 def _png_chunks(data: bytes) -> list[tuple[bytes, bytes, int]]:

@@ -603,9 +603,8 @@ def attention_distance_figure(distances: np.ndarray, highlight: tuple[int, int |
 class DistanceScatter:
     """The attention-distance scatter rendered once; moving the highlight only repaints its dots.
 
-    Laying out and rasterising `attention_distance_figure` costs about a quarter of a second, which a
-    slider that only changes the highlighted layer/head should not pay. The background is the figure
-    with a legend entry for the highlight; `draw` paints the highlighted heads at their pixel centres.
+    The background (`distance_scatter`) is drawn once per image, with a legend entry for the highlight;
+    `draw` paints the highlighted heads at their pixel centres.
     """
 
     background: np.ndarray  # (H, W, 3) uint8, the figure without highlighted dots
@@ -630,7 +629,8 @@ class DistanceScatter:
 
 class DistanceScatterOnce:
     """`distance_scatter` of one image's distances, rendered on the first `draw` and kept: a new image's answer
-    does not wait for the quarter of a second of matplotlib, which only the distance panel needs.
+    does not wait for it (≈ 3 ms with PIL, ≈ 0.2 s when it was a matplotlib figure), which only the
+    distance panel needs.
     Two first draws at once may both render it (the same picture; the last one rendered is kept)."""
 
     def __init__(self, distances: np.ndarray, image_width: int | None = None, title: str = ""):
@@ -648,22 +648,78 @@ class DistanceScatterOnce:
         return self.scatter.draw(highlight)
 
 
+SCATTER_PLOT_PIXELS = (380, 280)  # (width, height) of distance_scatter's axes
+HEAD_DOT_RADIUS = 2.5  # pixels: a head's dot in distance_scatter
+HIGHLIGHT_DOT_RADIUS = 5.5  # pixels: a highlighted head's dot
+
+
 def distance_scatter(distances: np.ndarray, image_width: int | None = None, title: str = "") -> DistanceScatter:
-    """`attention_distance_figure` drawn once, with the pixel position of every head's dot."""
-    fig = attention_distance_figure(distances, None, image_width, title)
-    ax = fig.axes[0]
-    ax.scatter([], [], s=HIGHLIGHT_AREA, color=HIGHLIGHT_COLOR, label="selected layer / head")
-    ax.legend(loc="lower right")
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    background = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    """What `attention_distance_figure` shows, drawn once with PIL, with the pixel centre of every head's dot
+    (a matplotlib figure of it took ≈ 0.2 s, this ≈ 5 ms): every head a dot at its layer (x, the layers
+    evenly spaced) and mean attention distance (y, pixels, from 0 to 1.08 x the largest + 1 so no dot
+    clips); with ``image_width`` a right-hand axis reads the distance as a fraction of the image width; the
+    legend (a head, the selected layer / head) sits under the axes, where it hides no dot."""
+    distances = np.asarray(distances, dtype=np.float64)
+    if distances.ndim != 2 or 0 in distances.shape:
+        raise ValueError(f"expected (depth, heads) distances, got shape {distances.shape}")
+    if not np.isfinite(distances).all():
+        raise ValueError("attention distances must be finite")
     depth, heads = distances.shape
-    data = np.stack([np.repeat(np.arange(depth), heads), distances.ravel()], axis=1)  # (depth * heads, 2)
-    display = ax.transData.transform(data)  # pixels, origin at the bottom left
-    points = np.stack([display[:, 0], background.shape[0] - display[:, 1]], axis=1).reshape(depth, heads, 2)
-    radius = math.sqrt(HIGHLIGHT_AREA) / 2 * fig.dpi / 72  # marker diameter is sqrt(area) points
-    fig.clear()
-    return DistanceScatter(background=background, points=points, radius=radius)
+    small = _font(10)
+    left, top = 58, 8
+    plot_w, plot_h = SCATTER_PLOT_PIXELS
+    right = 70 if image_width else 10
+    panel = Image.new("RGB", (left + plot_w + right, top + plot_h + 56), (255, 255, 255))
+    pen = ImageDraw.Draw(panel)
+    highest = 1.08 * float(distances.max()) + 1.0
+    bottom = top + plot_h - 1
+
+    def row(value: float) -> float:
+        return bottom - value / highest * (plot_h - 1)
+
+    for value in matplotlib.ticker.MaxNLocator(6).tick_values(0.0, highest):
+        if 0.0 <= value <= highest:
+            pen.line((left - 4, row(value), left - 1, row(value)), fill=(0, 0, 0))
+            pen.text((left - 6, row(value)), f"{value:g}", fill=(0, 0, 0), font=small, anchor="rm")
+    if image_width:
+        for fraction in matplotlib.ticker.MaxNLocator(6).tick_values(0.0, highest / image_width):
+            if 0.0 <= fraction * image_width <= highest:
+                y = row(fraction * image_width)
+                pen.line((left + plot_w, y, left + plot_w + 3, y), fill=(0, 0, 0))
+                pen.text((left + plot_w + 6, y), f"{fraction:g}", fill=(0, 0, 0), font=small, anchor="lm")
+        label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
+        ImageDraw.Draw(label).text((plot_h // 2, 7), "fraction of image width", fill=(0, 0, 0), font=small,
+                                   anchor="mm")
+        panel.paste(label.rotate(90, expand=True), (left + plot_w + right - 16, top))
+    columns = left + (np.arange(depth) + 0.5) * plot_w / depth
+    every = max(1, math.ceil((7 * len(str(depth - 1)) + 4) / (plot_w / depth)))
+    for layer in range(0, depth, every):
+        pen.line((columns[layer], bottom + 1, columns[layer], bottom + 4), fill=(0, 0, 0))
+        pen.text((columns[layer], bottom + 6), str(layer), fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((left + plot_w / 2, bottom + 20), "network depth (layer)", fill=(0, 0, 0), font=small, anchor="mt")
+    label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((plot_h // 2, 7), "mean attention distance (pixels)", fill=(0, 0, 0), font=small,
+                               anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (0, top))
+    pen.rectangle((left - 1, top - 1, left + plot_w, bottom + 1), outline=(0, 0, 0))
+    head_colour = tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(HEAD_COLOR))
+    highlight_colour = tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(HIGHLIGHT_COLOR))
+    points = np.stack([np.broadcast_to(columns[:, None], distances.shape), row(distances)], axis=-1)  # (depth, heads, 2)
+
+    def dot(x: float, y: float, radius: float, colour: tuple) -> None:
+        pen.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour)
+
+    for x, y in points.reshape(-1, 2):
+        dot(x, y, HEAD_DOT_RADIUS, head_colour)
+    legend_y = bottom + 42
+    dot(left + 8, legend_y, HEAD_DOT_RADIUS, head_colour)
+    pen.text((left + 18, legend_y), "head", fill=(0, 0, 0), font=small, anchor="lm")
+    dot(left + 78, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
+    pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
+    body = np.asarray(panel)
+    background = _titled(body, title)
+    points[..., 1] += background.shape[0] - body.shape[0]  # under the title band
+    return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS)
 
 
 PNG_LEVEL = 1  # zlib level of the PNGs the app sends (`encode_png`), not PIL's default 6
