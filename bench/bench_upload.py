@@ -15,6 +15,9 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
     `plotting.heatmap_panel` now)
 6e. the Heads tab's logit-lens plot as a matplotlib figure (`head_plots.lens_figure`, the CLI's, which the app
     drew before) ÷ as the app draws it now (`plotting.lens_panel`), on this pass's lens
+6f. the Compare tab's aligned maps (the model against itself, the image's four maps) as a matplotlib figure
+    (`compare_plots.aligned_maps_figure`, the CLI's, which the app drew before) ÷ as the app draws them now
+    (`compare_plots.aligned_maps_picture`), what a change of model A's layer redraws
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -62,7 +65,9 @@ def main() -> None:
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.model_cache import ModelCache
     from vit_inspect.ui import heads as heads_ui
-    from vit_inspect import head_plots
+    from vit_inspect import compare_plots, head_plots
+    from vit_inspect.comparison import aligned_maps, compare_images
+    from vit_inspect.images import load_image
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
     from vit_inspect.ui.panels import draw_panels, figure_image
 
@@ -104,7 +109,16 @@ def main() -> None:
         ranks, probs = lens_ranks(readout, final), lens_probs(readout)[:, final]
         return lambda: draw(ranks, probs, "title: logit lens, final class")
 
+    pair = compare_images(handle, handle, load_image(args.image), None, None)
+    layers = itertools.cycle(range(handle.depth))
+
+    def aligned(draw):
+        return lambda: draw(pair, aligned_maps(pair, layer_a=next(layers)), "A", "B")
+
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
+                  "aligned maps": aligned(compare_plots.aligned_maps_picture),
+                  "aligned maps as a matplotlib figure": aligned(
+                      lambda *a: figure_image(compare_plots.aligned_maps_figure(*a))),
                   "lens plot": lens(plotting.lens_panel),
                   "lens plot as a matplotlib figure": lens(lambda *a: figure_image(head_plots.lens_figure(*a)))}
     candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
@@ -143,7 +157,9 @@ def main() -> None:
            f"**{times[label].median / times[name if name in times else f'later: {name}'].median:.1f}**"]
           for name, label in before.items()],
         ["6e. lens plot: matplotlib figure ÷ PIL panel",
-         f"**{times['lens plot as a matplotlib figure'].median / times['lens plot'].median:.1f}**"]]))
+         f"**{times['lens plot as a matplotlib figure'].median / times['lens plot'].median:.1f}**"],
+        ["6f. aligned maps: matplotlib figure ÷ PIL picture",
+         f"**{times['aligned maps as a matplotlib figure'].median / times['aligned maps'].median:.1f}**"]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

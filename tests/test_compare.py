@@ -253,6 +253,38 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
     assert compare_plots.side_by_side([np.zeros((2, 3, 3), np.uint8), np.zeros((4, 1, 3), np.uint8)], gap=2).shape == (4, 6, 3)
 
 
+def _found_at(picture: np.ndarray, block: np.ndarray) -> list[tuple[int, int]]:
+    """Every (row, col) where ``block`` lies in ``picture`` pixel for pixel."""
+    height, width = block.shape[:2]
+    hits = np.argwhere((picture[:picture.shape[0] - height + 1, :picture.shape[1] - width + 1] == block[0, 0]).all(-1))
+    return [(y, x) for y, x in hits if np.array_equal(picture[y:y + height, x:x + width], block)]
+
+
+def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
+    from vit_inspect import compare_plots
+    from vit_inspect.plotting import MOSAIC_GAP, map_panel, map_range
+
+    handle = tiny_handle("cls")
+    pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
+    aligned = aligned_maps(pair, layer_a=0)
+    picture = compare_plots.aligned_maps_picture(pair, aligned, "A: tiny", "B: tiny wide")
+    attention = aligned[0]
+    assert attention.kind == "attention" and attention.layer_b == 0
+    panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 of 2 (rel. depth 0.50), class {result.target}",
+                        "map value", *map_range(grid_map, False))
+              for result, name, grid_map in ((pair.a, "A: tiny", attention.map_a), (pair.b, "B: tiny wide", attention.map_b))]
+    [(row, left)] = _found_at(picture, panels[0])  # model A's, at the left of the first row
+    assert left == 0 and row > 0  # under the titles
+    assert _found_at(picture, panels[1]) == [(row, panels[0].shape[1] + MOSAIC_GAP)]  # model B's beside it
+    gradcam = next(item for item in aligned if item.kind == "gradcam")  # after a ReLU, its own range
+    relu_panel = map_panel(pair.b.rgb, gradcam.map_b, f"B: tiny wide, layer 0 of 2 (rel. depth 0.50), class "
+                           f"{pair.b.target}", "map value (ReLU)", *map_range(gradcam.map_b, True), relu=True)
+    assert len(_found_at(picture, relu_panel)) == 1
+    assert picture.shape[0] > sum(max(p.shape[0] for p in panels) for _ in aligned)  # one row per kind, titled
+    with pytest.raises(ValueError, match="no maps"):
+        compare_plots.aligned_maps_picture(pair, [], "A", "B")
+
+
 @pytest.mark.slow
 def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
     import json

@@ -265,7 +265,7 @@ def _draw_colorbar(panel: Image.Image, pen: ImageDraw.ImageDraw, left: int, top:
     panel.paste(label.rotate(90, expand=True), (left + COLORBAR_PIXELS - 24, top))
 
 
-def _titled(picture: np.ndarray, title: str) -> np.ndarray:
+def titled(picture: np.ndarray, title: str) -> np.ndarray:
     """``picture`` (H, W, 3) uint8 under a white band holding ``title`` (lines split at "\\n", then wrapped
     to the width), 11-pixel DejaVu Sans; the picture itself when the title is empty."""
     width = picture.shape[1]
@@ -307,10 +307,10 @@ def maps_mosaic(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
         low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
         panels.append(map_panel(rgb, grid_map, name, (units or {}).get(name, "value"), vmin=low, vmax=high,
                                 relu=relu, marker=marker))
-    return _titled(_grid(panels, columns), title)
+    return titled(grid_of(panels, columns), title)
 
 
-def _grid(pictures: list[np.ndarray], columns: int) -> np.ndarray:
+def grid_of(pictures: list[np.ndarray], columns: int) -> np.ndarray:
     """(H, W, 3) uint8 white canvas holding ``pictures`` left to right, ``columns`` to a row, each at the top
     left of its cell, MOSAIC_GAP pixels apart; a row is as tall as its tallest picture."""
     rows = [pictures[start:start + columns] for start in range(0, len(pictures), columns)]
@@ -364,12 +364,12 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
         for row, line in enumerate(wrapped[index]):
             pen.text((0, row * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=small)
         tiles.append(np.asarray(tile))
-    grid = _grid(tiles, columns)
+    grid = grid_of(tiles, columns)
     out = Image.new("RGB", (grid.shape[1] + COLORBAR_PIXELS, grid.shape[0]), (255, 255, 255))
     out.paste(Image.fromarray(grid), (0, 0))
     _draw_colorbar(out, ImageDraw.Draw(out), grid.shape[1] + 8, head_h, max(head_h + 1, grid.shape[0]), low, high,
                    unit, "inferno")
-    return _titled(np.asarray(out), title)
+    return titled(np.asarray(out), title)
 
 
 HEATMAP_CELL_LIMITS = ((12, 80), (10, 34))  # (min, max) pixels of a heatmap_panel cell: (width, height)
@@ -429,7 +429,7 @@ def heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: bool = T
     panel.paste(label.rotate(90, expand=True), (0, y0))
     _draw_colorbar(panel, pen, x0 + grid_w + 8, y0, y0 + grid_h, low, high, unit, cmap)
     body = np.asarray(panel)
-    shown = _titled(body, title)
+    shown = titled(body, title)
     band = shown.shape[0] - body.shape[0]
     return shown, (float(x0), float(y0 + band), float(x0 + grid_w), float(y0 + band + grid_h))
 
@@ -481,7 +481,7 @@ def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
                   outline=(0, 0, 0))
     _draw_colorbar(panel, pen, left + plot_w + 8, top, top + plot_h, 0.0, 1.0, "probability of the final class",
                    "viridis")
-    return _titled(np.asarray(panel), title)
+    return titled(np.asarray(panel), title)
 
 
 def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
@@ -717,7 +717,7 @@ def distance_scatter(distances: np.ndarray, image_width: int | None = None, titl
     dot(left + 78, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
     pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
     body = np.asarray(panel)
-    background = _titled(body, title)
+    background = titled(body, title)
     points[..., 1] += background.shape[0] - body.shape[0]  # under the title band
     return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS)
 
