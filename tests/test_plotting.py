@@ -330,7 +330,13 @@ def test_distance_scatter_paints_highlight_where_the_dot_is():
     x, y = np.round(scatter.points[1, 2]).astype(int)
     assert np.abs(drawn[y, x] - red).max() < 2
     changed = np.argwhere(np.any(drawn != scatter.background, axis=-1))  # (n, 2) rows, cols
-    assert np.abs(changed - [y, x]).max() <= scatter.radius + 1  # nothing else was touched
+    legend_x, legend_y = scatter.legend
+    in_legend = (np.abs(changed[:, 0] - legend_y) <= 7) & (changed[:, 1] >= legend_x)
+    assert np.abs(changed[~in_legend] - [y, x]).max() <= scatter.radius + 1  # else only the legend's words
+    assert in_legend.any()  # they name the highlight: a whole layer's words differ from one head's
+    words = slice(int(legend_y) - 7, int(legend_y) + 8), slice(int(legend_x), None)
+    assert not np.array_equal(drawn[words], scatter.draw((0, None))[words])
+    assert not np.array_equal(drawn[words], scatter.draw((1, 1))[words])
     whole_layer = scatter.draw((0, None))
     assert all(np.abs(whole_layer[int(round(py)), int(round(px))] - red).max() < 2 for px, py in scatter.points[0])
     with pytest.raises(ValueError):

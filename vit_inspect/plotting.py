@@ -334,8 +334,8 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
                  vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
                  columns: int = 6) -> np.ndarray:
     """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it took
-    ≈ 10x as long; `bench.bench_upload`): every head
-    (``maps`` (heads, grid_h, grid_w)) as an overlay (`overlay`) on one shared colour range (default: the
+    ≈ 30x as long; `bench.bench_upload`): every head (``maps`` (heads, grid_h, grid_w)) as an overlay
+    (`overlay`) on one shared colour range (default: the
     min-max over all heads), its longest side scaled (bilinear) to at most HEAD_TILE_PIXELS, its title above
     it, ``columns`` heads to a row; one colour bar labelled with ``unit`` right of the grid, spanning it; the
     wrapped ``title`` above all. ``masks`` (heads, grid_h, grid_w) bool darkens what lies outside each head's
@@ -610,6 +610,7 @@ class DistanceScatter:
     background: np.ndarray  # (H, W, 3) uint8, the figure without highlighted dots
     points: np.ndarray  # (depth, heads, 2) pixel (x, y) centre of every head's dot in `background`
     radius: float  # radius of a highlighted dot, pixels
+    legend: tuple[float, float] | None = None  # (x, y) of the highlight's legend text (left, middle), if any
 
     def draw(self, highlight: tuple[int, int | None] | None = None) -> np.ndarray:
         """(H, W, 3) uint8 image with `highlight` = (layer, head) (head None: the whole layer) in red."""
@@ -624,6 +625,11 @@ class DistanceScatter:
         colour = tuple(int(255 * c) for c in matplotlib.colors.to_rgb(HIGHLIGHT_COLOR))
         for x, y in self.points[layer] if head is None else self.points[layer, head:head + 1]:
             pen.ellipse((x - self.radius, y - self.radius, x + self.radius, y + self.radius), fill=colour)
+        if self.legend is not None:  # the legend names what is highlighted
+            x, y = self.legend
+            pen.rectangle((x, y - 7, image.width - 1, y + 7), fill=(255, 255, 255))
+            words = f"layer {layer}, every head" if head is None else f"layer {layer}, head {head}"
+            pen.text((x, y), f"selected: {words}", fill=(0, 0, 0), font=_font(10), anchor="lm")
         return np.asarray(image)
 
 
@@ -718,8 +724,10 @@ def distance_scatter(distances: np.ndarray, image_width: int | None = None, titl
     pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
     body = np.asarray(panel)
     background = titled(body, title)
-    points[..., 1] += background.shape[0] - body.shape[0]  # under the title band
-    return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS)
+    band = background.shape[0] - body.shape[0]  # the title's, above
+    points[..., 1] += band
+    return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS,
+                           legend=(left + 90, legend_y + band))
 
 
 PNG_LEVEL = 1  # zlib level of the PNGs the app sends (`encode_png`), not PIL's default 6
