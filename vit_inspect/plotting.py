@@ -260,9 +260,15 @@ def _draw_colorbar(panel: Image.Image, pen: ImageDraw.ImageDraw, left: int, top:
                 pen.text((left + 18, y), f"{value:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
     else:
         pen.text((left + 18, bottom - 1), f"{low:.3g}", fill=(0, 0, 0), font=small, anchor="lm")
-    label = Image.new("RGB", (max(1, bottom - top), 14), (255, 255, 255))
-    ImageDraw.Draw(label).text((label.width // 2, 7), unit, fill=(0, 0, 0), font=small, anchor="mm")
-    panel.paste(label.rotate(90, expand=True), (left + COLORBAR_PIXELS - 24, top))
+    _write_upwards(panel, unit, left + COLORBAR_PIXELS - 24, top, bottom - top)
+
+
+def _write_upwards(panel: Image.Image, text: str, left: int, top: int, length: int) -> None:
+    """``text`` in 10-pixel DejaVu Sans, written bottom to top in the 14-pixel column from ``left``, centred
+    on the ``length`` rows from ``top`` (an axis or colour bar label)."""
+    label = Image.new("RGB", (max(1, length), 14), (255, 255, 255))
+    ImageDraw.Draw(label).text((label.width // 2, 7), text, fill=(0, 0, 0), font=_font(10), anchor="mm")
+    panel.paste(label.rotate(90, expand=True), (left, top))
 
 
 def titled(picture: np.ndarray, title: str) -> np.ndarray:
@@ -424,9 +430,7 @@ def heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: bool = T
     for head in range(0, heads, every):
         pen.text((x0 + (head + 0.5) * cell_w, y0 + grid_h + 3), str(head), fill=(0, 0, 0), font=small, anchor="mt")
     pen.text((x0 + grid_w / 2, y0 + grid_h + 18), "head", fill=(0, 0, 0), font=small, anchor="mt")
-    label = Image.new("RGB", (max(1, grid_h), 14), (255, 255, 255))
-    ImageDraw.Draw(label).text((label.width // 2, 7), "layer", fill=(0, 0, 0), font=small, anchor="mm")
-    panel.paste(label.rotate(90, expand=True), (0, y0))
+    _write_upwards(panel, "layer", 0, y0, grid_h)
     _draw_colorbar(panel, pen, x0 + grid_w + 8, y0, y0 + grid_h, low, high, unit, cmap)
     body = np.asarray(panel)
     shown = titled(body, title)
@@ -468,10 +472,7 @@ def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
         pen.line((xs[block], top + plot_h, xs[block], top + plot_h + 3), fill=(0, 0, 0))
         pen.text((xs[block], top + plot_h + 5), str(block), fill=(0, 0, 0), font=small, anchor="mt")
     pen.text((left + plot_w / 2, top + plot_h + 20), "after block", fill=(0, 0, 0), font=small, anchor="mt")
-    label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
-    ImageDraw.Draw(label).text((plot_h // 2, 7), "rank of the final class (1 = top)", fill=(0, 0, 0), font=small,
-                               anchor="mm")
-    panel.paste(label.rotate(90, expand=True), (0, top))
+    _write_upwards(panel, "rank of the final class (1 = top)", 0, top, plot_h)
     pen.line(list(zip(xs.tolist(), ys.tolist())), fill=(128, 128, 128), width=1)
     colours = (matplotlib.colormaps["viridis"](np.clip(probs, 0.0, 1.0))[:, :3] * 255).astype(np.uint8)
     for x, y, colour in zip(xs, ys, colours):
@@ -621,8 +622,7 @@ class DistanceScatter:
         if not 0 <= layer < depth or (head is not None and not 0 <= head < heads):
             raise ValueError(f"highlight {highlight} is outside {depth} layers x {heads} heads")
         image = Image.fromarray(self.background)
-        pen = ImageDraw.Draw(image)
-        colour = tuple(int(255 * c) for c in matplotlib.colors.to_rgb(HIGHLIGHT_COLOR))
+        pen, colour = ImageDraw.Draw(image), _rgb(HIGHLIGHT_COLOR)
         for x, y in self.points[layer] if head is None else self.points[layer, head:head + 1]:
             pen.ellipse((x - self.radius, y - self.radius, x + self.radius, y + self.radius), fill=colour)
         if self.legend is not None:  # the legend names what is highlighted
@@ -652,6 +652,11 @@ class DistanceScatterOnce:
     def draw(self, highlight: tuple[int, int | None] | None = None) -> np.ndarray:
         """`DistanceScatter.draw` of the scatter, rendered now if it was not yet."""
         return self.scatter.draw(highlight)
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    """A matplotlib colour name as 0-255 integers, for PIL."""
+    return tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(colour))
 
 
 SCATTER_PLOT_PIXELS = (380, 280)  # (width, height) of distance_scatter's axes
@@ -693,23 +698,16 @@ def distance_scatter(distances: np.ndarray, image_width: int | None = None, titl
                 y = row(fraction * image_width)
                 pen.line((left + plot_w, y, left + plot_w + 3, y), fill=(0, 0, 0))
                 pen.text((left + plot_w + 6, y), f"{fraction:g}", fill=(0, 0, 0), font=small, anchor="lm")
-        label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
-        ImageDraw.Draw(label).text((plot_h // 2, 7), "fraction of image width", fill=(0, 0, 0), font=small,
-                                   anchor="mm")
-        panel.paste(label.rotate(90, expand=True), (left + plot_w + right - 16, top))
+        _write_upwards(panel, "fraction of image width", left + plot_w + right - 16, top, plot_h)
     columns = left + (np.arange(depth) + 0.5) * plot_w / depth
     every = max(1, math.ceil((7 * len(str(depth - 1)) + 4) / (plot_w / depth)))
     for layer in range(0, depth, every):
         pen.line((columns[layer], bottom + 1, columns[layer], bottom + 4), fill=(0, 0, 0))
         pen.text((columns[layer], bottom + 6), str(layer), fill=(0, 0, 0), font=small, anchor="mt")
     pen.text((left + plot_w / 2, bottom + 20), "network depth (layer)", fill=(0, 0, 0), font=small, anchor="mt")
-    label = Image.new("RGB", (plot_h, 14), (255, 255, 255))
-    ImageDraw.Draw(label).text((plot_h // 2, 7), "mean attention distance (pixels)", fill=(0, 0, 0), font=small,
-                               anchor="mm")
-    panel.paste(label.rotate(90, expand=True), (0, top))
+    _write_upwards(panel, "mean attention distance (pixels)", 0, top, plot_h)
     pen.rectangle((left - 1, top - 1, left + plot_w, bottom + 1), outline=(0, 0, 0))
-    head_colour = tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(HEAD_COLOR))
-    highlight_colour = tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(HIGHLIGHT_COLOR))
+    head_colour, highlight_colour = _rgb(HEAD_COLOR), _rgb(HIGHLIGHT_COLOR)
     points = np.stack([np.broadcast_to(columns[:, None], distances.shape), row(distances)], axis=-1)  # (depth, heads, 2)
 
     def dot(x: float, y: float, radius: float, colour: tuple) -> None:
