@@ -150,6 +150,8 @@ def test_heads_mosaic_lays_out_every_head_on_one_colour_range_with_one_colour_ba
     wide = heads_mosaic(large, maps, ["a", "b", "c"], "weight", columns=3)
     assert wide.shape[1] == 3 * HEAD_TILE_PIXELS + 2 * MOSAIC_GAP + COLORBAR_PIXELS
     assert wide.shape[0] == head_h + round(HEAD_TILE_PIXELS * 2 / 3)
+    scaled = np.zeros((round(HEAD_TILE_PIXELS * 2 / 3), HEAD_TILE_PIXELS, 3), dtype=np.uint8)  # the photo, scaled
+    np.testing.assert_array_equal(wide[head_h:, :HEAD_TILE_PIXELS], overlay(scaled, maps[0], vmin=0.0, vmax=1.0))
     with pytest.raises(ValueError, match="3 maps but 2 titles"):
         heads_mosaic(GRAY, maps, ["a", "b"], "weight")
 

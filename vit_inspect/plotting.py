@@ -342,7 +342,7 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
     """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it took
     ≈ 30x as long; `bench.bench_upload`): every head (``maps`` (heads, grid_h, grid_w)) as an overlay
     (`overlay`) on one shared colour range (default: the
-    min-max over all heads), its longest side scaled (bilinear) to at most HEAD_TILE_PIXELS, its title above
+    min-max over all heads) on the photo scaled (bilinear) to at most HEAD_TILE_PIXELS a side, its title above
     it, ``columns`` heads to a row; one colour bar labelled with ``unit`` right of the grid, spanning it; the
     wrapped ``title`` above all. ``masks`` (heads, grid_h, grid_w) bool darkens what lies outside each head's
     threshold mask (Caron et al. 2021, DINO, Fig. 3)."""
@@ -356,6 +356,8 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
     height, width = rgb.shape[:2]
     shrink = min(1.0, HEAD_TILE_PIXELS / max(height, width))
     size = (max(1, round(width * shrink)), max(1, round(height * shrink)))  # (w, h)
+    if shrink < 1.0:  # the photo scaled once, each head coloured at the tile's size (5x less work at 518 px)
+        rgb = np.asarray(Image.fromarray(rgb).resize(size, Image.BILINEAR))
     small = _font(10)
     chars = max(10, size[0] // 6)
     wrapped = [textwrap.wrap(t, chars) or [""] for t in titles]
@@ -364,8 +366,7 @@ def heads_mosaic(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str
     for index in range(heads):
         shown = overlay(rgb, maps[index], vmin=low, vmax=high, mask=None if masks is None else masks[index])
         tile = Image.new("RGB", (size[0], head_h + size[1]), (255, 255, 255))
-        picture = Image.fromarray(shown)
-        tile.paste(picture if shrink == 1.0 else picture.resize(size, Image.BILINEAR), (0, head_h))
+        tile.paste(Image.fromarray(shown), (0, head_h))
         pen = ImageDraw.Draw(tile)
         for row, line in enumerate(wrapped[index]):
             pen.text((0, row * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=small)
