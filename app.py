@@ -76,9 +76,10 @@ GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", 
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
 CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
-# A new image's answer carries its maps; these figures (about 1 s of matplotlib for DeiT-Ti, 7x its pass) are
-# drawn by events that follow it, so predictions and maps show as soon as the pass is done, and only if the
-# page shows their tab then (else the tab draws its figure when it opens): panel -> its tab
+# A new image's answer carries its maps; these figures (PIL pictures of 3-20 ms for DeiT-Ti; once about 1 s
+# of matplotlib, 7x its pass) are drawn by events that follow it, so predictions and maps show as soon as the
+# pass is done, and only if the page shows their tab then (else the tab draws its figure when it opens):
+# panel -> its tab
 LATER_PANELS = {"distance": "Attention distance", "compare": "All maps", "heads": "All heads"}
 FIRST_TAB = "Predictions"  # the tab a page opens on
 FIRST_PANELS = tuple(name for name in IMAGE_PANELS if name not in LATER_PANELS)

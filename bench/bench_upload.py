@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import argparse
 import base64
-import itertools
 import dataclasses
+import itertools
 from pathlib import Path
 
 from .common import REPO, SHARED, THREADS, markdown_table, measure, print_header, set_threads
@@ -61,14 +61,13 @@ def main() -> None:
     set_threads(args.threads)
 
     import app
-    from vit_inspect import plotting
+    from vit_inspect import compare_plots, head_plots, plotting
+    from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
+    from vit_inspect.comparison import aligned_maps, compare_images
     from vit_inspect.geometry import InputGeometry
+    from vit_inspect.images import load_image
     from vit_inspect.model_cache import ModelCache
     from vit_inspect.ui import heads as heads_ui
-    from vit_inspect import compare_plots, head_plots
-    from vit_inspect.comparison import aligned_maps, compare_images
-    from vit_inspect.images import load_image
-    from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
     from vit_inspect.ui.panels import draw_panels, figure_image
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
