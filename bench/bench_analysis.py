@@ -6,6 +6,8 @@ and against the naive way (one pass per method, a full recompute per slider chan
    forward + backward, and ÷ the floor (forward + input-only backward)        target <= 1.15
 1c. the same pass with AttnLRP and LeGrad in it (``relevance=True``, the CLI's) ÷ the floor
 1d. AttnLRP and LeGrad added later (`relevance_maps`: one more forward) ÷ the floor
+1e. with ``--before-tree``: this checkout's analysis ÷ another version's (its own `load_model` and
+    `analyze_image`, the same arguments, interleaved with the rest): a change to the pass as a ratio
 2. one redraw from the cached `ImageAnalysis`, rendering included (the app's `plotting.map_panel`: overlay, colour
    bar and caption, encoded as PNG), ÷ one plain forward
                                                                       target <= 0.25 (ViT-B/16)
@@ -15,17 +17,22 @@ Models have random weights (timing does not depend on them); everything runs on 
 THREADS torch threads.
 
     python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--threads 2] [--image assets/chelsea.png]
+                                   [--before-tree DIR]
+
+    git archive 8c11791 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the pass with
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import gc
+import importlib
 import io
 import itertools
 import pickle
 import sys
 import tracemalloc
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -41,6 +48,7 @@ from vit_inspect.models import ViTHandle, load_model
 from vit_inspect.pipeline import ImageAnalysis, analyze_image, readout_query, relevance_maps
 from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
+from .bench_rollout_redraw import load_package
 from .common import (MODELS, REPO, THREADS, markdown_table, measure, plain_forward, plain_forward_backward,
                      plain_forward_input_backward,
                      plain_model, print_header, set_threads, verdict)
@@ -52,6 +60,7 @@ MEMORY_TARGET_MB = 30.0  # per analysed image, at most, for MEMORY_TARGET_MODEL
 MEMORY_TARGET_MODEL = "vit_base_patch16_224"
 IMAGE_FORMAT = "PNG"  # what the app's gr.Image outputs (format="png") encode a numpy overlay to
 MB = 1e6
+OTHER = "the other version's analyze_image + top-5 (--before-tree; not in the other ratios)"
 
 
 # --------------------------------------------------------------------------- the naive way
@@ -259,7 +268,16 @@ def retained_bytes(analyse: Callable[[], ImageAnalysis]) -> tuple[ImageAnalysis,
 
 # --------------------------------------------------------------------------- one model
 
-def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[list[str]]) -> None:
+def other_analysis(package, name: str, picture: Image.Image) -> Callable[[], object]:
+    """Another version's `analyze_image` + top-5 as the app runs it (its own spill folder), on its own handle of
+    ``name`` (random weights)."""
+    models, pipeline, spill = (importlib.import_module(f"{package.__name__}.{m}") for m in ("models", "pipeline", "spill"))
+    handle = models.load_model(name, pretrained=False, device="cpu")
+    folder = spill.SpillFolder(spill.DEFAULT_SPILL_BUDGET)
+    return lambda: handle.top_labels(pipeline.analyze_image(handle, picture, relevance=False, spill=folder).probs, 5)
+
+
+def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[list[str]], other=None) -> None:
     handle = load_model(name, pretrained=False, device="cpu")
     model = plain_model(handle)
     spill = SpillFolder(DEFAULT_SPILL_BUDGET)  # the app's: models whose maps are dear to rebuild write them to disk
@@ -277,6 +295,8 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
             lambda: plain_forward_input_backward(model, pixels, top),
         "ours: analyze_image + top-5": lambda: handle.top_labels(
             analyze_image(handle, picture, relevance=False, spill=spill).probs, 5),
+        # next to ours in each round, so that both follow the same kind of work
+        **({OTHER: other_analysis(other, name, picture)} if other is not None else {}),
         "ours with AttnLRP and LeGrad in the pass: analyze_image(relevance=True) + top-5": lambda: handle.top_labels(
             analyze_image(handle, picture, relevance=True).probs, 5),
         "AttnLRP and LeGrad added later: relevance_maps (one more forward)": lambda: relevance_maps(
@@ -310,6 +330,9 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
                         "AttnLRP and LeGrad added later: relevance_maps (one more forward)")):
         summary.append([label, name, f"{1e3 * times[key].median:.0f} ms", f"{1e3 * floor.median:.0f} ms",
                         f"{times[key].median / floor.median:.2f}", "—", "—"])
+    if other is not None:
+        summary.append(["1e. analysis ÷ the other version's (--before-tree)", name, f"{1e3 * ours.median:.0f} ms",
+                        f"{1e3 * times[OTHER].median:.0f} ms", f"**{ours.median / times[OTHER].median:.2f}**", "—", "—"])
     summary.append(["1b. analysis ÷ naive (one pass per method)", name, f"{1e3 * ours.median:.0f} ms",
                     f"{1e3 * naive.median:.0f} ms", f"{ours.median / naive.median:.2f}", "—", "—"])
 
@@ -370,15 +393,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats per candidate (after 1 warm-up)")
     parser.add_argument("--image", default=str(REPO / "assets" / "chelsea.png"), help="the image analysed")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads")
+    parser.add_argument("--before-tree", type=Path, default=None,
+                        help="a folder holding another version's vit_inspect, whose analysis is timed too (1e)")
     args = parser.parse_args()
     set_threads(args.threads)
+    other = load_package(args.before_tree.resolve()) if args.before_tree is not None else None
     picture = load_image(args.image)
     print_header("Per-image analysis, redraw and memory")
     print(f"Image: `{args.image}` ({picture.width}×{picture.height}), decoded once before timing. "
           f"Median of {args.repeats} repeats after 1 warm-up, candidates interleaved.\n")
     summary: list[list[str]] = []
     for name in args.models:
-        bench_model(name, picture, args.repeats, summary)
+        bench_model(name, picture, args.repeats, summary, other)
     print("### Summary\n")
     print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
 
