@@ -18,6 +18,11 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6f. the Compare tab's aligned maps (the model against itself, the image's four maps) as a matplotlib figure
     (`compare_plots.aligned_maps_figure`, the CLI's, which the app drew before) ÷ as the app draws them now
     (`compare_plots.aligned_maps_picture`), what a change of model A's layer redraws
+6g. the Model tab's patch-embedding filter components as a matplotlib figure (`plotting.filter_pca_figure`, the
+    CLI's, which the app drew before) ÷ as the app draws them now (`plotting.filter_pca_panel`): the tab's
+    first picture, and one per model in a Compare run
+6h. the same for the position-embedding similarity at the model's grid (`plotting.pos_similarity_figure` ÷
+    `plotting.similarity_panel`)
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -67,6 +72,7 @@ def main() -> None:
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.images import load_image
     from vit_inspect.model_cache import ModelCache
+    from vit_inspect.pipeline import model_report
     from vit_inspect.ui import heads as heads_ui
     from vit_inspect.ui.panels import draw_panels, figure_image
 
@@ -114,7 +120,20 @@ def main() -> None:
     def aligned(draw):
         return lambda: draw(pair, aligned_maps(pair, layer_a=next(layers)), "A", "B")
 
+    report = model_report(handle)
+    model_title = "model: patch-embedding filters"
+
+    def filters_figure():
+        fig = plotting.filter_pca_figure(report.filter_pca)
+        fig.suptitle(f"{model_title}\n{fig.get_suptitle()}")
+        return figure_image(fig)
+
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
+                  "filters": lambda: plotting.filter_pca_panel(report.filter_pca, model_title),
+                  "filters as a matplotlib figure": filters_figure,
+                  "similarity": lambda: plotting.similarity_panel(report.pos_similarity, model_title),
+                  "similarity as a matplotlib figure": lambda: figure_image(plotting.pos_similarity_figure(
+                      report.pos_similarity, model_title)),
                   "aligned maps": aligned(compare_plots.aligned_maps_picture),
                   "aligned maps as a matplotlib figure": aligned(
                       lambda *a: figure_image(compare_plots.aligned_maps_figure(*a))),
@@ -158,7 +177,11 @@ def main() -> None:
         ["6e. lens plot: matplotlib figure ÷ PIL panel",
          f"**{times['lens plot as a matplotlib figure'].median / times['lens plot'].median:.1f}**"],
         ["6f. aligned maps: matplotlib figure ÷ PIL picture",
-         f"**{times['aligned maps as a matplotlib figure'].median / times['aligned maps'].median:.1f}**"]]))
+         f"**{times['aligned maps as a matplotlib figure'].median / times['aligned maps'].median:.1f}**"],
+        ["6g. Model tab filters: matplotlib figure ÷ PIL picture",
+         f"**{times['filters as a matplotlib figure'].median / times['filters'].median:.1f}**"],
+        ["6h. Model tab position similarity: matplotlib figure ÷ PIL picture",
+         f"**{times['similarity as a matplotlib figure'].median / times['similarity'].median:.1f}**"]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

@@ -174,9 +174,9 @@ class Compare:
         top = [{f"{t['label']} (#{t['index']})": t["prob"] for t in h.top_labels(r.probs, 5)} if r.probs.size else None
                for h, r in ((handle_a, comparison.a), (handle_b, comparison.b))]
         reports = [model_report(h) for h in (handle_a, handle_b)]
-        filters = compare_plots.side_by_side([_image(_titled(plotting.filter_pca_figure(r.filter_pca), label))
+        filters = compare_plots.side_by_side([plotting.filter_pca_panel(r.filter_pca, label)
                                               for r, label in zip(reports, labels)])
-        similarity = [_image(plotting.pos_similarity_figure(r.pos_similarity, f"{label}: position embedding similarity"))
+        similarity = [plotting.similarity_panel(r.pos_similarity, f"{label}: position embedding similarity")
                       for r, label in zip(reports, labels) if r.pos_similarity is not None]
         heads = dino_views(state, mass)
         pca = pca_views(state, remove_background, threshold)
@@ -229,11 +229,6 @@ class Compare:
         state = replace(state, features=tuple(map(tuple, features)), crops=tuple(map(tuple, crops)), names=tuple(names))
         slot.set(state, state.nbytes())
         return slot, *pca_views(state, *background)
-
-
-def _titled(fig, label: str):
-    fig.suptitle(f"{label}: {fig._suptitle.get_text()}" if fig._suptitle else label)
-    return fig
 
 
 def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict, upload_source, shows_errors) -> None:

@@ -20,7 +20,6 @@ from ..model_cache import CacheKey
 from ..models import ViTHandle
 from ..pipeline import pos_similarity_at
 from .common import OutputImage, download_folder, shown_model, shows_errors, weights_label
-from .panels import figure_image
 from .untrusted import finite_int
 
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
@@ -43,9 +42,7 @@ class ModelTab:
 
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
         handle = self.handle(key)
-        fig = plotting.filter_pca_figure(filter_pca(handle.patch_embed_weight()))
-        fig.suptitle(f"{shown_model(handle)}\n{fig.get_suptitle()}")
-        return figure_image(fig)
+        return plotting.filter_pca_panel(filter_pca(handle.patch_embed_weight()), title=shown_model(handle))
 
     @shows_errors
     def native_similarity(self, key: CacheKey, progress=gr.Progress()):
@@ -73,10 +70,9 @@ class ModelTab:
         similarity = pos_similarity_at(handle, grid)
         if similarity is None:
             raise InputError("This model has no learned position embeddings to compare.")
-        fig = plotting.pos_similarity_figure(
+        return plotting.similarity_panel(
             similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
-        return figure_image(fig)
 
     @shows_errors
     def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
