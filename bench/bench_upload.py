@@ -23,6 +23,11 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
     first picture, and one per model in a Compare run
 6h. the same for the position-embedding similarity at the model's grid (`plotting.pos_similarity_figure` ÷
     `plotting.similarity_panel`)
+6i. the Compare tab's last-layer heads with their DINO mass sets, one model, as a matplotlib figure
+    (`compare_plots.dino_heads_figure`, the CLI's) ÷ as the app draws them now (`compare_plots.dino_heads_picture`):
+    what a move of the mass slider redraws, per model
+6j. the same for the feature PCA of one image, background removed (`compare_plots.feature_pca_figure` ÷
+    `compare_plots.feature_pca_picture`): what a change of the background setting redraws, per model
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -39,6 +44,8 @@ import base64
 import dataclasses
 import itertools
 from pathlib import Path
+
+import numpy as np
 
 from .common import REPO, SHARED, THREADS, markdown_table, measure, print_header, set_threads
 
@@ -67,8 +74,9 @@ def main() -> None:
 
     import app
     from vit_inspect import compare_plots, head_plots, plotting
+    from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
-    from vit_inspect.comparison import aligned_maps, compare_images
+    from vit_inspect.comparison import aligned_maps, compare_images, last_layer_heads
     from vit_inspect.geometry import InputGeometry
     from vit_inspect.images import load_image
     from vit_inspect.model_cache import ModelCache
@@ -128,7 +136,16 @@ def main() -> None:
         fig.suptitle(f"{model_title}\n{fig.get_suptitle()}")
         return figure_image(fig)
 
+    heads_maps, heads_masks = last_layer_heads(pair.a, DINO_MASS)
+    fit = feature_pca((pair.a.patch_features.astype(np.float32),), BACKGROUND_THRESHOLD)
+    dino = (pair.a, heads_maps, heads_masks, "A", DINO_MASS)
+    pca = ([pair.a.rgb], fit, [args.image.name], "A")
+
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
+                  "DINO heads": lambda: compare_plots.dino_heads_picture(*dino),
+                  "DINO heads as a matplotlib figure": lambda: figure_image(compare_plots.dino_heads_figure(*dino)),
+                  "feature PCA": lambda: compare_plots.feature_pca_picture(*pca),
+                  "feature PCA as a matplotlib figure": lambda: figure_image(compare_plots.feature_pca_figure(*pca)),
                   "filters": lambda: plotting.filter_pca_panel(report.filter_pca, model_title),
                   "filters as a matplotlib figure": filters_figure,
                   "similarity": lambda: plotting.similarity_panel(report.pos_similarity, model_title),
@@ -181,7 +198,11 @@ def main() -> None:
         ["6g. Model tab filters: matplotlib figure ÷ PIL picture",
          f"**{times['filters as a matplotlib figure'].median / times['filters'].median:.1f}**"],
         ["6h. Model tab position similarity: matplotlib figure ÷ PIL picture",
-         f"**{times['similarity as a matplotlib figure'].median / times['similarity'].median:.1f}**"]]))
+         f"**{times['similarity as a matplotlib figure'].median / times['similarity'].median:.1f}**"],
+        ["6i. Compare tab DINO heads: matplotlib figure ÷ PIL picture",
+         f"**{times['DINO heads as a matplotlib figure'].median / times['DINO heads'].median:.1f}**"],
+        ["6j. Compare tab feature PCA: matplotlib figure ÷ PIL picture",
+         f"**{times['feature PCA as a matplotlib figure'].median / times['feature PCA'].median:.1f}**"]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

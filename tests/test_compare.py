@@ -253,6 +253,59 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
     assert compare_plots.side_by_side([np.zeros((2, 3, 3), np.uint8), np.zeros((4, 1, 3), np.uint8)], gap=2).shape == (4, 6, 3)
 
 
+def test_dino_heads_picture_scales_each_head_and_brightens_its_mass():
+    """Each head min-max scaled on its own (so an affine change of one head's map draws the same picture), its
+    overlay on 0..1 with the patches outside its mass set dimmed found once, the title naming the mass."""
+    from vit_inspect import compare_plots
+    from vit_inspect.comparison import last_layer_heads
+    from vit_inspect.plotting import _normalized, overlay
+
+    handle = tiny_handle("cls")
+    pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
+    maps, masks = last_layer_heads(pair.a, 0.6)
+    picture = compare_plots.dino_heads_picture(pair.a, maps, masks, "A: tiny", 0.6)
+    for head in range(maps.shape[0]):
+        tile = overlay(pair.a.rgb, _normalized(maps[head], relu=False), vmin=0.0, vmax=1.0, mask=masks[head])
+        assert len(_found_at(picture, tile)) == 1, head
+    assert masks[0].any() and not masks[0].all()  # some patches dimmed: the mask shows
+    shifted = maps.copy()
+    shifted[1] = 10.0 * shifted[1] + 3.0
+    np.testing.assert_array_equal(compare_plots.dino_heads_picture(pair.a, shifted, masks, "A: tiny", 0.6), picture)
+    assert not np.array_equal(compare_plots.dino_heads_picture(pair.a, maps, masks, "A: tiny", 0.9), picture)  # title
+    with pytest.raises(ValueError, match="one shape"):
+        compare_plots.dino_heads_picture(pair.a, maps, masks[:1], "A: tiny", 0.6)
+
+
+def test_feature_pca_picture_by_hand():
+    """The crop under its title, its three components as rint(255 x) blocks of the crop's pixels below it (each
+    patch 2 x 2 here), and a black-to-colour scale bar per channel."""
+    from vit_inspect import compare_plots
+    from vit_inspect.analysis.dino import FeaturePCA
+
+    rng = np.random.default_rng(0)
+    crop = rng.integers(0, 256, size=(4, 6, 3), dtype=np.uint8)
+    colours = rng.uniform(size=(2, 3, 3))
+    colours[0, 0] = 0.0  # a removed background patch: black
+    pca = FeaturePCA(rgb=(colours,), foreground=(colours.any(-1),), explained_variance_ratio=np.array([0.5, 0.3, 0.1]),
+                     threshold=0.4)
+    picture = compare_plots.feature_pca_picture([crop], pca, ["img.png"], "A: tiny")
+
+    [(crop_y, crop_x)] = _found_at(picture, crop)
+    expected = np.rint(np.repeat(np.repeat(colours, 2, axis=0), 2, axis=1) * 255.0).astype(np.uint8)
+    [(y, x)] = _found_at(picture, expected)
+    assert x == crop_x == 0 and y > crop_y + 4
+    assert (picture[y:y + 2, x:x + 2] == 0).all()
+    for label, colour in (("PC1 score, min-max (50% of variance)", (255, 0, 0)),
+                          ("PC3 score, min-max (10% of variance)", (0, 0, 255))):
+        bar = compare_plots._channel_bar(label, colour)
+        assert len(_found_at(picture, bar)) == 1
+        ramp = bar[2 + compare_plots.CHANNEL_BAR_PIXELS[1] // 2, 8:8 + compare_plots.CHANNEL_BAR_PIXELS[0]]
+        np.testing.assert_array_equal(ramp[1], np.rint(np.array(colour) / (len(ramp) - 1)).astype(np.uint8))
+        np.testing.assert_array_equal(ramp[len(ramp) // 2], np.rint(np.array(colour) * (len(ramp) // 2) / (len(ramp) - 1)))
+    with pytest.raises(ValueError, match="1 crops, 1 PCA images and 2 titles"):
+        compare_plots.feature_pca_picture([crop], pca, ["a", "b"], "A: tiny")
+
+
 def _found_at(picture: np.ndarray, block: np.ndarray) -> list[tuple[int, int]]:
     """Every (row, col) where ``block`` lies in ``picture`` pixel for pixel."""
     height, width = block.shape[:2]

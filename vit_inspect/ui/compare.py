@@ -99,7 +99,7 @@ def dino_views(state: CompareSession, mass: float) -> list[np.ndarray]:
     images = []
     for result, label in zip((state.comparison.a, state.comparison.b), state.labels):
         maps, masks = last_layer_heads(result, mass)
-        images.append(_image(compare_plots.dino_heads_figure(result, maps, masks, label, mass)))
+        images.append(compare_plots.dino_heads_picture(result, maps, masks, label, mass))  # PIL: see its docstring
     return images
 
 
@@ -109,8 +109,8 @@ def pca_views(state: CompareSession, remove_background: bool, threshold: float) 
         fits = [feature_pca(state.features[index], threshold if remove_background else None) for index in range(2)]
     except ValueError as exc:  # e.g. fewer than two foreground patches at this threshold
         raise InputError(f"{str(exc).capitalize()}.") from None
-    return [_image(compare_plots.feature_pca_figure(list(state.crops[index]), fits[index], list(state.names),
-                                                    state.labels[index])) for index in range(2)]
+    return [compare_plots.feature_pca_picture(list(state.crops[index]), fits[index], list(state.names), state.labels[index])
+            for index in range(2)]
 
 
 def _mass(value: object) -> float:
