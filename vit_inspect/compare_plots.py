@@ -209,8 +209,8 @@ def feature_pca_picture(crops: list[np.ndarray], pca: FeaturePCA, titles: list[s
     three principal components as RGB (Oquab et al. 2023, DINOv2 Fig. 1; each channel min-max scaled,
     written as rint(255 x), each patch a block of the crop's pixels: `_nearest`) under the count of patches
     kept; a scale bar per channel naming its component and share of variance (as many to a row as the
-    images' width holds); the fit and the background
-    setting above all. The matplotlib figure took ≈ 0.3 s per model."""
+    images' width holds); the fit and the background setting above all. The matplotlib figure took ≈ 0.3 s
+    per model."""
     if not len(crops) == len(pca.rgb) == len(titles):
         raise ValueError(f"{len(crops)} crops, {len(pca.rgb)} PCA images and {len(titles)} titles")
     columns = []

@@ -610,7 +610,9 @@ def similarity_panel(similarity: np.ndarray, title: str = "Position embedding si
     mosaic = similarity_mosaic(similarity)
     blank = np.isnan(mosaic)
     fraction = np.clip((np.where(blank, -1.0, mosaic) + 1.0) / 2.0, 0.0, 1.0)
-    colours = (matplotlib.colormaps["viridis"](fraction)[..., :3] * 255).astype(np.uint8)
+    # bytes=True: the very (colour * 255).astype(uint8) values, without a float64 RGBA copy of the mosaic (63 MB
+    # for DINOv2's 37 x 37 grid)
+    colours = matplotlib.colormaps["viridis"](fraction, bytes=True)[..., :3]
     colours[blank] = SIMILARITY_SEPARATOR
     scale = max(1, round(SIMILARITY_PIXELS / max(mosaic.shape)))
     cells = np.repeat(np.repeat(colours, scale, axis=0), scale, axis=1)
