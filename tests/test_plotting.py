@@ -259,8 +259,8 @@ def test_pos_similarity_figure():
 
 
 def test_filter_pca_panel_tiles_by_hand():
-    """Each component min-max scaled on its own to rint(255 x), magnified by whole pixels (4 x 2 filters: 12x, to
-    48 x 24 pixels), under its variance caption band, four to a row MOSAIC_GAP apart, under the heading."""
+    """Each component min-max scaled on its own to rint(255 x), magnified by whole pixels (4 x 2 filters: 18x, to
+    72 x 36 pixels), under its variance caption band, four to a row MOSAIC_GAP apart, under the heading."""
     rng = np.random.default_rng(0)
     ratios = np.array([0.5, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01, 0.01])
     pca = FilterPCA(components=rng.normal(size=(10, 4, 2, 3)), explained_variance_ratio=ratios)
@@ -268,7 +268,7 @@ def test_filter_pca_panel_tiles_by_hand():
     panel = filter_pca_panel(pca, "model X", ncols=4)
 
     scale = FILTER_TILE_PIXELS // 4
-    assert scale == 12
+    assert scale == 18
     caption = CAPTION_LINE_PIXELS + 8  # one line: "50.0%"
     tile_h, tile_w = 4 * scale + caption, 2 * scale
     grid_h = 3 * tile_h + 2 * MOSAIC_GAP  # 4 + 4 + 2 tiles

@@ -527,7 +527,7 @@ def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
     return fig
 
 
-FILTER_TILE_PIXELS = 48  # a filter_pca_panel tile is magnified by whole pixels to at least this many on its longer side
+FILTER_TILE_PIXELS = 72  # a filter_pca_panel tile is magnified by whole pixels to at least this many on its longer side
 
 
 def filter_pca_panel(pca: FilterPCA, title: str = "", ncols: int = 7) -> np.ndarray:
