@@ -18,11 +18,11 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6f. the Compare tab's aligned maps (the model against itself, the image's four maps) as a matplotlib figure
     (`compare_plots.aligned_maps_figure`, the CLI's, which the app drew before) ÷ as the app draws them now
     (`compare_plots.aligned_maps_picture`), what a change of model A's layer redraws
-6g. the Model tab's patch-embedding filter components as a matplotlib figure (`plotting.filter_pca_figure`, the
-    CLI's, which the app drew before) ÷ as the app draws them now (`plotting.filter_pca_panel`): the tab's
+6g. the Model tab's patch-embedding filter components as a matplotlib figure (`model_plots.filter_pca_figure`, the
+    CLI's, which the app drew before) ÷ as the app draws them now (`model_plots.filter_pca_panel`): the tab's
     first picture, and one per model in a Compare run
-6h. the same for the position-embedding similarity at the model's grid (`plotting.pos_similarity_figure` ÷
-    `plotting.similarity_panel`)
+6h. the same for the position-embedding similarity at the model's grid (`model_plots.pos_similarity_figure` ÷
+    `model_plots.similarity_panel`)
 6i. the Compare tab's last-layer heads with their DINO mass sets, one model, as a matplotlib figure
     (`compare_plots.dino_heads_figure`, the CLI's) ÷ as the app draws them now (`compare_plots.dino_heads_picture`):
     what a move of the mass slider redraws, per model
@@ -73,7 +73,7 @@ def main() -> None:
     set_threads(args.threads)
 
     import app
-    from vit_inspect import compare_plots, head_plots, plotting
+    from vit_inspect import compare_plots, head_plots, model_plots, plotting
     from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
     from vit_inspect.comparison import aligned_maps, compare_images, last_layer_heads
@@ -132,7 +132,7 @@ def main() -> None:
     model_title = "model: patch-embedding filters"
 
     def filters_figure():
-        fig = plotting.filter_pca_figure(report.filter_pca)
+        fig = model_plots.filter_pca_figure(report.filter_pca)
         fig.suptitle(f"{model_title}\n{fig.get_suptitle()}")
         return figure_image(fig)
 
@@ -146,10 +146,10 @@ def main() -> None:
                   "DINO heads as a matplotlib figure": lambda: figure_image(compare_plots.dino_heads_figure(*dino)),
                   "feature PCA": lambda: compare_plots.feature_pca_picture(*pca),
                   "feature PCA as a matplotlib figure": lambda: figure_image(compare_plots.feature_pca_figure(*pca)),
-                  "filters": lambda: plotting.filter_pca_panel(report.filter_pca, model_title),
+                  "filters": lambda: model_plots.filter_pca_panel(report.filter_pca, model_title),
                   "filters as a matplotlib figure": filters_figure,
-                  "similarity": lambda: plotting.similarity_panel(report.pos_similarity, model_title),
-                  "similarity as a matplotlib figure": lambda: figure_image(plotting.pos_similarity_figure(
+                  "similarity": lambda: model_plots.similarity_panel(report.pos_similarity, model_title),
+                  "similarity as a matplotlib figure": lambda: figure_image(model_plots.pos_similarity_figure(
                       report.pos_similarity, model_title)),
                   "aligned maps": aligned(compare_plots.aligned_maps_picture),
                   "aligned maps as a matplotlib figure": aligned(

@@ -21,7 +21,7 @@ from .jobs import AttentionDistanceJob, AttentionDistanceWorker
 from .evaluate import add_evaluate_parser
 from .models import DEFAULT_MODEL, ViTHandle, load_model
 from .pipeline import ImageAnalysis, analyze_image, find_images, model_report
-from . import plotting
+from . import model_plots, plotting
 
 
 def _rounded(array: np.ndarray | None, digits: int = 6):
@@ -135,9 +135,9 @@ def cmd_model(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        _save(plotting.filter_pca_figure(report.filter_pca), out / "filter_pca.png")
+        _save(model_plots.filter_pca_figure(report.filter_pca), out / "filter_pca.png")
         if report.pos_similarity is not None:
-            _save(plotting.pos_similarity_figure(report.pos_similarity), out / "pos_embed_similarity.png")
+            _save(model_plots.pos_similarity_figure(report.pos_similarity), out / "pos_embed_similarity.png")
     if args.images:
         files = find_images([args.images])
         if not files:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from . import compare_plots, plotting
+from . import compare_plots, model_plots, plotting
 from .analysis.dino import DINO_MASS, feature_pca
 from .comparison import aligned_maps, agreement_record, compare_images, last_layer_heads
 from .errors import VitInspectError
@@ -40,11 +40,11 @@ def fig7_images(handles: list[ViTHandle], labels: list[str]) -> dict[str, np.nda
     filters, similarity = [], []
     for handle, label in zip(handles, labels):
         report = model_report(handle)
-        fig = plotting.filter_pca_figure(report.filter_pca)
+        fig = model_plots.filter_pca_figure(report.filter_pca)
         fig.suptitle(f"{label}: RGB embedding filters (first {len(report.filter_pca.components)} components)")
         filters.append(plotting.figure_to_rgb(fig))
         if report.pos_similarity is not None:
-            similarity.append(plotting.figure_to_rgb(plotting.pos_similarity_figure(
+            similarity.append(plotting.figure_to_rgb(model_plots.pos_similarity_figure(
                 report.pos_similarity, title=f"{label}: position embedding similarity")))
     panels = {"filters": compare_plots.side_by_side(filters)}
     if similarity:

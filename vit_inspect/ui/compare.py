@@ -15,7 +15,7 @@ import gradio as gr
 import numpy as np
 from gradio import utils as gradio_utils
 
-from .. import compare_plots, plotting
+from .. import compare_plots, model_plots, plotting
 from ..analysis.compare import matching_layer, relative_depth
 from ..analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from ..cli import _parse_size
@@ -174,9 +174,9 @@ class Compare:
         top = [{f"{t['label']} (#{t['index']})": t["prob"] for t in h.top_labels(r.probs, 5)} if r.probs.size else None
                for h, r in ((handle_a, comparison.a), (handle_b, comparison.b))]
         reports = [model_report(h) for h in (handle_a, handle_b)]
-        filters = compare_plots.side_by_side([plotting.filter_pca_panel(r.filter_pca, label)
+        filters = compare_plots.side_by_side([model_plots.filter_pca_panel(r.filter_pca, label)
                                               for r, label in zip(reports, labels)])
-        similarity = [plotting.similarity_panel(r.pos_similarity, f"{label}: position embedding similarity")
+        similarity = [model_plots.similarity_panel(r.pos_similarity, f"{label}: position embedding similarity")
                       for r, label in zip(reports, labels) if r.pos_similarity is not None]
         heads = dino_views(state, mass)
         pca = pca_views(state, remove_background, threshold)

@@ -13,7 +13,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from .. import plotting
+from .. import model_plots
 from ..analysis import filter_pca
 from ..errors import InputError
 from ..model_cache import CacheKey
@@ -42,7 +42,7 @@ class ModelTab:
 
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
         handle = self.handle(key)
-        return plotting.filter_pca_panel(filter_pca(handle.patch_embed_weight()), title=shown_model(handle))
+        return model_plots.filter_pca_panel(filter_pca(handle.patch_embed_weight()), title=shown_model(handle))
 
     @shows_errors
     def native_similarity(self, key: CacheKey, progress=gr.Progress()):
@@ -70,7 +70,7 @@ class ModelTab:
         similarity = pos_similarity_at(handle, grid)
         if similarity is None:
             raise InputError("This model has no learned position embeddings to compare.")
-        return plotting.similarity_panel(
+        return model_plots.similarity_panel(
             similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
                               f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
 
