@@ -43,7 +43,7 @@ from vit_inspect.ui.faithfulness import FaithfulnessTab
 from vit_inspect.ui.heads import HeadsTab
 from vit_inspect.ui.model_tab import ModelTab, model_tab_layout, wire_model_tab
 from vit_inspect.ui.ordering import DrawOrder, session_hash
-from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, figure_image, view_map
+from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, PATCH, ROLLOUTS, SCALES, View
@@ -415,9 +415,9 @@ class Inspector:
         handle = self.handle(key)
         stats = dataset_attention_distance(
             handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
-        image = figure_image(plotting.attention_distance_figure(
+        image = plotting.distance_scatter(  # PIL: 2 ms, against 150 ms for a matplotlib figure (bench_upload 6l)
             stats.distances, image_width=handle.input_size[1],
-            title=f"{shown_model(handle)} · mean over {stats.num_images} images"))
+            title=f"{shown_model(handle)} · mean over {stats.num_images} images", selectable=False).background
         note = f"Averaged over {stats.num_images} image(s)."
         if stats.skipped:
             note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))

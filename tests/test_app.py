@@ -23,7 +23,9 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import gradio as gr  # noqa: E402
 
 import app  # noqa: E402
+from vit_inspect import plotting  # noqa: E402
 from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.pipeline import dataset_attention_distance  # noqa: E402
 from vit_inspect.ui.common import OutputImage  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
@@ -294,8 +296,13 @@ def test_dataset_average_over_uploaded_images(server, client, tmp_path):
     fake.write_text("not an image")
     images = [handle_file(str(REPO / "assets" / name)) for name in ("chelsea.png", "coffee.png")]
     figure, note = client.predict(images + [handle_file(str(fake))], api_name="/dataset_distance")
-    assert pixels(figure).ndim == 3
     assert note.startswith("Averaged over 2 image(s).") and "notes.png" in note
+    # the scatter of the two photos' mean distances, titled with the model and the count, no "selected" entry
+    handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
+    stats = dataset_attention_distance(handle, [REPO / "assets" / name for name in ("chelsea.png", "coffee.png")])
+    expected = plotting.distance_scatter(stats.distances, image_width=224, selectable=False,
+                                         title=f"{app.shown_model(handle)} · mean over 2 images")
+    np.testing.assert_array_equal(pixels(figure), expected.background)
 
 
 def test_missing_weights_are_explained_in_the_page_and_an_upload_fixes_it(monkeypatch, tmp_path):

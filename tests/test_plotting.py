@@ -317,6 +317,12 @@ def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title()
     np.testing.assert_allclose(rows, 8 + plot_h - 1 - distances / highest * (plot_h - 1))  # linear, 0 at the bottom
     np.testing.assert_allclose(untitled.points[:, :, 0], [[58 + 95] * 3, [58 + 285] * 3])  # layer centres, 190 px apart
     assert distance_scatter(distances).background.shape[1] == untitled.background.shape[1] - 60  # no fraction axis
+    fixed = distance_scatter(distances, image_width=224, selectable=False)  # nothing to select (a dataset's mean)
+    assert fixed.legend is None
+    np.testing.assert_array_equal(fixed.points, untitled.points)
+    differ = np.argwhere(np.any(fixed.background != untitled.background, axis=-1))
+    assert len(differ) and differ[:, 0].min() >= 8 + plot_h + 28  # only the legend, under the axes, lost an entry
+    assert differ[:, 1].min() >= 58 + 78 - 6  # the selected entry; the head entry stays
     with pytest.raises(ValueError, match="depth, heads"):
         distance_scatter(np.zeros(3))
     with pytest.raises(ValueError, match="finite"):

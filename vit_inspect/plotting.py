@@ -600,30 +600,44 @@ HEAD_DOT_RADIUS = 2.5  # pixels: a head's dot in distance_scatter
 HIGHLIGHT_DOT_RADIUS = 5.5  # pixels: a highlighted head's dot
 
 
-def distance_scatter(distances: np.ndarray, image_width: int | None = None, title: str = "") -> DistanceScatter:
-    """What `attention_distance_figure` shows, drawn once with PIL, with the pixel centre of every head's dot
-    (a matplotlib figure of it took ≈ 0.2 s, this ≈ 5 ms): every head a dot at its layer (x, the layers
-    evenly spaced) and mean attention distance (y, pixels, from 0 to 1.08 x the largest + 1 so no dot
-    clips); with ``image_width`` a right-hand axis reads the distance as a fraction of the image width; the
-    legend (a head, the selected layer / head) sits under the axes, where it hides no dot."""
-    distances = np.asarray(distances, dtype=np.float64)
-    if distances.ndim != 2 or 0 in distances.shape:
-        raise ValueError(f"expected (depth, heads) distances, got shape {distances.shape}")
-    if not np.isfinite(distances).all():
-        raise ValueError("attention distances must be finite")
-    depth, heads = distances.shape
+@dataclass(frozen=True)
+class PlotAxes:
+    """Framed axes drawn on a white panel (`plot_axes`): a distance scatter's, the faithfulness curves'."""
+
+    panel: Image.Image
+    pen: ImageDraw.ImageDraw
+    left: int  # pixel column of the plot's left edge
+    top: int  # pixel row of the plot's top edge
+    width: int  # plot width, pixels
+    height: int  # plot height, pixels
+    highest: float  # the y value at the top edge (the bottom is 0)
+
+    @property
+    def bottom(self) -> int:
+        return self.top + self.height - 1
+
+    def row(self, value):
+        """Pixel row of a y value (0 at the bottom edge, `highest` at the top, linear)."""
+        return self.bottom - value / self.highest * (self.height - 1)
+
+    def dot(self, x: float, y: float, radius: float, colour: tuple) -> None:
+        self.pen.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour)
+
+
+def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_label: str,
+              image_width: int | None = None, plot: tuple[int, int] = SCATTER_PLOT_PIXELS, below: int = 28,
+              width: int = 0) -> PlotAxes:
+    """A white panel with framed axes of `plot` = (width, height) pixels: y from 0 to `highest` (about six
+    round ticks, `y_label` written upwards on the left); x ticks at (pixel offset in the plot, label) with
+    `x_label` under them, then `below` pixels for a legend; with ``image_width`` a right-hand axis reads y
+    as a fraction of that width. The panel is at least `width` pixels wide."""
     small = _font(10)
     left, top = 58, 8
-    plot_w, plot_h = SCATTER_PLOT_PIXELS
+    plot_w, plot_h = plot
     right = 70 if image_width else 10
-    panel = Image.new("RGB", (left + plot_w + right, top + plot_h + 56), (255, 255, 255))
-    pen = ImageDraw.Draw(panel)
-    highest = 1.08 * float(distances.max()) + 1.0
-    bottom = top + plot_h - 1
-
-    def row(value: float) -> float:
-        return bottom - value / highest * (plot_h - 1)
-
+    panel = Image.new("RGB", (max(left + plot_w + right, width), top + plot_h + 28 + below), (255, 255, 255))
+    axes = PlotAxes(panel, ImageDraw.Draw(panel), left, top, plot_w, plot_h, highest)
+    pen, bottom, row = axes.pen, axes.bottom, axes.row
     for value in matplotlib.ticker.MaxNLocator(6).tick_values(0.0, highest):
         if 0.0 <= value <= highest:
             pen.line((left - 4, row(value), left - 1, row(value)), fill=(0, 0, 0))
@@ -635,33 +649,52 @@ def distance_scatter(distances: np.ndarray, image_width: int | None = None, titl
                 pen.line((left + plot_w, y, left + plot_w + 3, y), fill=(0, 0, 0))
                 pen.text((left + plot_w + 6, y), f"{fraction:g}", fill=(0, 0, 0), font=small, anchor="lm")
         _write_upwards(panel, "fraction of image width", left + plot_w + right - 16, top, plot_h)
-    columns = left + (np.arange(depth) + 0.5) * plot_w / depth
-    every = max(1, math.ceil((7 * len(str(depth - 1)) + 4) / (plot_w / depth)))
-    for layer in range(0, depth, every):
-        pen.line((columns[layer], bottom + 1, columns[layer], bottom + 4), fill=(0, 0, 0))
-        pen.text((columns[layer], bottom + 6), str(layer), fill=(0, 0, 0), font=small, anchor="mt")
-    pen.text((left + plot_w / 2, bottom + 20), "network depth (layer)", fill=(0, 0, 0), font=small, anchor="mt")
-    _write_upwards(panel, "mean attention distance (pixels)", 0, top, plot_h)
+    for x, label in x_ticks:
+        pen.line((left + x, bottom + 1, left + x, bottom + 4), fill=(0, 0, 0))
+        pen.text((left + x, bottom + 6), label, fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((left + plot_w / 2, bottom + 20), x_label, fill=(0, 0, 0), font=small, anchor="mt")
+    _write_upwards(panel, y_label, 0, top, plot_h)
     pen.rectangle((left - 1, top - 1, left + plot_w, bottom + 1), outline=(0, 0, 0))
-    head_colour, highlight_colour = _rgb(HEAD_COLOR), _rgb(HIGHLIGHT_COLOR)
-    points = np.stack([np.broadcast_to(columns[:, None], distances.shape), row(distances)], axis=-1)  # (depth, heads, 2)
+    return axes
 
-    def dot(x: float, y: float, radius: float, colour: tuple) -> None:
-        pen.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour)
 
+def distance_scatter(distances: np.ndarray, image_width: int | None = None, title: str = "",
+                     selectable: bool = True) -> DistanceScatter:
+    """What `attention_distance_figure` shows, drawn once with PIL, with the pixel centre of every head's dot
+    (a matplotlib figure of it took ≈ 0.2 s, this ≈ 5 ms): every head a dot at its layer (x, the layers
+    evenly spaced) and mean attention distance (y, pixels, from 0 to 1.08 x the largest + 1 so no dot
+    clips); with ``image_width`` a right-hand axis reads the distance as a fraction of the image width; the
+    legend (a head, and with ``selectable`` the selected layer / head) sits under the axes, where it hides
+    no dot."""
+    distances = np.asarray(distances, dtype=np.float64)
+    if distances.ndim != 2 or 0 in distances.shape:
+        raise ValueError(f"expected (depth, heads) distances, got shape {distances.shape}")
+    if not np.isfinite(distances).all():
+        raise ValueError("attention distances must be finite")
+    depth, heads = distances.shape
+    plot_w = SCATTER_PLOT_PIXELS[0]
+    offsets = (np.arange(depth) + 0.5) * plot_w / depth
+    every = max(1, math.ceil((7 * len(str(depth - 1)) + 4) / (plot_w / depth)))
+    axes = plot_axes(1.08 * float(distances.max()) + 1.0,
+                     [(offsets[layer], str(layer)) for layer in range(0, depth, every)],
+                     "network depth (layer)", "mean attention distance (pixels)", image_width)
+    head_colour, highlight_colour, small = _rgb(HEAD_COLOR), _rgb(HIGHLIGHT_COLOR), _font(10)
+    columns = axes.left + offsets
+    points = np.stack([np.broadcast_to(columns[:, None], distances.shape), axes.row(distances)], axis=-1)  # (depth, heads, 2)
     for x, y in points.reshape(-1, 2):
-        dot(x, y, HEAD_DOT_RADIUS, head_colour)
-    legend_y = bottom + 42
-    dot(left + 8, legend_y, HEAD_DOT_RADIUS, head_colour)
-    pen.text((left + 18, legend_y), "head", fill=(0, 0, 0), font=small, anchor="lm")
-    dot(left + 78, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
-    pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
-    body = np.asarray(panel)
+        axes.dot(x, y, HEAD_DOT_RADIUS, head_colour)
+    legend_y, left = axes.bottom + 42, axes.left
+    axes.dot(left + 8, legend_y, HEAD_DOT_RADIUS, head_colour)
+    axes.pen.text((left + 18, legend_y), "head", fill=(0, 0, 0), font=small, anchor="lm")
+    if selectable:
+        axes.dot(left + 78, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
+        axes.pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
+    body = np.asarray(axes.panel)
     background = titled(body, title)
     band = background.shape[0] - body.shape[0]  # the title's, above
     points[..., 1] += band
     return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS,
-                           legend=(left + 90, legend_y + band))
+                           legend=(left + 90, legend_y + band) if selectable else None)
 
 
 PNG_LEVEL = 1  # zlib level of the PNGs the app sends (`encode_png`), not PIL's default 6
