@@ -253,6 +253,45 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
     assert compare_plots.side_by_side([np.zeros((2, 3, 3), np.uint8), np.zeros((4, 1, 3), np.uint8)], gap=2).shape == (4, 6, 3)
 
 
+def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth_and_distance():
+    """Every head a dot in its model's colour at x = (l + 1) / L plus the model's side offset (A left, B right),
+    y linear from 0 (bottom) to 1.08 x the largest + 1 (top), under a one-line title; a legend line per model."""
+    from vit_inspect import compare_plots
+    from vit_inspect.compare_plots import COMPARE_PLOT_PIXELS, MODEL_COLORS, compare_distance_picture
+    from vit_inspect.plotting import CAPTION_LINE_PIXELS, _rgb
+
+    a = np.array([[10.0, 20.0], [30.0, 40.0]])  # depth 2, heads 2
+    b = np.array([[5.0], [15.0], [25.0], [35.0]])  # depth 4, heads 1
+    picture, (at_a, at_b) = compare_distance_picture([a, b], ["A: two", "B: four"], [32, 48], title="t")
+    untitled, (plain_a, _) = compare_distance_picture([a, b], ["A: two", "B: four"], [32, 48], title="")
+    band = CAPTION_LINE_PIXELS + 8
+    np.testing.assert_array_equal(picture[band:], untitled)
+    np.testing.assert_allclose(at_a[..., 1] - plain_a[..., 1], band)
+    plot_w, plot_h = COMPARE_PLOT_PIXELS
+    left, top, highest = 58, 8, 1.08 * 40.0 + 1.0
+    # by hand: A's offset -0.5 * 0.15 / 2 = -0.0375, B's +0.5 * 0.15 / 4 = 0.01875; the axis runs 0..1.05
+    np.testing.assert_allclose(plain_a[:, 0, 0], left + (np.array([0.5, 1.0]) - 0.0375) / 1.05 * (plot_w - 1))
+    np.testing.assert_allclose(at_b[:, 0, 0], left + (np.array([0.25, 0.5, 0.75, 1.0]) + 0.01875) / 1.05 * (plot_w - 1))
+    np.testing.assert_allclose(plain_a[..., 1], top + plot_h - 1 - a / highest * (plot_h - 1))
+    np.testing.assert_allclose(at_b[..., 1] - band, top + plot_h - 1 - b / highest * (plot_h - 1))
+    for centres, colour in ((at_a, MODEL_COLORS[0]), (at_b, MODEL_COLORS[1])):
+        for x, y in np.round(centres.reshape(-1, 2)).astype(int):
+            np.testing.assert_array_equal(picture[y, x], _rgb(colour))
+    bottom = band + top + plot_h - 1
+    for index, colour in enumerate(MODEL_COLORS):  # each legend line starts with its model's dot
+        np.testing.assert_array_equal(picture[bottom + 42 + 16 * index, left + 8], _rgb(colour))
+    long_name = "B: " + "a_very_long_model_name_" * 4
+    wider, _ = compare_distance_picture([a, b], ["A: two", long_name], [32, 48])
+    assert wider.shape[1] > untitled.shape[1]  # the legend fits: the picture widens for it
+    assert compare_plots.DEPTH_AXIS_END == 1.05
+    with pytest.raises(ValueError, match="one name"):
+        compare_distance_picture([a, b], ["A"], [32, 48])
+    with pytest.raises(ValueError, match="finite"):
+        compare_distance_picture([a, b * np.nan], ["A", "B"], [32, 48])
+    with pytest.raises(ValueError, match="depth, heads"):
+        compare_distance_picture([a, np.zeros(3)], ["A", "B"], [32, 48])
+
+
 def test_dino_heads_picture_scales_each_head_and_brightens_its_mass():
     """Each head min-max scaled on its own (so an affine change of one head's map draws the same picture), its
     overlay on 0..1 with the patches outside its mass set dimmed found once, the title naming the mass."""

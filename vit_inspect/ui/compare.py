@@ -15,7 +15,7 @@ import gradio as gr
 import numpy as np
 from gradio import utils as gradio_utils
 
-from .. import compare_plots, model_plots, plotting
+from .. import compare_plots, model_plots
 from ..analysis.compare import matching_layer, relative_depth
 from ..analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from ..cli import _parse_size
@@ -47,13 +47,6 @@ class CompareSession:
     def nbytes(self) -> int:
         """Bytes held: both passes, the PCA features and crops."""
         return self.comparison.nbytes() + sum(a.nbytes for group in (*self.features, *self.crops) for a in group)
-
-
-def _image(fig) -> np.ndarray:
-    try:
-        return plotting.figure_to_rgb(fig)
-    finally:
-        fig.clear()
 
 
 def _rho(value: float) -> str:
@@ -168,9 +161,9 @@ class Compare:
         layer = comparison.a.depth - 1
         figure, rows, note = layer_views(state, layer)
         results = (comparison.a, comparison.b)
-        distance = _image(compare_plots.compare_distance_figure(
+        distance, _ = compare_plots.compare_distance_picture(
             [r.mean_distance for r in results], list(labels), [r.layout.input_size[1] for r in results],
-            title=f"mean attention distance: {name}"))
+            title=f"mean attention distance: {name}")
         top = [{f"{t['label']} (#{t['index']})": t["prob"] for t in h.top_labels(r.probs, 5)} if r.probs.size else None
                for h, r in ((handle_a, comparison.a), (handle_b, comparison.b))]
         reports = [model_report(h) for h in (handle_a, handle_b)]
