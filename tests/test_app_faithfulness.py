@@ -30,6 +30,39 @@ def test_ranked_rows_best_first_with_marks():
     assert rows[2][1:] == ["63.0 ⚠", "36.0 ⚠", "0.500 ⚠", "0.500", WORSE]  # ins .5 > .45 is better than random
 
 
+def test_curves_panel_draws_each_curve_through_its_points_in_its_colour():
+    """Each curve a line through (left + f x (plot_w - 1), bottom - p / highest x (plot_h - 1)) of its panel,
+    highest = 1.05 x the panel's largest point; the random map dashed black; a legend sample per method."""
+    from vit_inspect.faithfulness_plot import CURVE_PLOT_PIXELS, LEGEND_LINE_PIXELS, curves_panel, method_colours
+    from vit_inspect.plotting import CAPTION_LINE_PIXELS, MOSAIC_GAP
+
+    fractions = np.linspace(0.0, 1.0, 11)
+    falling = Curves(pos=np.ones(10), neg=np.ones(10), deletion=0.8 * (1 - fractions), insertion=0.8 * fractions)
+    picture = curves_panel({"a": falling, "random": constant(1, 1, 0.4, 0.2)}, "title")
+    band = CAPTION_LINE_PIXELS + 8  # one line: the whole title, then each plot's own
+    plot_w, plot_h = CURVE_PLOT_PIXELS
+    colours = method_colours(["a", "random"])
+    assert colours == {"a": (31, 119, 180), "random": (0, 0, 0)}  # tab10's first; black
+    highest = 1.05 * 0.8
+    panel_w = (picture.shape[1] - MOSAIC_GAP) // 2
+    for offset, values in ((0, falling.deletion), (panel_w + MOSAIC_GAP, falling.insertion)):
+        top = 2 * band + 8
+        for f, value in zip(fractions, values):
+            x = int(round(offset + 58 + f * (plot_w - 1)))
+            y = int(round(top + plot_h - 1 - value / highest * (plot_h - 1)))
+            near = picture[y - 1:y + 2, x - 1:x + 2].reshape(-1, 3)
+            assert (near == colours["a"]).all(axis=1).any(), (offset, f)
+        legend = top + plot_h - 1 + 40 + LEGEND_LINE_PIXELS  # the first method's sample line
+        np.testing.assert_array_equal(picture[legend, offset + 58 + 12], colours["a"])
+    y = int(round(2 * band + 8 + plot_h - 1 - 0.4 / highest * (plot_h - 1)))  # random's deletion, dashed
+    drawn = (picture[y - 1:y + 2, 58 + 30:58 + plot_w - 30] == 0).all(axis=-1).any(axis=0)
+    assert 0.5 < drawn.mean() < 0.75  # 6 pixels drawn, 4 skipped, widened by the line's width
+    with pytest.raises(ValueError, match="no curves"):
+        curves_panel({}, "t")
+    with pytest.raises(ValueError, match="11 finite"):
+        curves_panel({"a": constant(1, 1, np.nan, 0.2)}, "t")
+
+
 @dataclass(frozen=True)
 class FakeSession:
     model: str

@@ -19,8 +19,7 @@ import numpy as np
 
 from ..analysis.faithfulness import Curves
 from ..faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
-from ..faithfulness_plot import curves_figure, ranked_rows
-from ..plotting import figure_to_rgb
+from ..faithfulness_plot import curves_panel, ranked_rows
 from ..errors import VitInspectError
 from .common import OutputImage
 from .untrusted import finite_float, finite_int, flag
@@ -125,11 +124,7 @@ class FaithfulnessTab:
         label = handle.label(result.target)
         title = (f"{handle.name}: class {label!r} (#{result.target}); removed patches = mean colour, "
                  f"insertion from a Gaussian blur (kernel 11, σ 5)")
-        fig = curves_figure(known, title)
-        try:
-            image = figure_to_rgb(fig)
-        finally:
-            fig.clear()
+        image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)
         flagged = [row[0] for row in rows if row[-1].startswith("⚠")]
         note = (f"Scored {len(known)} maps for class {label!r}. pos/neg: top-1 still the explained class while "
