@@ -28,6 +28,15 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
     what a move of the mass slider redraws, per model
 6j. the same for the feature PCA of one image, background removed (`compare_plots.feature_pca_figure` ÷
     `compare_plots.feature_pca_picture`): what a change of the background setting redraws, per model
+6k. the Compare tab's mean attention distance of both models (the model against itself) as a matplotlib figure
+    (`compare_plots.compare_distance_figure`, the CLI's) ÷ as the app draws it now
+    (`compare_plots.compare_distance_picture`): once per Compare run
+6l. the dataset-level mean attention distance (this image's distances stand in for a folder's mean) as a
+    matplotlib figure (`plotting.attention_distance_figure`) ÷ as the app draws it now
+    (`plotting.distance_scatter(selectable=False)`): once per dataset job
+6m. the Faithfulness tab's deletion and insertion curves of the scored maps (seven maps' curves, made up:
+    drawing does not depend on the values) as a matplotlib figure (the app's before this change, kept here as
+    `faithfulness_figure`) ÷ as the app draws them now (`faithfulness_plot.curves_panel`): once per scoring
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
@@ -47,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import REPO, SHARED, THREADS, markdown_table, measure, print_header, set_threads
+from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, print_header, set_threads
 
 
 class _Quiet:
@@ -59,6 +68,29 @@ class _Quiet:
 
 CONTROLS = dict(layer=11, head=0, mean_heads=False, query="class / readout token", row=0, col=0, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=11, gradcam_layer=11)
+
+
+def faithfulness_figure(curves: dict, title: str):
+    """The Faithfulness tab's curves as the app drew them before `faithfulness_plot.curves_panel`: a matplotlib
+    Figure, deletion and insertion side by side, the random map dashed, "method (AUC)" legends."""
+    from matplotlib.figure import Figure
+
+    from vit_inspect.analysis.faithfulness import DEL_INS_FRACTIONS
+    from vit_inspect.faithfulness_plot import PANELS, RANDOM
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    fig.suptitle(title, fontsize="medium")
+    for position, (field, name, verb) in enumerate(PANELS, 1):
+        ax = fig.add_subplot(1, 2, position)
+        for method, c in curves.items():
+            style = dict(color="black", linestyle="--") if method == RANDOM else {}
+            area = c.auc("del" if field == "deletion" else "ins")
+            ax.plot(DEL_INS_FRACTIONS, getattr(c, field), label=f"{method} ({area:.3f})", **style)
+        ax.set(title=name, xlabel=f"fraction of patches {verb}", ylabel="probability of the explained class",
+               xlim=(0, 1), ylim=(0, None))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", title="method (AUC)", title_fontsize="x-small")
+    return fig
 
 
 def main() -> None:
@@ -73,8 +105,9 @@ def main() -> None:
     set_threads(args.threads)
 
     import app
-    from vit_inspect import compare_plots, head_plots, model_plots, plotting
+    from vit_inspect import compare_plots, faithfulness_plot, head_plots, model_plots, plotting
     from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
+    from vit_inspect.analysis.faithfulness import DEL_INS_FRACTIONS, Curves
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
     from vit_inspect.comparison import aligned_maps, compare_images, last_layer_heads
     from vit_inspect.geometry import InputGeometry
@@ -82,7 +115,7 @@ def main() -> None:
     from vit_inspect.model_cache import ModelCache
     from vit_inspect.pipeline import model_report
     from vit_inspect.ui import heads as heads_ui
-    from vit_inspect.ui.panels import draw_panels, figure_image
+    from vit_inspect.ui.panels import draw_panels
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")
@@ -141,7 +174,23 @@ def main() -> None:
     dino = (pair.a, heads_maps, heads_masks, "A", DINO_MASS)
     pca = ([pair.a.rgb], fit, [args.image.name], "A")
 
+    distances = ([pair.a.mean_distance] * 2, ["A", "B"], [pair.a.layout.input_size[1]] * 2, "title")
+    falling = np.exp(-np.outer(np.arange(2, 9), DEL_INS_FRACTIONS))  # (7, 11): seven maps' curves
+    curves = {name: Curves(pos=np.ones(10), neg=np.ones(10), deletion=d, insertion=1 - d)
+              for name, d in zip(("attention", "rollout", "gradcam", "chefer", "legrad", "attnlrp", "random"), falling)}
+    curves_title = f"{handle.name}: class 'x' (#0); removed patches = mean colour, insertion from a Gaussian blur"
+
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
+                  "Compare distance": lambda: compare_plots.compare_distance_picture(*distances),
+                  "Compare distance as a matplotlib figure": lambda: figure_image(
+                      compare_plots.compare_distance_figure(*distances)),
+                  "dataset distance": lambda: plotting.distance_scatter(
+                      pair.a.mean_distance, 224, "title", selectable=False).background,
+                  "dataset distance as a matplotlib figure": lambda: figure_image(plotting.attention_distance_figure(
+                      pair.a.mean_distance, image_width=224, title="title")),
+                  "faithfulness curves": lambda: faithfulness_plot.curves_panel(curves, curves_title),
+                  "faithfulness curves as a matplotlib figure": lambda: figure_image(
+                      faithfulness_figure(curves, curves_title)),
                   "DINO heads": lambda: compare_plots.dino_heads_picture(*dino),
                   "DINO heads as a matplotlib figure": lambda: figure_image(compare_plots.dino_heads_figure(*dino)),
                   "feature PCA": lambda: compare_plots.feature_pca_picture(*pca),
@@ -202,7 +251,12 @@ def main() -> None:
         ["6i. Compare tab DINO heads: matplotlib figure ÷ PIL picture",
          f"**{times['DINO heads as a matplotlib figure'].median / times['DINO heads'].median:.1f}**"],
         ["6j. Compare tab feature PCA: matplotlib figure ÷ PIL picture",
-         f"**{times['feature PCA as a matplotlib figure'].median / times['feature PCA'].median:.1f}**"]]))
+         f"**{times['feature PCA as a matplotlib figure'].median / times['feature PCA'].median:.1f}**"],
+        *[[f"6{row}. {words}: matplotlib figure ÷ PIL picture",
+           f"**{times[f'{name} as a matplotlib figure'].median / times[name].median:.1f}**"]
+          for row, name, words in (("k", "Compare distance", "Compare tab mean attention distance"),
+                                   ("l", "dataset distance", "dataset mean attention distance"),
+                                   ("m", "faithfulness curves", "Faithfulness tab curves"))]]))
 
 
 def _random_loader(name, weights, device, **kwargs):

@@ -106,6 +106,17 @@ def plain_forward_input_backward(model: torch.nn.Module, pixels: torch.Tensor, t
     torch.autograd.grad(model(x)[0, target], x)
 
 
+def figure_image(fig):
+    """A matplotlib Figure rendered to (H, W, 3) uint8 (`plotting.figure_to_rgb`), its drawing released: the
+    "before" of each picture the app now draws with PIL."""
+    from vit_inspect import plotting
+
+    try:
+        return plotting.figure_to_rgb(fig)
+    finally:
+        fig.clear()
+
+
 def machine_rows() -> list[tuple[str, str]]:
     """(fact, value) rows: CPU, cores, threads, versions, load at the time of the call."""
     cpu = platform.processor() or platform.machine()

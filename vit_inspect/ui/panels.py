@@ -65,14 +65,6 @@ def caption(session, view, name: str, range_words: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def figure_image(fig) -> np.ndarray:
-    """Render a matplotlib Figure to (H, W, 3) uint8 and release what it drew."""
-    try:
-        return plotting.figure_to_rgb(fig)
-    finally:
-        fig.clear()
-
-
 def heads_figure(session, view) -> np.ndarray:
     """Every head of the view's layer from its query, shared colour range, optional DINO threshold masks."""
     result = session.result
