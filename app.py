@@ -576,7 +576,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         with gr.Row():
                             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
                                                     file_count="multiple", file_types=["image"], type="filepath",
-                                                    height=120, scale=3)
+                                                    height=120, scale=3, elem_id="dataset-files")
                             dataset_button = gr.Button("Average over these images", scale=1)
                         dataset_note = gr.Markdown()
                     with gr.Tab("Model") as model_tab:
