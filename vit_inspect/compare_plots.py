@@ -144,11 +144,11 @@ def compare_distance_picture(distances: list[np.ndarray], names: list[str], widt
     plot_w = COMPARE_PLOT_PIXELS[0]
     labels = [f"{name} ({d.shape[0]} layers × {d.shape[1]} heads, input width {width} px)"
               for d, name, width in zip(arrays, names, widths)]
-    legend_width = 58 + 18 + max(int(small.getlength(label)) for label in labels) + 10
     axes = plot_axes(1.08 * max(float(d.max()) for d in arrays) + 1.0,
                      [(value / DEPTH_AXIS_END * (plot_w - 1), f"{value:g}") for value in np.linspace(0.0, 1.0, 6)],
                      "relative depth (layer + 1) / depth", "mean attention distance (input pixels)",
-                     plot=COMPARE_PLOT_PIXELS, below=16 * len(arrays) + 4, width=legend_width)
+                     plot=COMPARE_PLOT_PIXELS, below=16 * len(arrays) + 4,
+                     legend=18 + max(int(small.getlength(label)) for label in labels))  # dot, then its words
     points = []
     for index, (dist, label) in enumerate(zip(arrays, labels)):
         depth, heads = dist.shape

@@ -57,11 +57,11 @@ def curves_panel(curves: dict[str, Curves], title: str) -> np.ndarray:
         if any(v.shape != DEL_INS_FRACTIONS.shape or not np.isfinite(v).all() for v in values.values()):
             raise ValueError(f"each {field} curve must be {len(DEL_INS_FRACTIONS)} finite values")
         labels = {m: f"{m} ({c.auc('del' if field == 'deletion' else 'ins'):.3f})" for m, c in curves.items()}
-        width = 58 + 30 + max(int(small.getlength(label)) for label in labels.values()) + 10
         axes = plot_axes(max(0.05, 1.05 * max(float(v.max()) for v in values.values())),
                          [(f * (plot_w - 1), f"{f:g}") for f in np.linspace(0.0, 1.0, 6)],
                          f"fraction of patches {verb}", "probability of the explained class",
-                         plot=CURVE_PLOT_PIXELS, below=LEGEND_LINE_PIXELS * (len(curves) + 1) + 6, width=width)
+                         plot=CURVE_PLOT_PIXELS, below=LEGEND_LINE_PIXELS * (len(curves) + 1) + 6,
+                         legend=30 + max(int(small.getlength(label)) for label in labels.values()))  # sample, words
         legend_y = axes.bottom + 40
         axes.pen.text((axes.left, legend_y), "method (AUC)", fill=(0, 0, 0), font=small, anchor="lm")
         for index, (method, value) in enumerate(values.items()):

@@ -626,16 +626,18 @@ class PlotAxes:
 
 def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_label: str,
               image_width: int | None = None, plot: tuple[int, int] = SCATTER_PLOT_PIXELS, below: int = 28,
-              width: int = 0) -> PlotAxes:
+              legend: int = 0) -> PlotAxes:
     """A white panel with framed axes of `plot` = (width, height) pixels: y from 0 to `highest` (about six
     round ticks, `y_label` written upwards on the left); x ticks at (pixel offset in the plot, label) with
     `x_label` under them, then `below` pixels for a legend; with ``image_width`` a right-hand axis reads y
-    as a fraction of that width. The panel is at least `width` pixels wide."""
+    as a fraction of that width. ``legend``: how far the widest legend line reaches right of the plot's left
+    edge, pixels; the panel widens to hold it."""
     small = _font(10)
     left, top = 58, 8
     plot_w, plot_h = plot
     right = 70 if image_width else 10
-    panel = Image.new("RGB", (max(left + plot_w + right, width), top + plot_h + 28 + below), (255, 255, 255))
+    panel = Image.new("RGB", (max(left + plot_w + right, left + legend + 10), top + plot_h + 28 + below),
+                      (255, 255, 255))
     axes = PlotAxes(panel, ImageDraw.Draw(panel), left, top, plot_w, plot_h, highest)
     pen, bottom, row = axes.pen, axes.bottom, axes.row
     for value in matplotlib.ticker.MaxNLocator(6).tick_values(0.0, highest):
