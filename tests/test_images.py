@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import PHOTOS, tiny_handle
 from vit_inspect.errors import ImageError
-from vit_inspect.images import ImageLimits, Preprocess, load_image
+from vit_inspect.images import ImageLimits, Preprocess, load_image, preview_rgb, thumbnail_size
 
 
 @pytest.mark.parametrize("photo", ["chelsea.png", "rocket.jpg", "astronaut.png"])
@@ -80,3 +80,77 @@ def test_load_image_refuses_junk_with_messages():
         load_image(_png(Image.new("RGB", (64, 64), (10, 20, 30)))[:80])
     with pytest.raises(ImageError, match="limit"):
         load_image(_png(Image.new("RGB", (100, 100))), ImageLimits(max_pixels=5000))
+
+
+def _oriented(size: tuple[int, int], orientation: int) -> bytes:
+    """A JPEG of ``size`` (width, height), left half red, right half blue, tagged with an EXIF orientation."""
+    image = Image.new("RGB", size, (255, 0, 0))
+    image.paste((0, 0, 255), (size[0] // 2, 0, size[0], size[1]))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", exif=exif.tobytes(), quality=95)
+    return buffer.getvalue()
+
+
+def test_load_image_turns_a_decoded_file_in_place_and_never_a_given_image():
+    # orientation 6: shown turned 90° clockwise, so the 40 x 20 picture's red left half ends up on top
+    turned = np.asarray(load_image(_oriented((40, 20), 6)), dtype=np.int16)
+    assert turned.shape == (40, 20, 3)
+    # away from the boundary, which JPEG's chroma subsampling blurs
+    assert turned[:16, :, 0].min() > 200 and turned[:16, :, 2].max() < 60  # red on top
+    assert turned[24:, :, 2].min() > 200 and turned[24:, :, 0].max() < 60  # blue below
+    given = Image.open(io.BytesIO(_oriented((40, 20), 6)))
+    from_given = load_image(given)
+    assert from_given.size == (20, 40) and np.array_equal(np.asarray(from_given), turned.astype(np.uint8))
+    assert given.size == (40, 20) and given.getexif()[0x0112] == 6  # the caller's image is left as it was
+    upright = load_image(_oriented((40, 20), 1))
+    assert upright.size == (40, 20) and upright.mode == "RGB"
+
+
+@pytest.mark.parametrize("size, side, expected", [
+    ((451, 300), 448, (448, 298)),  # 448 / (451 / 300) = 298.0
+    ((300, 451), 448, (298, 448)),
+    ((1000, 1), 448, (448, 1)),  # 0.448 rounds to 0; a side is at least 1
+    ((3, 1000), 448, (1, 448)),  # 1.344 -> 1
+    ((448, 448), 448, (448, 448)),  # fits: unchanged
+    ((100, 40), 448, (100, 40)),
+    ((449, 449), 448, (448, 448)),
+    ((4032, 3024), 448, (448, 336)),  # 448 * 3 / 4
+    ((1000, 667), 10, (10, 7)),  # 6.67: 7 keeps the ratio closer than 6
+])
+def test_thumbnail_size_by_hand(size, side, expected):
+    assert thumbnail_size(size, side) == expected
+
+
+def test_preview_rgb_equals_pillows_thumbnail_of_an_rgb_copy():
+    """The independent implementation is Pillow's own `Image.thumbnail`, as the pass used it before."""
+    rng = np.random.default_rng(0)
+    sizes = [(451, 300), (300, 451), (448, 448), (449, 449), (2000, 1500), (1500, 2000), (997, 13), (13, 997),
+             (1200, 1), (90, 60)] + [tuple(int(v) for v in rng.integers(1, 1800, 2)) for _ in range(12)]
+    for size in sizes:
+        base = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+        for mode in ("RGB", "L", "RGBA", "P"):
+            image = base if mode == "RGB" else base.convert(mode)
+            before = image.copy()
+            expected = image.convert("RGB")
+            expected.thumbnail((448, 448), Image.Resampling.BILINEAR)
+            got = preview_rgb(image, 448)
+            assert got.dtype == np.uint8 and got.shape == (expected.height, expected.width, 3), (size, mode)
+            assert np.array_equal(got, np.asarray(expected)), (size, mode)
+            assert image.size == before.size and image.tobytes() == before.tobytes()  # the image is untouched
+    assert thumbnail_size((4032, 3024), 448) == (448, 336)
+
+
+def test_preprocess_leaves_an_rgb_image_unchanged_and_equals_a_converted_one():
+    image = load_image(PHOTOS / "coffee.png")
+    before = image.tobytes()
+    pre = Preprocess(input_size=(224, 224), mode="crop", crop_pct=0.875, interpolation="bicubic",
+                     mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+    x, rgb = pre.apply(image)
+    assert image.tobytes() == before and image.mode == "RGB"
+    grey = image.convert("L")  # a non-RGB image is converted first, as before
+    x_grey, rgb_grey = pre.apply(grey)
+    _, rgb_of_copy = pre.apply(grey.convert("RGB"))
+    assert np.array_equal(rgb_grey, rgb_of_copy) and np.array_equal(rgb_grey[..., 0], rgb_grey[..., 2])
+    assert not np.array_equal(rgb, rgb_grey)

@@ -33,7 +33,7 @@ from .errors import UnsupportedModelError, VitInspectError
 from .geometry import InputGeometry, prepare, seen_box
 from .gradient_rollouts import KEEP_FRACTION, GradientRollouts, gradient_rollouts
 from .head_pass import HeadPass, HeadStatsStream, build_head_pass
-from .images import ImageLimits, load_image
+from .images import ImageLimits, load_image, preview_rgb
 from .models import ViTHandle
 from .relevance import relevance_rules
 from .spill import SpillFolder, worth_spilling
@@ -288,8 +288,8 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
         patch_features=features.reshape(layout.grid_h, layout.grid_w, -1).astype(np.float16),
         contrast=contrast if use_grad else None, gradient=gradient,
-        geometry="crop" if geometry is None else geometry.mode, seen_box=box, preview=_preview(picture),
-        source_size=picture.size)
+        geometry="crop" if geometry is None else geometry.mode, seen_box=box,
+        preview=preview_rgb(picture, PREVIEW_SIDE), source_size=picture.size)
 
 
 def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,
@@ -358,13 +358,6 @@ def add_relevance(handle: ViTHandle, result: ImageAnalysis, image: Image.Image |
 
 
 PREVIEW_SIDE = 448  # pixels: longer side of the whole-upload preview kept with a result
-
-
-def _preview(picture: Image.Image) -> np.ndarray:
-    """(h, w, 3) uint8 copy of the whole upload, its longer side at most PREVIEW_SIDE."""
-    thumb = picture.convert("RGB")
-    thumb.thumbnail((PREVIEW_SIDE, PREVIEW_SIDE), Image.Resampling.BILINEAR)
-    return np.asarray(thumb, dtype=np.uint8)
 
 
 @dataclass(frozen=True)
