@@ -79,7 +79,7 @@ def load_image(source: str | os.PathLike | bytes | Image.Image, limits: ImageLim
         # A freshly opened file is at its first frame (frame 1 for PSD, whose frames count from 1
         # and whose first one is the flattened image); a given PIL image keeps the frame it is at.
         image.load()
-        if fresh:  # turned in place: a 12-MP photo's full-size copy cost 17 ms (BENCHMARKS, row 7)
+        if fresh:  # turned in place: a full-size copy of a 12-MP photo costs 17-32 ms (BENCHMARKS, item 7)
             ImageOps.exif_transpose(image, in_place=True)
         else:
             image = ImageOps.exif_transpose(image)  # a turned copy: the caller's image stays as it was
@@ -222,7 +222,7 @@ def thumbnail_size(size: tuple[int, int], side: int) -> tuple[int, int]:
 def preview_rgb(image: Image.Image, side: int) -> np.ndarray:
     """(h, w, 3) uint8 the whole image, its longer side at most ``side`` pixels: the pixels of Pillow's
     ``image.convert("RGB").thumbnail((side, side), BILINEAR)`` (the same size, `thumbnail_size`, and its
-    reducing gap of 2), without that full-size copy for an RGB image (17 ms for a 12-MP photo)."""
+    reducing gap of 2), without that full-size copy for an RGB image (17-32 ms for a 12-MP photo)."""
     rgb_image = image if image.mode == "RGB" else image.convert("RGB")
     size = thumbnail_size(rgb_image.size, side)
     if size != rgb_image.size:
