@@ -268,9 +268,9 @@ def retained_bytes(analyse: Callable[[], ImageAnalysis]) -> tuple[ImageAnalysis,
 
 # --------------------------------------------------------------------------- one model
 
-def other_analysis(package, name: str, picture: Image.Image) -> Callable[[], object]:
+def other_analysis(package, name: str, picture: Image.Image | Path) -> Callable[[], object]:
     """Another version's `analyze_image` + top-5 as the app runs it (its own spill folder), on its own handle of
-    ``name`` (random weights)."""
+    ``name`` (random weights), of a decoded image or of a file (decoded in each call, as the app's upload is)."""
     models, pipeline, spill = (importlib.import_module(f"{package.__name__}.{m}") for m in ("models", "pipeline", "spill"))
     handle = models.load_model(name, pretrained=False, device="cpu")
     folder = spill.SpillFolder(spill.DEFAULT_SPILL_BUDGET)

@@ -18,7 +18,6 @@ random weights (timing does not depend on them), the app's spill folder, candida
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import tempfile
 from pathlib import Path
@@ -30,20 +29,12 @@ from vit_inspect.models import load_model
 from vit_inspect.pipeline import PREVIEW_SIDE, analyze_image
 from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
+from .bench_analysis import other_analysis
 from .bench_rollout_redraw import load_package
 from .common import REPO, THREADS, markdown_table, measure, print_header, set_threads
 
 MODEL = "deit_tiny_patch16_224"
 PHOTO_SIZE = (4032, 3024)  # (width, height): 12 MP, a phone camera's picture
-
-
-def app_pass(package, path: Path):
-    """``package``'s `analyze_image` of the file at ``path`` + top-5, as the app runs it (its own handle and
-    spill folder)."""
-    models, pipeline, spill = (importlib.import_module(f"{package.__name__}.{m}") for m in ("models", "pipeline", "spill"))
-    handle = models.load_model(MODEL, pretrained=False, device="cpu")
-    folder = spill.SpillFolder(spill.DEFAULT_SPILL_BUDGET)
-    return lambda: handle.top_labels(pipeline.analyze_image(handle, path, relevance=False, spill=folder).probs, 5)
 
 
 def old_preview(picture: Image.Image):
@@ -77,10 +68,10 @@ def main() -> None:
               f"Median of {args.repeats} repeats after 1 warm-up, candidates interleaved.\n")
         spill = SpillFolder(DEFAULT_SPILL_BUDGET)
         times = measure({
-            "ours, photo": app_pass(vit_inspect, photo),
-            "before, photo": app_pass(other, photo),
-            "before, small": app_pass(other, small),  # the other way round: neither always follows the photo
-            "ours, small": app_pass(vit_inspect, small),
+            "ours, photo": other_analysis(vit_inspect, MODEL, photo),
+            "before, photo": other_analysis(other, MODEL, photo),
+            "before, small": other_analysis(other, MODEL, small),  # the other way round: neither always follows the photo
+            "ours, small": other_analysis(vit_inspect, MODEL, small),
             "decoding the photo alone": lambda: Image.open(io.BytesIO(data)).load(),
             "one full-size copy of the decoded photo": picture.copy,
             "the model's resize and crop (Preprocess.apply)": lambda: handle.preprocess.apply(picture),
