@@ -125,3 +125,25 @@ def test_analyze_target_contrast_and_geometry_are_recorded(capsys, deit_args):
     assert record["target"] == {"index": 285, "label": "Egyptian cat"}
     assert record["contrast"] == {"index": 281, "label": "tabby, tabby cat"}
     assert record["input_geometry"] == "keep" and record["grid"] == [7, 11]  # chelsea is 451x300: 112x176 pixels
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--input-size", "230x230"], "not a whole number of 16x16 patches"),
+    (["--input-size=4000x4000"], "gives 62500 patches, more than 4 times the model's own 196"),
+    (["--input-size", "224x320", "--geometry", "keep"], "cannot be combined with the 'keep' geometry"),
+    (["--shorter-side", "300"], "--shorter-side applies only with --geometry keep"),
+    (["--shorter-side", "300", "--geometry", "squash"], "--shorter-side applies only with --geometry keep"),
+])
+def test_sizes_the_model_cannot_take_are_one_line(capsys, extra, message, deit_args):
+    # before this check timm stopped with an AssertionError, and 4000x4000 asked the allocator for 47 GB
+    code, out, err = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), *extra, *deit_args)
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_input_size_with_squash_is_honoured(capsys, deit_args):
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--input-size", "224x320",
+                        "--geometry", "squash", "--no-relevance", *deit_args)
+    record = json.loads(out)
+    assert code == 0 and record["input_geometry"] == "squash" and record["input_size"] == [224, 320]
+    assert record["grid"] == [14, 20]
+

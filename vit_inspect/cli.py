@@ -105,6 +105,8 @@ def _progress(done: int, total: int) -> None:
 
 def cmd_analyze(args: argparse.Namespace) -> None:
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    if args.shorter_side is not None and args.geometry != "keep":
+        raise VitInspectError("--shorter-side applies only with --geometry keep.")
     files = find_images(args.images)
     if not files:
         raise VitInspectError("No images found in the paths given.")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .errors import VitInspectError
 from .images import Preprocess
 
 GEOMETRY_MODES = ("crop", "squash", "keep")
@@ -35,6 +36,26 @@ class InputGeometry:
         """A short record, e.g. "keep aspect, 224×448 pixels"."""
         name = {"crop": "model's centre crop", "squash": "whole image squashed", "keep": "whole image, aspect kept"}
         return f"{name[self.mode]}, {input_size[0]}×{input_size[1]} pixels"
+
+
+def check_input_size(input_size: tuple[int, int], patch_size: tuple[int, int], native_size: tuple[int, int]) -> None:
+    """Refuse, with a sentence, an (H, W) input the model cannot take: not whole patches (timm and
+    transformers stop with an assertion), or more than MAX_KEEP_PATCHES_FACTOR times the model's own number
+    of patches (the pass keeps every layer's heads x N^2 maps for its backward: 4000 x 4000 pixels asked
+    DeiT-Ti for 47 GB at once)."""
+    height, width = input_size
+    patch_h, patch_w = patch_size
+    if height < patch_h or width < patch_w or height % patch_h or width % patch_w:
+        raise VitInspectError(
+            f"The input size {height}x{width} is not a whole number of {patch_h}x{patch_w} patches; "
+            f"use multiples of the patch size, e.g. {max(1, round(height / patch_h)) * patch_h}x"
+            f"{max(1, round(width / patch_w)) * patch_w}.")
+    native = (native_size[0] // patch_h) * (native_size[1] // patch_w)
+    patches = (height // patch_h) * (width // patch_w)
+    if patches > MAX_KEEP_PATCHES_FACTOR * native:
+        raise VitInspectError(
+            f"The input size {height}x{width} gives {patches} patches, more than {MAX_KEEP_PATCHES_FACTOR} times "
+            f"the model's own {native} ({native_size[0]}x{native_size[1]}); choose a smaller size.")
 
 
 def keep_aspect_size(image_size: tuple[int, int], shorter_side: int, patch_size: tuple[int, int],
@@ -70,16 +91,23 @@ def seen_box(preprocess: Preprocess, image_size: tuple[int, int],
 
 
 def prepare(preprocess: Preprocess, image: Image.Image, geometry: InputGeometry, patch_size: tuple[int, int],
-            ) -> tuple[torch.Tensor, np.ndarray, tuple[float, float, float, float]]:
+            input_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, np.ndarray, tuple[float, float, float, float]]:
     """(model input (1, 3, H, W), the RGB crop it came from (H, W, 3) uint8, the seen region of the
-    upload as (left, top, right, bottom) pixels) for one geometry."""
+    upload as (left, top, right, bottom) pixels) for one geometry; crop and squash at ``input_size``
+    (default: the model's), keep at the size its shorter side gives (``input_size`` refused: it would be
+    ignored)."""
+    if geometry.mode == "keep" and input_size is not None:
+        raise VitInspectError("An input size cannot be combined with the 'keep' geometry, which sizes the input "
+                              "from its shorter side; give the shorter side instead.")
+    if input_size is not None:
+        check_input_size(input_size, patch_size, preprocess.input_size)
     if geometry.mode == "crop":
-        input_size = preprocess.input_size
+        input_size = input_size or preprocess.input_size
         used = preprocess
     else:
         used = replace(preprocess, mode="squash", crop_pct=1.0)  # the whole image, nothing cropped
         if geometry.mode == "squash":
-            input_size = preprocess.input_size
+            input_size = input_size or preprocess.input_size
         else:
             native = (preprocess.input_size[0] // patch_size[0]) * (preprocess.input_size[1] // patch_size[1])
             input_size = keep_aspect_size(image.size, geometry.size or min(preprocess.input_size), patch_size,

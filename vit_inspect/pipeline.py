@@ -30,7 +30,7 @@ from .attention_store import attention_map as store_attention_map
 from .attention_store import rollout as store_rollout
 from .capture import capture_attention
 from .errors import UnsupportedModelError, VitInspectError
-from .geometry import InputGeometry, prepare, seen_box
+from .geometry import InputGeometry, check_input_size, prepare, seen_box
 from .gradient_rollouts import KEEP_FRACTION, GradientRollouts, gradient_rollouts
 from .head_pass import HeadPass, HeadStatsStream, build_head_pass
 from .images import ImageLimits, load_image, preview_rgb
@@ -295,11 +295,14 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
 def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,
                 geometry: InputGeometry | None = None) -> tuple[torch.Tensor, np.ndarray, tuple]:
     """(pixels (1, 3, H, W), the (H, W, 3) uint8 crop the model sees, the box of the upload it shows): the
-    model's crop at `input_size` without `geometry`, otherwise `geometry.prepare`'s input."""
+    model's crop at `input_size` without `geometry`, otherwise `geometry.prepare`'s input; an input size the
+    model cannot take is refused with a sentence (`check_input_size`)."""
     if geometry is None:
+        if input_size is not None:
+            check_input_size(input_size, handle.patch_size, handle.input_size)
         pixels, rgb = handle.preprocess.apply(picture, input_size)
         return pixels, rgb, seen_box(handle.preprocess, picture.size, rgb.shape[:2])
-    return prepare(handle.preprocess, picture, geometry, handle.patch_size)
+    return prepare(handle.preprocess, picture, geometry, handle.patch_size, input_size)
 
 
 def _relevance_of_pass(handle: ViTHandle, lrp, rec, logits: torch.Tensor, pixels: torch.Tensor, chosen: int,
