@@ -147,3 +147,24 @@ def test_input_size_with_squash_is_honoured(capsys, deit_args):
     assert code == 0 and record["input_geometry"] == "squash" and record["input_size"] == [224, 320]
     assert record["grid"] == [14, 20]
 
+
+def test_figure_stems_never_repeat():
+    from pathlib import Path
+
+    from vit_inspect.cli import figure_stems
+
+    files = [Path("a/chelsea.png"), Path("b/chelsea.png"), Path("b/chelsea_2.jpg"), Path("c/chelsea.jpg"), Path("x.png")]
+    # the third file's own stem is taken by the second's renaming, so it moves on to _2's next free number
+    assert figure_stems(files) == ["chelsea", "chelsea_2", "chelsea_2_2", "chelsea_3", "x"]
+
+
+def test_two_images_with_one_stem_keep_both_figures(capsys, tmp_path, deit_args):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "chelsea.png").write_bytes((PHOTOS / "coffee.png").read_bytes())
+    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), str(other / "chelsea.png"), "--no-relevance",
+                        "--out", str(tmp_path / "out"), *deit_args)
+    labels = [json.loads(line)["target"]["label"] for line in out.strip().splitlines()]
+    assert code == 0 and labels[0] == "Egyptian cat" and labels[1].startswith("espresso")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "chelsea_2_distance.png", "chelsea_2_maps.png", "chelsea_distance.png", "chelsea_maps.png"]

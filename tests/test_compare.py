@@ -404,3 +404,19 @@ def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
     assert main(["compare", str(PHOTOS / "chelsea.png"), "--model", "deit_tiny_patch16_224",
                  "--out", str(tmp_path)]) == 1
     assert "exactly two models" in capsys.readouterr().err
+
+
+def test_fig7_position_similarity_is_drawn_on_each_models_input_grid(monkeypatch):
+    from vit_inspect import compare_cli, model_plots
+
+    handle = tiny_handle("cls")  # 8x8 patches, native 32x32: a 4x4 grid
+    drawn = []
+    real = model_plots.pos_similarity_figure
+    monkeypatch.setattr(model_plots, "pos_similarity_figure",
+                        lambda similarity, title: drawn.append((similarity, title)) or real(similarity, title))
+    labels = ["A: tiny (32×32)", "B: tiny (32×48)"]
+    compare_cli.fig7_images([handle, handle], labels, [None, (32, 48)])
+    (native, title_a), (wide, title_b) = drawn
+    assert native.shape == (4, 4, 4, 4) and title_a == "A: tiny (32×32): position embedding similarity, 4×4 grid"
+    assert wide.shape == (4, 6, 4, 6) and title_b == "B: tiny (32×48): position embedding similarity, 4×6 grid"
+    np.testing.assert_array_equal(wide, compare_cli.pos_similarity_at(handle, (4, 6)))  # interpolated as the model does

@@ -99,6 +99,21 @@ def _parse_size(text: str | None) -> tuple[int, int] | None:
     return height, width
 
 
+def figure_stems(files: list[Path]) -> list[str]:
+    """One name per image for its figures: the file's stem, and for a stem already taken (two folders'
+    chelsea.png) the stem with the first free ``_2``, ``_3``, ... so that no figure overwrites another."""
+    taken: set[str] = set()
+    stems = []
+    for path in files:
+        stem, number = path.stem, 1
+        while stem in taken:
+            number += 1
+            stem = f"{path.stem}_{number}"
+        taken.add(stem)
+        stems.append(stem)
+    return stems
+
+
 def _progress(done: int, total: int) -> None:
     print(f"\r{done}/{total} images", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
@@ -113,6 +128,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    stems = figure_stems(files)
     for done, path in enumerate(files, 1):
         geometry = None if args.geometry is None else InputGeometry(args.geometry, args.shorter_side)
         result = analyze_image(handle, path, target=args.target, input_size=_parse_size(args.input_size),
@@ -120,7 +136,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
                                relevance=not args.no_relevance)
         print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
         if out:
-            _write_image_figures(handle, result, out, path.stem)
+            _write_image_figures(handle, result, out, stems[done - 1])
         if len(files) > 1:
             _progress(done, len(files))
 

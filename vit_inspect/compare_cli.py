@@ -19,7 +19,7 @@ from .comparison import aligned_maps, agreement_record, compare_images, last_lay
 from .errors import VitInspectError
 from .images import load_image
 from .models import ViTHandle, load_model
-from .pipeline import find_images, model_report
+from .pipeline import find_images, model_report, pos_similarity_at
 
 
 def model_label(handle: ViTHandle, letter: str, input_size: tuple[int, int] | None) -> str:
@@ -35,17 +35,23 @@ def _png(fig, path: Path) -> None:
         fig.clear()
 
 
-def fig7_images(handles: list[ViTHandle], labels: list[str]) -> dict[str, np.ndarray]:
-    """Both models' ViT Fig. 7 left and centre panels, each as one side-by-side image."""
+def fig7_images(handles: list[ViTHandle], labels: list[str],
+                sizes: list[tuple[int, int] | None] | None = None) -> dict[str, np.ndarray]:
+    """Both models' ViT Fig. 7 left and centre panels, each as one side-by-side image; the position
+    similarity on the grid of each model's input size (its label's), the embeddings interpolated as the
+    model does in its forward (`pos_similarity_at`)."""
     filters, similarity = [], []
-    for handle, label in zip(handles, labels):
+    for handle, label, size in zip(handles, labels, sizes or [None] * len(handles)):
         report = model_report(handle)
         fig = model_plots.filter_pca_figure(report.filter_pca)
-        fig.suptitle(f"{label}: RGB embedding filters (first {len(report.filter_pca.components)} components)")
+        fig.suptitle(f"{label}\nRGB embedding filters (first {len(report.filter_pca.components)} components)")
         filters.append(plotting.figure_to_rgb(fig))
-        if report.pos_similarity is not None:
+        layout = handle.layout(size)
+        grid = (layout.grid_h, layout.grid_w)
+        similarity_map = report.pos_similarity if grid == report.grid else pos_similarity_at(handle, grid)
+        if similarity_map is not None:
             similarity.append(plotting.figure_to_rgb(model_plots.pos_similarity_figure(
-                report.pos_similarity, title=f"{label}: position embedding similarity")))
+                similarity_map, title=f"{label}: position embedding similarity, {grid[0]}×{grid[1]} grid")))
     panels = {"filters": compare_plots.side_by_side(filters)}
     if similarity:
         panels["pos_similarity"] = compare_plots.side_by_side(similarity)
@@ -53,7 +59,7 @@ def fig7_images(handles: list[ViTHandle], labels: list[str]) -> dict[str, np.nda
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .cli import _parse_size
+    from .cli import _parse_size, figure_stems
 
     if len(args.model) != 2:
         raise VitInspectError("Give exactly two models: --model A --model B (the same name twice is fine).")
@@ -67,30 +73,30 @@ def cmd_compare(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records, features, crops = [], ([], []), ([], [])
-    for path in files:
+    for path, stem in zip(files, figure_stems(files)):
         comparison = compare_images(handles[0], handles[1], load_image(path), sizes[0], sizes[1])
         aligned = aligned_maps(comparison, layer_a=args.layer)
         record = {"image": str(path), "label_a": labels[0], "label_b": labels[1],
                   **agreement_record(comparison, aligned)}
         records.append(record)
         print(json.dumps(record), flush=True)
-        _png(compare_plots.aligned_maps_figure(comparison, aligned, *labels), out / f"{path.stem}_maps.png")
+        _png(compare_plots.aligned_maps_figure(comparison, aligned, *labels), out / f"{stem}_maps.png")
         results = (comparison.a, comparison.b)
         _png(compare_plots.compare_distance_figure([r.mean_distance for r in results], labels,
                                                    [r.layout.input_size[1] for r in results],
                                                    title=f"mean attention distance: {path.name}"),
-             out / f"{path.stem}_distance.png")
+             out / f"{stem}_distance.png")
         for index, (result, letter) in enumerate(zip(results, "ab")):
             maps, masks = last_layer_heads(result, args.mass)
             _png(compare_plots.dino_heads_figure(result, maps, masks, labels[index], args.mass),
-                 out / f"{path.stem}_heads_{letter}.png")
+                 out / f"{stem}_heads_{letter}.png")
             features[index].append(result.patch_features.astype(np.float32))
             crops[index].append(result.rgb)
     for index, letter in enumerate("ab"):
         pca = feature_pca(features[index], args.background_threshold)
         _png(compare_plots.feature_pca_figure(crops[index], pca, [p.name for p in files], labels[index]),
              out / f"feature_pca_{letter}.png")
-    for name, image in fig7_images(handles, labels).items():
+    for name, image in fig7_images(handles, labels, sizes).items():
         Image.fromarray(image).save(out / f"fig7_{name}.png")
     (out / "agreement.json").write_text(json.dumps(records, indent=1))
 
