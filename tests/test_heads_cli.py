@@ -59,11 +59,13 @@ def test_heads_mean_mode_needs_and_uses_a_reference(capsys, tmp_path, deit_args)
     assert code == 1 and "--reference" in err and "Traceback" not in err
     for name in ("chelsea.png", "astronaut.png"):
         shutil.copy(PHOTOS / name, tmp_path / name)
-    code, out, err = _run(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate", "11:0,11:1,11:2", "--mode", "mean",
+    code, out, err = _run(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate=-1:2,11:0,-1:1,11:2", "--mode", "mean",
                           "--reference", str(tmp_path), *deit_args)
     assert code == 0, err
     ablation = json.loads(out)["ablation"]
     assert ablation["reference_images"] == 2 and abs(ablation["delta_logit"]) > 1e-3
+    assert ablation["heads"] == [[11, 0], [11, 1], [11, 2]]  # counted from the end, sorted, -1:2 and 11:2 once
+    assert "mean head outputs: 2/2 reference images\n" in err.replace("\r", "\n")
 
 
 @pytest.mark.parametrize("heads, message", [("12:0", "does not exist"), ("3-1", "layer:head"), ("0:3", "does not exist")])

@@ -199,6 +199,11 @@ def _rows_progress(done: int, total: int) -> None:
     print(f"\rhead importance: {done}/{total} rows", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
 
+def _reference_progress(done: int, total: int) -> None:
+    print(f"\rmean head outputs: {done}/{total} reference images", end="" if done < total else "\n", file=sys.stderr,
+          flush=True)
+
+
 def cmd_heads(args: argparse.Namespace) -> None:
     from .heads_report import heads_record
 
@@ -208,7 +213,8 @@ def cmd_heads(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
     record = heads_record(handle, args.image, ablate=args.ablate, mode=args.mode, reference=args.reference,
                           importance=args.importance, lens=args.lens, target=args.target,
-                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None, out=out)
+                          batch_size=args.batch_size, progress=_rows_progress if args.importance else None, out=out,
+                          reference_progress=_reference_progress)
     print(json.dumps(record), flush=True)
 
 

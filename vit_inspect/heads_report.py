@@ -14,7 +14,7 @@ from .analysis.heads import high_norm_patches
 from .analysis.logit_lens import lens_ranks, lens_topk, settled_depth
 from .errors import VitInspectError
 from .images import load_image
-from .interventions import mean_head_outputs, parse_heads
+from .interventions import head_mask, mean_head_outputs, parse_heads
 from .models import ViTHandle
 from .pipeline import ImageAnalysis, analyze_image, find_images
 
@@ -47,8 +47,11 @@ def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
 def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mode: str = "zero",
                  reference: str | None = None, importance: bool = False, lens: bool = False,
                  target: int | None = None, batch_size: int = 16,
-                 progress: Callable[[int, int], None] | None = None, out: Path | None = None) -> dict:
-    """Everything `vit-inspect heads` prints for one image; with `out`, its figures as PNG files there."""
+                 progress: Callable[[int, int], None] | None = None, out: Path | None = None,
+                 reference_progress: Callable[[int, int], None] | None = None) -> dict:
+    """Everything `vit-inspect heads` prints for one image; with `out`, its figures as PNG files there.
+    ``progress`` is called with (rows done, rows) of the head importance, ``reference_progress`` with
+    (images done, images) of the mean head outputs over ``reference``."""
     picture = load_image(image)
     result = analyze_image(handle, picture, target=target)
     heads = result.heads
@@ -74,7 +77,8 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
         files = find_images([reference])
         if not files:
             raise VitInspectError(f"No images found in {reference!r}.")
-        mean = mean_head_outputs(handle, files, batch_size=batch_size, input_size=layout.input_size)
+        mean = mean_head_outputs(handle, files, batch_size=batch_size, input_size=layout.input_size,
+                                  progress=reference_progress)
     stem = Path(image).stem
     what = f"{handle.name}, {stem}" + ("" if result.target is None else f", class {handle.label(result.target)}")
 
@@ -86,13 +90,16 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
                                         f"{math.log(layout.num_tokens):.2f}", "nats", diverging=False), "entropy")
     save(head_plots.head_heatmap_figure(heads.prefix_share, f"attention on prefix tokens ({what})",
                                         "fraction of attention", diverging=False), "prefix_share")
-    save(plotting.maps_figure(result.rgb, {f"token norms after the last block ({handle.name})":
-                                           layout.to_grid(layout.patches(last_norms))}), "token_norms")
+    norms_title = f"token norms after the last block ({handle.name})"
+    save(plotting.maps_figure(result.rgb, {norms_title: layout.to_grid(layout.patches(last_norms))},
+                              units={norms_title: "L2 norm of the token"}), "token_norms")
     if heads.first_order is not None:
         save(head_plots.head_heatmap_figure(heads.first_order, f"first-order estimate sum A dy/dA ({what})",
                                             "logits"), "first_order")
     if ablate:
-        pairs = parse_heads(ablate)
+        # negative indices counted from the end, duplicates dropped, heads beyond the model refused: as the app does
+        mask = head_mask(parse_heads(ablate), handle.depth, handle.num_heads)[0]  # (depth, heads)
+        pairs = [(int(layer), int(head)) for layer, head in np.argwhere(mask.numpy())]
         if not handle.has_head:
             raise VitInspectError("Ablation effects are measured on the prediction: this model has no classification head.")
         ablated = analyze_ablated(handle, picture, pairs, mode, mean, target=result.target)
