@@ -68,3 +68,14 @@ def test_cli_writes_table_and_curves(tmp_path, capsys):
     curves = np.load(tmp_path / "curves.npz")
     assert curves["n01440764_tench/del/attnlrp"].shape == (11,) and curves["n01440764_tench/pos/random"].shape == (10,)
     assert (tmp_path / "table.csv").read_text().startswith("method,pos_mean,pos_se")
+
+
+def test_table_says_when_there_is_no_standard_error():
+    from vit_inspect.evaluate import CURVES, format_table
+
+    one = {c: (0.25, float("nan")) for c in CURVES}
+    two = {c: (12.0, 0.5) for c in CURVES}
+    text = format_table({"random": one, "attnlrp": two}, images=1, correct=1)
+    assert text.startswith("1 image, clean top-1 100.0 %")
+    assert "nan" not in text and "0.250 (s.e. needs 2 images)" in text and "25.0" not in text
+    assert "12.000 ± 0.500" in text and "12.0 ± 0.5" in text  # del/ins with 3 digits, pos/neg with 1

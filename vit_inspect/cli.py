@@ -222,14 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vit-inspect", description="Look inside Vision Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def model_options(p: argparse.ArgumentParser) -> None:
+    def model_options(p: argparse.ArgumentParser,
+                      out_help: str = "folder for the PNG figures (and the shards of a folder-level job)") -> None:
         p.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
         p.add_argument("--weights", help="weights file (.safetensors preferred, .pth read with weights_only)")
         p.add_argument("--model-file", metavar="FILE.py:FUNCTION",
                        help="a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
                             "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
         p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
-        p.add_argument("--out", help="folder for the PNG figures (and the shards of a folder-level job)")
+        p.add_argument("--out", help=out_help)
 
     analyze = sub.add_parser("analyze", help="per-image maps and numbers, one JSON line per image")
     analyze.add_argument("images", nargs="+", metavar="IMAGE_OR_FOLDER")
@@ -246,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--half", action="store_true", help="half-precision autocast (float16 on CUDA, bfloat16 "
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     analyze.add_argument("--no-relevance", action="store_true", help="skip AttnLRP and LeGrad (their keys are "
-                         "null): one forward and one ordinary backward per image, about a third of the time")
+                         "null): one forward and one ordinary backward per image, about 0.4x the time of the full pass")
     model_options(analyze)
     analyze.set_defaults(func=cmd_analyze)
 

@@ -77,12 +77,14 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
 def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, correct: int) -> str:
     """A Markdown table: mean ± s.e. per method and curve, best method (by deletion AUC) first."""
     arrows = {c: "↓" if LOWER_IS_BETTER[c] else "↑" for c in CURVES}
-    lines = [f"{images} images, clean top-1 {100.0 * correct / max(images, 1):.1f} %",
+    lines = [f"{images} image{'' if images == 1 else 's'}, clean top-1 {100.0 * correct / max(images, 1):.1f} %",
              "| method | " + " | ".join(f"{c} {arrows[c]}" for c in CURVES) + " |",
              "| --- |" + " --- |" * len(CURVES)]
+    def cell(mean: float, error: float, digits: int) -> str:  # one image has no standard error: said, not "nan"
+        return f"{mean:.{digits}f} ± {error:.{digits}f}" if np.isfinite(error) else f"{mean:.{digits}f} (s.e. needs 2 images)"
+
     for name in sorted(table, key=lambda m: table[m]["del"][0]):
-        cells = [f"{table[name][c][0]:.1f} ± {table[name][c][1]:.1f}" if c in ("pos", "neg")
-                 else f"{table[name][c][0]:.3f} ± {table[name][c][1]:.3f}" for c in CURVES]
+        cells = [cell(*table[name][c], 1 if c in ("pos", "neg") else 3) for c in CURVES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -179,5 +181,6 @@ def add_evaluate_parser(sub, model_options: Callable[[argparse.ArgumentParser], 
     evaluate.add_argument("--images-per-batch", type=int, default=4,
                           help="images the engine hands a worker at once (default 4)")
     engine_flags(evaluate, batch_size=False)
-    model_options(evaluate)
+    model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
+                                     "(and the shards of a folder-level job)")
     evaluate.set_defaults(func=cmd_evaluate)
