@@ -86,6 +86,28 @@ def test_model_command_with_images(capsys, tmp_path, deit_args):
         assert (tmp_path / name).is_file()
 
 
+def test_model_figures_name_the_model(tmp_path, deit_args, monkeypatch):
+    from vit_inspect import cli, model_plots, plotting
+
+    titles = []
+    for module, name in ((model_plots, "filter_pca_figure"), (model_plots, "pos_similarity_figure"),
+                         (plotting, "attention_distance_figure")):
+        real = getattr(module, name)
+
+        def spy(*args, _real=real, **kwargs):
+            fig = _real(*args, **kwargs)
+            titles.append(fig.get_suptitle() or " ".join(ax.get_title() for ax in fig.axes if ax.get_title()))
+            return fig
+        monkeypatch.setattr(module, name, spy)
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    (folder / "chelsea.png").write_bytes((PHOTOS / "chelsea.png").read_bytes())
+    assert cli.main(["model", "--images", str(folder), "--out", str(tmp_path), *deit_args]) == 0
+    assert titles == ["deit_tiny_patch16_224\nRGB embedding filters (first 28 principal components)",
+                      "deit_tiny_patch16_224: position embedding similarity, 14×14 grid",
+                      "mean attention distance: deit_tiny_patch16_224, over 1 image"]
+
+
 def test_tiny_model_from_weights_file(capsys, tmp_path):
     path = tmp_path / "tiny.safetensors"
     save_file(make_tiny_timm("cls").state_dict(), str(path))

@@ -27,6 +27,8 @@ def test_filter_pca_figure():
     assert tile.min() == 0.0 and tile.max() == 1.0
     first = pca.components[0]
     np.testing.assert_allclose(tile, (first - first.min()) / (first.max() - first.min()))
+    named = filter_pca_figure(pca, ncols=4, model="deit_tiny_patch16_224")
+    assert named.get_suptitle() == "deit_tiny_patch16_224\nRGB embedding filters (first 10 principal components)"
 
 
 def test_pos_similarity_figure():

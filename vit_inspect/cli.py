@@ -153,9 +153,12 @@ def cmd_model(args: argparse.Namespace) -> None:
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        _save(model_plots.filter_pca_figure(report.filter_pca), out / "filter_pca.png")
+        _save(model_plots.filter_pca_figure(report.filter_pca, model=handle.name), out / "filter_pca.png")
         if report.pos_similarity is not None:
-            _save(model_plots.pos_similarity_figure(report.pos_similarity), out / "pos_embed_similarity.png")
+            grid = f"{report.grid[0]}×{report.grid[1]}"
+            _save(model_plots.pos_similarity_figure(
+                report.pos_similarity, title=f"{handle.name}: position embedding similarity, {grid} grid"),
+                out / "pos_embed_similarity.png")
     if args.images:
         files = find_images([args.images])
         if not files:
@@ -170,7 +173,9 @@ def cmd_model(args: argparse.Namespace) -> None:
         if out:
             _save(plotting.attention_distance_figure(
                 stats.distances, image_width=handle.input_size[1],
-                title=f"mean attention distance over {stats.num_images} images"), out / "mean_attention_distance.png")
+                title=f"mean attention distance: {handle.name}, over {stats.num_images} "
+                      f"image{'' if stats.num_images == 1 else 's'}"),
+                out / "mean_attention_distance.png")
     print(json.dumps(record), flush=True)
 
 

@@ -43,9 +43,7 @@ def fig7_images(handles: list[ViTHandle], labels: list[str],
     filters, similarity = [], []
     for handle, label, size in zip(handles, labels, sizes or [None] * len(handles)):
         report = model_report(handle)
-        fig = model_plots.filter_pca_figure(report.filter_pca)
-        fig.suptitle(f"{label}\nRGB embedding filters (first {len(report.filter_pca.components)} components)")
-        filters.append(plotting.figure_to_rgb(fig))
+        filters.append(plotting.figure_to_rgb(model_plots.filter_pca_figure(report.filter_pca, model=label)))
         layout = handle.layout(size)
         grid = (layout.grid_h, layout.grid_w)
         similarity_map = report.pos_similarity if grid == report.grid else pos_similarity_at(handle, grid)

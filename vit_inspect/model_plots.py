@@ -19,11 +19,12 @@ TILE_INCHES = 1.0  # side of one tile in the filter and position-embedding grids
 TITLE_INCHES = 0.5  # room for a figure title above a grid of tiles
 
 
-def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
+def filter_pca_figure(pca: FilterPCA, ncols: int = 7, model: str = "") -> Figure:
     """Principal components of the patch-embedding filters as image tiles (Dosovitskiy et al. 2021, Fig. 7 left).
 
     Each tile is min-max scaled to [0, 1] on its own (the sign of a component is arbitrary) and titled
     with its explained variance in percent. RGB filters show in colour, single-channel ones in grey.
+    ``model`` names the model on a line of the title's own.
     """
     num_components, _, _, channels = pca.components.shape
     if channels not in (1, 3):
@@ -31,7 +32,7 @@ def filter_pca_figure(pca: FilterPCA, ncols: int = 7) -> Figure:
     nrows = math.ceil(num_components / ncols)
     fig = Figure(figsize=(TILE_INCHES * ncols, TILE_INCHES * nrows + TITLE_INCHES), layout="constrained")
     kind = "RGB embedding filters" if channels == 3 else "Embedding filters"
-    fig.suptitle(f"{kind} (first {num_components} principal components)")
+    fig.suptitle((f"{model}\n" if model else "") + f"{kind} (first {num_components} principal components)")
     for index in range(num_components):
         tile = _normalized(pca.components[index], relu=False)  # (ph, pw, C) in [0, 1]
         ax = fig.add_subplot(nrows, ncols, index + 1)
