@@ -151,13 +151,13 @@ def test_analyze_target_contrast_and_geometry_are_recorded(capsys, deit_args):
 
 @pytest.mark.parametrize("extra, message", [
     (["--input-size", "230x230"], "not a whole number of 16x16 patches"),
-    (["--input-size=4000x4000"], "gives 62500 patches, more than 4 times the model's own 196"),
+    (["--input-size=4000x4000"], "gives 62501 tokens, whose attention maps (12 layers x 3 heads x 62501^2 x 4 bytes"),
     (["--input-size", "224x320", "--geometry", "keep"], "cannot be combined with the 'keep' geometry"),
     (["--shorter-side", "300"], "--shorter-side applies only with --geometry keep"),
     (["--shorter-side", "300", "--geometry", "squash"], "--shorter-side applies only with --geometry keep"),
 ])
 def test_sizes_the_model_cannot_take_are_one_line(capsys, extra, message, deit_args):
-    # before this check timm stopped with an AssertionError, and 4000x4000 asked the allocator for 47 GB
+    # before this check timm stopped with an AssertionError, and 4000x4000 asked the allocator for 47 GB at once
     code, out, err = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), *extra, *deit_args)
     assert code == 1 and out == "" and message in err and err.count("\n") == 1
 

@@ -8,36 +8,53 @@ from PIL import Image
 
 from conftest import tiny_handle
 from vit_inspect.errors import VitInspectError
-from vit_inspect.geometry import MAX_KEEP_PATCHES_FACTOR, InputGeometry, check_input_size
+from vit_inspect.geometry import MAX_PASS_MAP_BYTES, InputGeometry, check_input_size
 from vit_inspect.pipeline import analyze_image, model_input
 
 
 @pytest.mark.parametrize("size, words", [
-    ((230, 230), "not a whole number of 16x16 patches; use multiples of the patch size, e.g. 224x224"),
-    ((8, 224), "not a whole number of 16x16 patches; use multiples of the patch size, e.g. 16x224"),
-    ((0, 224), "not a whole number of 16x16 patches"),
-    ((-16, 224), "not a whole number of 16x16 patches"),
-    ((4000, 4000), "gives 62500 patches, more than 4 times the model's own 196 (224x224)"),
-    ((448, 464), "gives 812 patches, more than 4 times the model's own 196 (224x224)"),  # 28 x 29 > 784
+    ((30, 32), "not a whole number of 8x8 patches; use multiples of the patch size, e.g. 32x32"),
+    ((4, 32), "not a whole number of 8x8 patches; use multiples of the patch size, e.g. 8x32"),
+    ((0, 32), "not a whole number of 8x8 patches"),
+    ((-8, 32), "not a whole number of 8x8 patches"),
 ])
-def test_refused_sizes_by_hand(size, words):
+def test_sizes_that_are_not_whole_patches_are_refused(size, words):
     with pytest.raises(VitInspectError) as refused:
-        check_input_size(size, (16, 16), (224, 224))
+        check_input_size(tiny_handle("cls"), size)
     assert words in str(refused.value)
 
 
-@pytest.mark.parametrize("size", [(224, 224), (16, 16), (224, 320), (448, 448), (16, 784 * 16)])
-def test_accepted_sizes_by_hand(size):
-    assert MAX_KEEP_PATCHES_FACTOR == 4  # 448x448 is exactly 4 x 196 = 784 patches, the largest square allowed
-    check_input_size(size, (16, 16), (224, 224))  # no error: whole patches, at most 784 of them
+def test_the_byte_bound_by_hand():
+    handle = tiny_handle("cls")  # 2 layers, 2 heads, 8x8 patches, 1 class token
+    # 32x48: 4 x 6 = 24 patches + 1 = 25 tokens; 2 x 2 x 25^2 x 4 = 10,000 bytes of maps
+    check_input_size(handle, (32, 48), max_bytes=10_000)
+    with pytest.raises(VitInspectError) as refused:
+        check_input_size(handle, (32, 48), max_bytes=9_999)
+    assert "gives 25 tokens, whose attention maps (2 layers x 2 heads x 25^2 x 4 bytes = 0.0 GiB)" in str(refused.value)
+    assert MAX_PASS_MAP_BYTES == 16 * 2 ** 30
+    check_input_size(handle, (512, 512))  # 4097 tokens: 268 MB, far more patches than its own 16 but within bytes
+
+
+def test_deit_sized_numbers_by_hand():
+    class DeiTTi:  # DeiT-Ti/16's shape: 12 layers, 3 heads, 16x16 patches, 1 class token
+        patch_size, depth, num_heads = (16, 16), 12, 3
+
+        @staticmethod
+        def layout(size):
+            return type("Layout", (), {"num_tokens": 1 + (size[0] // 16) * (size[1] // 16)})()
+
+    check_input_size(DeiTTi, (1024, 1024))  # 4097 tokens: 12 x 3 x 4097^2 x 4 = 2.25 GiB
+    with pytest.raises(VitInspectError) as refused:
+        check_input_size(DeiTTi, (4000, 4000))  # 62501 tokens: 562,518,000,144 bytes
+    assert "= 523.9 GiB) the pass would keep for its backward: more than the 16 GiB allowed" in str(refused.value)
 
 
 def test_the_pass_refuses_before_running_and_honours_sizes_with_every_geometry():
-    handle = tiny_handle("cls")  # 8x8 patches, 32x32 input: 16 patches, at most 64
+    handle = tiny_handle("cls")  # 8x8 patches, 32x32 input
     picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 60, 3), dtype=np.uint8))
     calls = []
     handle.model.register_forward_pre_hook(lambda module, args: calls.append(1))
-    for size in ((33, 32), (32, 36), (72, 72)):
+    for size in ((33, 32), (32, 36), (8 * 300, 8 * 300)):  # the last: 90,001 tokens, 121 GiB of maps
         with pytest.raises(VitInspectError):
             analyze_image(handle, picture, input_size=size)
     assert calls == []  # refused before any forward

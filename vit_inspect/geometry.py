@@ -38,24 +38,28 @@ class InputGeometry:
         return f"{name[self.mode]}, {input_size[0]}×{input_size[1]} pixels"
 
 
-def check_input_size(input_size: tuple[int, int], patch_size: tuple[int, int], native_size: tuple[int, int]) -> None:
-    """Refuse, with a sentence, an (H, W) input the model cannot take: not whole patches (timm and
-    transformers stop with an assertion), or more than MAX_KEEP_PATCHES_FACTOR times the model's own number
-    of patches (the pass keeps every layer's heads x N^2 maps for its backward: 4000 x 4000 pixels asked
-    DeiT-Ti for 47 GB at once)."""
+MAX_PASS_MAP_BYTES = 16 * 2 ** 30  # float32 attention maps one pass may keep for its backward, at most
+
+
+def check_input_size(handle, input_size: tuple[int, int], max_bytes: int = MAX_PASS_MAP_BYTES) -> None:
+    """Refuse, with a sentence, an (H, W) input ``handle``'s model cannot take: not whole patches (timm and
+    transformers stop with an assertion), or one whose pass would keep more than ``max_bytes`` of float32
+    attention maps for its backward, depth x heads x N^2 x 4 bytes with N tokens (4000 x 4000 pixels asked
+    DeiT-Ti for 524 GiB; the allocator's traceback was all a user saw)."""
     height, width = input_size
-    patch_h, patch_w = patch_size
+    patch_h, patch_w = handle.patch_size
     if height < patch_h or width < patch_w or height % patch_h or width % patch_w:
         raise VitInspectError(
             f"The input size {height}x{width} is not a whole number of {patch_h}x{patch_w} patches; "
             f"use multiples of the patch size, e.g. {max(1, round(height / patch_h)) * patch_h}x"
             f"{max(1, round(width / patch_w)) * patch_w}.")
-    native = (native_size[0] // patch_h) * (native_size[1] // patch_w)
-    patches = (height // patch_h) * (width // patch_w)
-    if patches > MAX_KEEP_PATCHES_FACTOR * native:
+    tokens = handle.layout((height, width)).num_tokens
+    nbytes = handle.depth * handle.num_heads * tokens ** 2 * 4
+    if nbytes > max_bytes:
         raise VitInspectError(
-            f"The input size {height}x{width} gives {patches} patches, more than {MAX_KEEP_PATCHES_FACTOR} times "
-            f"the model's own {native} ({native_size[0]}x{native_size[1]}); choose a smaller size.")
+            f"The input size {height}x{width} gives {tokens} tokens, whose attention maps ({handle.depth} layers x "
+            f"{handle.num_heads} heads x {tokens}^2 x 4 bytes = {nbytes / 2 ** 30:.1f} GiB) the pass would keep for "
+            f"its backward: more than the {max_bytes / 2 ** 30:.3g} GiB allowed; choose a smaller size.")
 
 
 def keep_aspect_size(image_size: tuple[int, int], shorter_side: int, patch_size: tuple[int, int],
@@ -99,8 +103,6 @@ def prepare(preprocess: Preprocess, image: Image.Image, geometry: InputGeometry,
     if geometry.mode == "keep" and input_size is not None:
         raise VitInspectError("An input size cannot be combined with the 'keep' geometry, which sizes the input "
                               "from its shorter side; give the shorter side instead.")
-    if input_size is not None:
-        check_input_size(input_size, patch_size, preprocess.input_size)
     if geometry.mode == "crop":
         input_size = input_size or preprocess.input_size
         used = preprocess

@@ -297,9 +297,9 @@ def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, 
     """(pixels (1, 3, H, W), the (H, W, 3) uint8 crop the model sees, the box of the upload it shows): the
     model's crop at `input_size` without `geometry`, otherwise `geometry.prepare`'s input; an input size the
     model cannot take is refused with a sentence (`check_input_size`)."""
+    if input_size is not None:
+        check_input_size(handle, input_size)
     if geometry is None:
-        if input_size is not None:
-            check_input_size(input_size, handle.patch_size, handle.input_size)
         pixels, rgb = handle.preprocess.apply(picture, input_size)
         return pixels, rgb, seen_box(handle.preprocess, picture.size, rgb.shape[:2])
     return prepare(handle.preprocess, picture, geometry, handle.patch_size, input_size)
