@@ -208,3 +208,18 @@ def test_device_resolution():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA"):
             resolve_device("cuda")
+
+
+def test_a_web_users_name_never_reads_a_server_folder(tmp_path, monkeypatch):
+    """A name with a '/' from the page is a hub id: a folder of that name under the working directory (a
+    Hugging Face model an operator keeps there) is not read, and its sentence names no server path."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    folder = tmp_path / "models" / "secret_vit"
+    ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=64, image_size=32, patch_size=16)).save_pretrained(folder)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelNotFoundError) as refused:
+        load_model("models/secret_vit", pretrained=False, device="cpu", allow_local_dirs=False)
+    assert refused.value.public == "'models/secret_vit' is not a Hugging Face hub id this app loads."
+    assert load_model("models/secret_vit", pretrained=False, device="cpu").num_heads == 2  # the operator's own path loads

@@ -279,3 +279,11 @@ def test_a_local_hf_folder_is_named_by_its_base_name_in_public(tmp_path):
         load_model(str(folder), device="cpu")
     assert str(folder) in str(error.value) and str(tmp_path) not in error.value.public
     assert "'my_model'" in error.value.public
+
+
+def test_file_names_are_bounded_in_bytes_and_huge_integers_are_a_sentence():
+    name = safe_name("猫の写真" * 22 + ".png")  # 92 characters, 268 UTF-8 bytes: too long for a file system's 255
+    assert name == "猫の写真" * 9 + "猫の" + ".png" and len(name.encode("utf-8")) == 118
+    assert safe_name("é" * 200) == "é" * 60  # no suffix: cut to 120 bytes
+    with pytest.raises(InputError, match="Layer must be a number within range, not one of 401 digits"):
+        finite_int(10 ** 400, "Layer", 0, 11)  # float() of it raised OverflowError, a traceback in the log

@@ -161,6 +161,9 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
         return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size)
     name = validate_name(name)
     if "/" in name:
+        if not allow_local_dirs and Path(name).exists():  # transformers would read the server's folder
+            raise ModelNotFoundError(f"{name!r} is a path on this server, and a web user's names are hub ids only.",
+                                     public=f"{name!r} is not a Hugging Face hub id this app loads.")
         return _load_hf(name, device, pretrained=pretrained, input_size=input_size)
     return _load_timm(name, weights, device, pretrained=pretrained, input_size=input_size,
                       checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir())

@@ -21,8 +21,8 @@ from ..analysis.faithfulness import Curves
 from ..faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
 from ..faithfulness_plot import curves_panel, ranked_rows
 from ..errors import VitInspectError
-from .common import OutputImage
-from .untrusted import finite_float, finite_int, flag
+from .common import OutputImage, public_message, shows_errors
+from .untrusted import finite_float, finite_int, flag, redact_paths
 
 HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
@@ -84,11 +84,14 @@ class FaithfulnessTab:
              **event_options) -> None:
         """``relevance(session, progress) -> session`` adds LeGrad and AttnLRP to the pass shown (the app's
         `Inspector.with_relevance`); without it they are scored only when the pass already holds them."""
+        @shows_errors  # anything unforeseen is a sentence too, its traceback in the operator's log
         def score(current, scored: Scored | None, progress=gr.Progress(), **values):
             try:
                 return self._score(handle_of, current, scored, progress, values, relevance)
-            except (VitInspectError, ValueError) as exc:
-                raise gr.Error(str(exc), print_exception=False) from None
+            except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
+                raise gr.Error(public_message(exc), print_exception=False) from None
+            except ValueError as exc:
+                raise gr.Error(redact_paths(str(exc)), print_exception=False) from None
 
         gr.on([self.button.click], score, inputs=[session, self.scored], inputs_kwargs=controls,
               outputs=[self.scored, self.figure, self.table, self.note], api_name="faithfulness", **event_options)

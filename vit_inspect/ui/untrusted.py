@@ -23,6 +23,7 @@ from ..errors import InputError
 NOT_AVAILABLE = "This file is not available to this app; please upload it again."
 NO_DATA = "The image arrived without its data; please upload it again."
 MAX_NAME_CHARS = 120  # a client's file name is kept for downloads, shortened to this
+MAX_NAME_BYTES = 120  # ... and to this many UTF-8 bytes (names around it add < 60; most file systems allow 255)
 _DATA_URL = re.compile(r"^data:([\w.+\-]+/[\w.+\-]+)?((?:;[\w\-]+=[\w.\-]+)*);base64,", re.ASCII)
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")
 
@@ -75,7 +76,10 @@ def safe_name(value: object, default: str = "image") -> str:
     stem, dot, suffix = name.rpartition(".")
     if len(name) > MAX_NAME_CHARS:
         name = (stem[: MAX_NAME_CHARS - len(suffix) - 1] + "." + suffix[:10]) if dot else name[:MAX_NAME_CHARS]
-    return name
+    while len(name.encode("utf-8")) > MAX_NAME_BYTES:  # file systems count bytes: 92 CJK characters are 268
+        stem, dot, suffix = name.rpartition(".")
+        name = (stem[:-1] + "." + suffix) if dot and stem[:-1] else name[:-1]
+    return name or default
 
 
 def data_url_bytes(url: str, max_bytes: int) -> bytes:
@@ -147,7 +151,10 @@ def _number(value: object, name: str) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, numbers.Real):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer of 400 digits: no float holds it
+            raise InputError(f"{name} must be a number within range, not one of {len(str(value))} digits.") from None
     elif isinstance(value, str) and len(value) <= 40:
         try:
             number = float(value.strip())
