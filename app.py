@@ -19,6 +19,7 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 from PIL import Image
+from starlette.middleware import Middleware
 
 from vit_inspect import plotting
 from vit_inspect.analysis import class_name, search_classes
@@ -45,6 +46,7 @@ from vit_inspect.ui.model_tab import ModelTab, model_tab_layout, wire_model_tab
 from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, with_relevance
+from vit_inspect.ui.request_guard import RequestGuard, body_limit
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, PATCH, ROLLOUTS, SCALES, View
 from vit_inspect.ui.view import READOUT  # noqa: F401  (the query choices, for API callers and tests)
@@ -659,8 +661,12 @@ if __name__ != "__main__":
 
 
 def launch_limits(config: AppConfig) -> dict:
-    """The `launch()` arguments that bound what one server holds: upload size and sessions in memory."""
-    return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions)
+    """The `launch()` arguments that bound what one server holds: upload size, sessions in memory, and
+    `RequestGuard` in front of every route (no file fetched from a URL, no request body or text beyond its
+    bounds)."""
+    guard = Middleware(RequestGuard, max_body=body_limit(config.max_upload_mb))
+    return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions,
+                app_kwargs={"middleware": [guard]})
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Namespace]:

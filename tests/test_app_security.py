@@ -173,10 +173,15 @@ def test_limits_and_loopback_defaults():
     config, args = app.parse_args([])
     assert args.host == "127.0.0.1" and not args.share
     assert config.limits.max_pixels == 40_000_000 and config.limits.max_bytes == 30 * 2**20
-    assert app.launch_limits(config) == {"max_file_size": "30mb", "state_session_capacity": 100}
+    limits = app.launch_limits(config)
+    (guard,) = limits.pop("app_kwargs")["middleware"]
+    assert limits == {"max_file_size": "30mb", "state_session_capacity": 100}
+    assert guard.cls is app.RequestGuard and guard.kwargs == {"max_body": 40 * 2**20 + 2**20}  # 30 MiB x 4/3 + 1 MiB
     config, _ = app.parse_args(["--max-upload-mb", "2", "--max-image-pixels", "1000000", "--max-sessions", "7"])
     assert config.limits.max_bytes == 2 * 2**20 and config.limits.max_pixels == 1_000_000
-    assert app.launch_limits(config) == {"max_file_size": "2mb", "state_session_capacity": 7}
+    limits = app.launch_limits(config)
+    assert limits.pop("app_kwargs")["middleware"][0].kwargs == {"max_body": 3_844_779}  # ceil(2 MiB x 4/3) + 1 MiB
+    assert limits == {"max_file_size": "2mb", "state_session_capacity": 7}
 
 
 @pytest.mark.parametrize("flags", [["--memory-budget", "inf"], ["--memory-budget", "nan"], ["--memory-budget", "0"],
