@@ -168,7 +168,8 @@ class Inspector:
         # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
         own = key == self.default_key
         operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
-        return self.cache.get(key, allow_local_dirs=own, **operator_file)
+        bound = {} if own else {"max_model_bytes": self.config.memory_budget}  # a web user's model fits the budget
+        return self.cache.get(key, allow_local_dirs=own, **operator_file, **bound)
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model (the server loads it in the background; this waits for it with a

@@ -223,3 +223,27 @@ def test_a_web_users_name_never_reads_a_server_folder(tmp_path, monkeypatch):
         load_model("models/secret_vit", pretrained=False, device="cpu", allow_local_dirs=False)
     assert refused.value.public == "'models/secret_vit' is not a Hugging Face hub id this app loads."
     assert load_model("models/secret_vit", pretrained=False, device="cpu").num_heads == 2  # the operator's own path loads
+
+
+def test_a_model_beyond_the_bound_or_unfit_weights_are_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """A web user's timm name is built on the meta device first: a model larger than the server allows, or
+    a weights file that does not fit it (68 bytes for ViT-L), is refused before real memory is taken."""
+    import timm
+    from safetensors.torch import save_file
+
+    from vit_inspect.errors import ModelTooLargeError, WeightsError
+
+    built = []
+    real = timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda *a, **k: built.append(torch.empty(0).device.type) or real(*a, **k))
+    with pytest.raises(ModelTooLargeError) as refused:  # 304,326,632 parameters: 1.13 GiB in float32
+        load_model("vit_large_patch16_224", pretrained=False, device="cpu", max_model_bytes=2 ** 30)
+    assert str(refused.value).startswith("'vit_large_patch16_224' has 304 M parameters (1.1 GiB in float32), "
+                                         "more than the 1.0 GiB this server allows one model")
+    tiny = tmp_path / "tiny.safetensors"
+    save_file({"x": torch.zeros(1)}, str(tiny))
+    with pytest.raises(WeightsError, match="do not fit this architecture"):
+        load_model("vit_large_patch16_224", weights=tiny, device="cpu")
+    assert built == ["meta", "meta"]  # neither reached a real build
+    handle = load_model("deit_tiny_patch16_224", pretrained=False, device="cpu", max_model_bytes=2 ** 30)
+    assert handle.depth == 12 and built[-2:] == ["meta", "cpu"]  # 5.7 M parameters: built for real

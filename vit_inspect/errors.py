@@ -28,6 +28,10 @@ class UnsupportedModelError(VitInspectError):
     """The model exists but is not a ViT whose attention we can capture."""
 
 
+class ModelTooLargeError(VitInspectError):
+    """The model is larger than this server allows one model to be."""
+
+
 class WeightsError(VitInspectError):
     """A weights file is unreadable, unsafe, or does not fit the architecture."""
 

@@ -10,6 +10,7 @@ import contextlib
 import os
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from . import hub
-from .errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from .errors import ModelNotFoundError, ModelTooLargeError, UnsupportedModelError, WeightsError, WeightsNotFoundError
 from .images import Preprocess
 from .tokens import TokenLayout
 
@@ -142,7 +143,8 @@ def validate_name(name: str) -> str:
 def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = None,
                device: str | torch.device | None = None, *, pretrained: bool = True,
                input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
-               allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None) -> ViTHandle:
+               allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None,
+               max_model_bytes: int | None = None) -> ViTHandle:
     """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
 
     `model_file` ("path.py:function", see `load_model_file`) imports and runs that Python file instead:
@@ -152,6 +154,9 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
     (or `.pth`); the Hugging Face hub through timm (its cache first). `pretrained=False` gives random
     weights (tests, benchmarks). `input_size` overrides the default (H, W) the model is fed.
     A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
+    A timm model whose float32 parameters exceed `max_model_bytes` is refused, and a weights file that
+    does not fit it is refused, before the model is built or its weights downloaded (the app passes its
+    memory budget for names a web user sends).
     """
     if model_file is not None:
         from .module_spec import load_model_file
@@ -166,7 +171,8 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
                                      public=f"{name!r} is not a Hugging Face hub id this app loads.")
         return _load_hf(name, device, pretrained=pretrained, input_size=input_size)
     return _load_timm(name, weights, device, pretrained=pretrained, input_size=input_size,
-                      checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir())
+                      checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
+                      max_model_bytes=max_model_bytes)
 
 
 # ----------------------------------------------------------------------------------------- weights
@@ -239,6 +245,13 @@ def apply_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
     position embeddings, which timm's own checkpoint filter resamples to the model's grid. The
     filter also converts foreign key layouts (original DeiT/DINO checkpoints) when keys differ.
     """
+    model.load_state_dict(fitted_state(model, state, source), strict=True)
+
+
+def fitted_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """`state` as `apply_state_dict` loads it (through timm's checkpoint filter where keys differ), or a
+    WeightsError listing what does not fit; only keys and shapes are read, so ``model`` may be on the meta
+    device (checked before the real model is built)."""
     own = model.state_dict()
     mismatched = _shape_mismatches(own, state, skip=("pos_embed",))
     needs_filter = set(own) != set(state) or any(k.endswith("pos_embed") for k in _shape_mismatches(own, state))
@@ -259,7 +272,7 @@ def apply_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: s
                 shown = ", ".join(keys[:8]) + (f", … ({len(keys) - 8} more)" if len(keys) > 8 else "")
                 parts.append(f"{len(keys)} {title} key(s): {shown}.")
         raise WeightsError(" ".join(parts))
-    model.load_state_dict(state, strict=True)
+    return state
 
 
 def _shape_mismatches(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> list[str]:
@@ -270,7 +283,7 @@ def _shape_mismatches(own: dict[str, torch.Tensor], state: dict[str, torch.Tenso
 # -------------------------------------------------------------------------------------------- timm
 
 def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.device, *, pretrained: bool,
-               input_size: tuple[int, int] | None, checkpoint_dir: Path) -> ViTHandle:
+               input_size: tuple[int, int] | None, checkpoint_dir: Path, max_model_bytes: int | None = None) -> ViTHandle:
     import timm
     from timm.models import split_model_name_tag
 
@@ -291,12 +304,19 @@ def _load_timm(name: str, weights: str | os.PathLike | None, device: torch.devic
     else:
         local = None
     from_hub = pretrained and local is None
+    state = read_state_dict(local) if local is not None else None  # read and checked before building
+    meta = _meta_model(name)  # keys, shapes and size without memory: refuse before the real build
+    if meta is not None:
+        _check_model_bytes(name, meta, max_model_bytes)
+        if state is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # timm's filter on meta shapes; only the verdict is used
+                fitted_state(meta, dict(state), repr(Path(local).name))
     if from_hub:
         model = _create_timm_from_hub(name, checkpoint_dir)
         check_finite(model.state_dict().items(), "the hub's weights")
         source = f"Hugging Face hub ({model.pretrained_cfg.get('hf_hub_id') or 'timm'})"
     else:
-        state = read_state_dict(local) if local is not None else None  # read and checked before building
         model = _create_timm(name, pretrained=False)
         source = "random" if local is None else str(local)
         if state is not None:
@@ -312,6 +332,31 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
         raise UnsupportedModelError(
             f"{name!r} is a timm model but not a Vision Transformer that vit_inspect can inspect "
             "(it has no patch tokens with attention); try a 'vit_', 'deit_' or 'deit3_' model.") from None
+
+
+def _meta_model(name: str) -> nn.Module | None:
+    """timm's `name` built on the meta device (no memory, no weights), or None when that fails (the real
+    build then says why); a non-ViT is refused as `_create_timm` refuses it."""
+    try:
+        with torch.device("meta"):
+            return _create_timm(name, pretrained=False)
+    except UnsupportedModelError:
+        raise
+    except Exception:
+        return None
+
+
+def _check_model_bytes(name: str, meta: nn.Module, max_bytes: int | None) -> None:
+    """ModelTooLargeError when the model's parameters and buffers, in float32, exceed ``max_bytes``."""
+    if max_bytes is None:
+        return
+    tensors = [*meta.parameters(), *meta.buffers()]
+    nbytes = sum(t.numel() * 4 for t in tensors)
+    if nbytes > max_bytes:
+        raise ModelTooLargeError(
+            f"{name!r} has {sum(p.numel() for p in meta.parameters()) / 1e6:,.0f} M parameters "
+            f"({nbytes / 2 ** 30:.1f} GiB in float32), more than the {max_bytes / 2 ** 30:.1f} GiB this server "
+            "allows one model; the operator can raise --memory-budget.")
 
 
 def _refuse_non_vit(name: str) -> None:
