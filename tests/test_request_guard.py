@@ -4,7 +4,6 @@ small Gradio app launched with the app's own `launch_limits`, and by hand on the
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 
 import gradio as gr
@@ -12,6 +11,7 @@ import httpx
 import pytest
 
 import app
+from test_app import free_port
 from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, body_limit, refusal
 
 
@@ -30,12 +30,6 @@ def test_refusal_by_hand():
         deep = [deep]
     assert refusal(deep) == "The request is nested too deeply."
     assert body_limit(30) == 42_991_616 and body_limit(1) == 2_446_678  # ceil(MiB x 4/3) + 1 MiB
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +55,7 @@ def served():
         gr.Button().click(lambda f, t: f"file {f is not None}, text {len(t or '')}", [upload, words], out,
                           api_name="echo")
     config, _ = app.parse_args(["--max-upload-mb", "1"])
-    port = _free_port()
+    port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
                 **app.launch_limits(config))
     yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{files.server_address[1]}", fetched

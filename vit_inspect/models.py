@@ -336,7 +336,9 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
 
 def _meta_model(name: str) -> nn.Module | None:
     """timm's `name` built on the meta device (no memory, no weights), or None when that fails (the real
-    build then says why); a non-ViT is refused as `_create_timm` refuses it."""
+    build then says why). A model that takes no ViT arguments (a CNN such as resnet50) is refused here, as
+    `_create_timm` refuses it, so it is named as no ViT before its weights are looked for; one found not to
+    be inspectable only once built (a Swin) is left to the real build."""
     try:
         with torch.device("meta"):
             return _create_timm(name, pretrained=False)
@@ -357,19 +359,6 @@ def _check_model_bytes(name: str, meta: nn.Module, max_bytes: int | None) -> Non
             f"{name!r} has {sum(p.numel() for p in meta.parameters()) / 1e6:,.0f} M parameters "
             f"({nbytes / 2 ** 30:.1f} GiB in float32), more than the {max_bytes / 2 ** 30:.1f} GiB this server "
             "allows one model; the operator can raise --memory-budget.")
-
-
-def _refuse_non_vit(name: str) -> None:
-    """UnsupportedModelError if timm's `name` refuses ViT arguments (a CNN such as resnet50); built on the
-    meta device, so it costs no memory and no weights. Other failures, and models found not to be
-    inspectable only once built (a Swin), are left to the real build."""
-    try:
-        with torch.device("meta"):
-            _create_timm(name, pretrained=False)
-    except UnsupportedModelError:
-        raise
-    except Exception:
-        pass
 
 
 def _pretrained_cfg(name: str) -> dict | None:
@@ -412,7 +401,6 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
             "or pass one with --weights.", public=f"timm knows no pretrained weights for {name!r}.")
     with hub.hub_access(name) as online:  # a recent failure is raised here at once; an unanswering hub: offline
         if _offline_and_not_cached(cfg):
-            _refuse_non_vit(name)  # a model that is no ViT says so first, built on the meta device
             raise WeightsNotFoundError(
                 f"Could not get weights for {name!r}: the Hugging Face hub is offline (HF_HUB_OFFLINE) or does not "
                 f"answer, and they are not in its cache. Put the weights file at {wanted} (or pass --weights FILE).",
