@@ -14,7 +14,7 @@ from .analysis.heads import high_norm_patches
 from .analysis.logit_lens import lens_ranks, lens_topk, settled_depth
 from .errors import VitInspectError
 from .images import load_image
-from .interventions import head_mask, mean_head_outputs, parse_heads
+from .interventions import mean_head_outputs, model_heads, parse_heads
 from .models import ViTHandle
 from .pipeline import ImageAnalysis, analyze_image, find_images
 
@@ -97,9 +97,7 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
         save(head_plots.head_heatmap_figure(heads.first_order, f"first-order estimate sum A dy/dA ({what})",
                                             "logits"), "first_order")
     if ablate:
-        # negative indices counted from the end, duplicates dropped, heads beyond the model refused: as the app does
-        mask = head_mask(parse_heads(ablate), handle.depth, handle.num_heads)[0]  # (depth, heads)
-        pairs = [(int(layer), int(head)) for layer, head in np.argwhere(mask.numpy())]
+        pairs = model_heads(parse_heads(ablate), handle.depth, handle.num_heads)  # as the app reads them
         if not handle.has_head:
             raise VitInspectError("Ablation effects are measured on the prediction: this model has no classification head.")
         ablated = analyze_ablated(handle, picture, pairs, mode, mean, target=result.target)

@@ -262,5 +262,12 @@ def parse_heads(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def model_heads(pairs: list[tuple[int, int]], depth: int, num_heads: int) -> list[tuple[int, int]]:
+    """(layer, head) pairs as the model's own indices: negative ones counted from the end, sorted, each
+    once; a head the model lacks is refused (`head_mask`)."""
+    mask = head_mask(pairs, depth, num_heads)[0]  # (depth, heads)
+    return [(int(layer), int(head)) for layer, head in np.argwhere(mask.cpu().numpy())]
+
+
 __all__ = ["ABLATION_MODES", "HeadMeans", "ablate_heads", "head_mask", "head_output_module",
-                          "mean_head_outputs", "parse_heads"]
+                          "mean_head_outputs", "model_heads", "parse_heads"]

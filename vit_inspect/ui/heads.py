@@ -39,7 +39,7 @@ from ..analysis.heads import spearman
 from ..analysis.logit_lens import lens_probs, lens_ranks
 from ..errors import Cancelled, InputError, VitInspectError
 from ..heads_report import lens_record
-from ..interventions import ABLATION_MODES, HeadMeans, head_mask, mean_head_outputs, parse_heads
+from ..interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
 from ..pipeline import ImageAnalysis
 from ..session_store import DROPPED, Detached, ResultDropped, Slot
 from ..zerogpu import gpu_pass
@@ -139,9 +139,7 @@ def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[in
     """A client's "3:1, 5:0" -> ((3, 1), (5, 0)), negative indices counted from the end, duplicates
     dropped; anything unreadable or beyond this model is refused with a sentence."""
     spec = text(value, "The heads to ablate", max_chars=400)
-    pairs = parse_heads(spec)
-    mask = head_mask(pairs, depth, num_heads)[0]  # (depth, heads); refuses heads the model lacks
-    return tuple((int(layer), int(head)) for layer, head in np.argwhere(mask.numpy()))
+    return tuple(model_heads(parse_heads(spec), depth, num_heads))
 
 
 def mode_of(value: object) -> str:
