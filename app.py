@@ -442,12 +442,12 @@ class Inspector:
             if image is not None:
                 paths.append(folder / f"{stem}_{name}.png")
                 Image.fromarray(image).save(paths[-1])
-        settings = {"model": handle.name, "weights": weights_label(handle),
+        settings = {"model": model_label(handle.name), "weights": weights_label(handle),
                     "input_geometry": session.geometry.describe(result.layout.input_size),
                     "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast),
                     "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
         settings |= view.record()
-        record = analysis_record(handle, result, session.name) | {"settings": settings}
+        record = analysis_record(handle, result, session.name) | {"model": settings["model"], "settings": settings}
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from conftest import REPO
@@ -319,6 +320,65 @@ def test_no_server_path_in_the_page_or_messages_with_a_model_folder(tmp_path):
         assert str(tmp_path) not in str(error.value)
     finally:
         demo.close()
+
+
+def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tmp_path, monkeypatch):
+    """--model /a/folder: every endpoint that names the model (analysis, downloads, the Model tab's
+    downloads, faithfulness, heads, the dataset job, Compare) names it by the folder's base name. Every
+    text drawn into a picture is read where it is drawn (PIL's `ImageDraw.text`, matplotlib's
+    `Figure.draw`), every returned string and file name is read, and every downloaded file's bytes."""
+    import matplotlib.text
+    from matplotlib.figure import Figure
+    from PIL import ImageDraw
+
+    from conftest import tiny_hf
+
+    folder = tmp_path / "private_models" / "my_vit"
+    tiny_hf().save_pretrained(folder)
+    secrets = (str(tmp_path), str(tmp_path).replace("/", "_"), "private_models")
+    drawn: list[str] = []
+    pil_text, figure_draw = ImageDraw.ImageDraw.text, Figure.draw
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda self, xy, text, *a, **k: drawn.append(str(text)) or pil_text(self, xy, text, *a, **k))
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: drawn.extend(
+        t.get_text() for t in self.findobj(matplotlib.text.Text)) or figure_draw(self, renderer))
+    demo = app.build_demo(app.AppConfig(model=str(folder), device="cpu"), ModelCache(2))
+    try:
+        client = Client(launch(demo), verbose=False)
+        photo = handle_file(str(CHELSEA))
+        outputs = {name: client.predict(*args, api_name=name) for name, args in [
+            ("/analyze", (photo,)), ("/downloads", ()), ("/model_downloads", (32, 48)), ("/faithfulness", ()),
+            ("/heads_overview", ()), ("/ablate_heads", ("0:0", "zero", [])), ("/dataset_distance", ([photo],)),
+            ("/compare_load_model", ("my_vit", None)), ("/compare_models", (photo, "", 0.6, False, 0.5))]}
+    finally:
+        demo.close()
+
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from strings(item)
+
+    returned = [s for value in outputs.values() for s in strings(value)]
+    files = [Path(s) for s in returned if s.startswith(gradio_utils.get_upload_folder()) and Path(s).is_file()]
+    downloads = {Path(p).name for p in outputs["/downloads"] + outputs["/model_downloads"]}
+    assert {"chelsea.json", "chelsea.npz", "my_vit_filters.png", "my_vit_model.npz"} <= downloads
+    record = json.loads(next(f for f in files if f.name == "chelsea.json").read_text())
+    assert record["model"] == record["settings"]["model"] == "my_vit"
+    for name in ("chelsea.npz", "my_vit_model.npz"):  # compressed: their records are read, not their bytes
+        with np.load(next(f for f in files if f.name == name)) as arrays:
+            assert json.loads(str(arrays["settings_json"]))["model"] == "my_vit"
+    assert any(text.startswith("my_vit: class") for text in drawn)  # the faithfulness curves' title
+    assert {"A: my_vit (32×32)", "B: my_vit (32×32)"} <= set(drawn)  # Compare's captions
+    assert len(drawn) > 100 and len(files) > 20
+    for secret in secrets:
+        assert not [s for s in returned if secret in s]
+        assert not [t for t in drawn if secret in t]
+        assert not [f.name for f in files if secret.encode() in f.read_bytes()]
 
 
 def test_missing_weights_of_a_curated_model_say_so_without_a_path(server, monkeypatch, tmp_path):

@@ -22,10 +22,11 @@ from .models import ViTHandle, load_model
 from .pipeline import find_images, model_report, pos_similarity_at
 
 
-def model_label(handle: ViTHandle, letter: str, input_size: tuple[int, int] | None) -> str:
-    """'A: name (H×W)': names both models apart even when they are the same weights at two input sizes."""
+def model_label(handle: ViTHandle, letter: str, input_size: tuple[int, int] | None, name: str | None = None) -> str:
+    """'A: name (H×W)': names both models apart even when they are the same weights at two input sizes.
+    `name` replaces the handle's (the app shows a server folder by its base name)."""
     height, width = input_size or handle.input_size
-    return f"{letter}: {handle.name} ({height}×{width})"
+    return f"{letter}: {handle.name if name is None else name} ({height}×{width})"
 
 
 def _png(fig, path: Path) -> None:

@@ -19,13 +19,13 @@ from .. import compare_plots, model_plots
 from ..analysis.compare import matching_layer, relative_depth
 from ..analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from ..cli import _parse_size
-from ..compare_cli import model_label
+from ..compare_cli import model_label as compare_label
 from ..comparison import MAP_TITLES, Comparison, aligned_maps, compare_images, last_layer_heads, token_agreement
 from ..errors import InputError, VitInspectError
 from ..images import load_image
 from ..pipeline import model_report
 from ..session_store import Slot
-from .common import OutputImage
+from .common import OutputImage, model_label
 from .untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
@@ -152,7 +152,8 @@ class Compare:
         progress(0.3, desc="One pass per model (forward and backward)")
         comparison = compare_images(handle_a, handle_b, picture, None, size,  # no LeGrad/AttnLRP shown here
                                     run_pass=functools.partial(self.app.run_pass, relevance=False))
-        labels = (model_label(handle_a, "A", None), model_label(handle_b, "B", size))
+        labels = (compare_label(handle_a, "A", None, model_label(handle_a.name)),  # a server folder by its base name
+                  compare_label(handle_b, "B", size, model_label(handle_b.name)))
         state = CompareSession(comparison=comparison, labels=labels,
                                features=((comparison.a.patch_features.astype(np.float32),),
                                          (comparison.b.patch_features.astype(np.float32),)),

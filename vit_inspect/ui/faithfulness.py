@@ -21,7 +21,7 @@ from ..analysis.faithfulness import Curves
 from ..faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
 from ..faithfulness_plot import curves_panel, ranked_rows
 from ..errors import VitInspectError
-from .common import OutputImage, public_message, shows_errors
+from .common import OutputImage, model_label, public_message, shows_errors
 from .untrusted import finite_float, finite_int, flag, redact_paths
 
 HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
@@ -125,7 +125,7 @@ class FaithfulnessTab:
                 break
             known.pop(extra)
         label = handle.label(result.target)
-        title = (f"{handle.name}: class {label!r} (#{result.target}); removed patches = mean colour, "
+        title = (f"{model_label(handle.name)}: class {label!r} (#{result.target}); removed patches = mean colour, "
                  f"insertion from a Gaussian blur (kernel 11, σ 5)")
         image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)

@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..model_cache import CacheKey
 from ..models import ViTHandle
 from ..pipeline import pos_similarity_at
-from .common import OutputImage, download_folder, shown_model, shows_errors, weights_label
+from .common import OutputImage, download_folder, model_label, shown_model, shows_errors, weights_label
 from .untrusted import finite_int
 
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
@@ -80,12 +80,13 @@ class ModelTab:
         variance, position-embedding similarity at the model's own grid."""
         handle = self.handle(key)
         folder = download_folder()
-        stem = handle.name.replace("/", "_")
+        shown = model_label(handle.name)  # an operator's folder by its base name, as everywhere on the page
+        stem = shown.replace("/", "_")
         pca = filter_pca(handle.patch_embed_weight())
         paths = [folder / f"{stem}_filters.png"]
         Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
         arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
-                  "settings_json": np.array(json.dumps({"model": handle.name, "weights": weights_label(handle),
+                  "settings_json": np.array(json.dumps({"model": shown, "weights": weights_label(handle),
                                                         "grid": list(handle.native_grid)}))}
         similarity = pos_similarity_at(handle, handle.native_grid)
         if similarity is not None:
