@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -727,13 +728,24 @@ def preload(cache: ModelCache, config: AppConfig) -> None:
         print(f"warning: {exc}")
 
 
+def stop_like_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM (`docker stop`, a Space restarting, systemd, `kill`) stops the server as Ctrl-C does:
+    Gradio closes it and the process exits normally, so its `atexit` hooks remove the private upload
+    folder and the spill folders. Python's default for SIGTERM ends the process at once, without them."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     config, args = parse_args()
+    signal.signal(signal.SIGTERM, stop_like_ctrl_c)
     own_upload_folder()
     cache = ModelCache(config.cache_size)
     threading.Thread(target=preload, args=(cache, config), daemon=True).start()  # the port opens at once
-    build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                     **launch_limits(config))
+    try:
+        build_demo(config, cache).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                         **launch_limits(config))
+    except KeyboardInterrupt:  # before the server ran (Gradio's own wait handles it once it runs)
+        pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""`python app.py` stopped with SIGTERM (docker stop, a Space restarting) or Ctrl-C removes its private
+upload folder and its spill folders, with the uploads in them, and exits with status 0."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from conftest import REPO
+from test_app import CHELSEA, free_port, pytestmark  # noqa: F401  (the real-weights skip)
+
+FOLDERS = ("vit_inspect_gradio_", "vit_inspect_spill_")
+
+
+def ours(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(FOLDERS))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_server_removes_its_folders(tmp_path, stop):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"} | {
+        "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # wait for the port: a deadline, not a timing claim
+            assert server.poll() is None, server.stdout.read()
+            try:
+                with CHELSEA.open("rb") as photo:
+                    upload = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": photo})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server never opened its port"
+                time.sleep(0.2)
+        assert upload.status_code == 200
+        (uploaded,) = upload.json()
+        folders = ours(tmp_path)
+        assert [name.startswith(FOLDERS[0]) for name in folders].count(True) == 1 and len(folders) >= 2
+        assert uploaded.startswith(str(tmp_path / folders[0])) and os.path.isfile(uploaded)
+        server.send_signal(stop)
+        log, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, log
+    assert ours(tmp_path) == [] and not os.path.exists(uploaded)
+    assert "Traceback" not in log
