@@ -212,3 +212,29 @@ def test_pixel_limit_is_enforced_by_the_app(tmp_path):
             analyze(client, PHOTOS / "chelsea.png")
     finally:
         served.demo.close()
+
+
+@pytest.mark.parametrize("name, words", [
+    ("vit_large_patch16_224", "'vit_large_patch16_224' has 304 M parameters (1.1 GiB in float32), more than the "
+                              "1.0 GiB this server allows one model"),
+    ("someone/large_vit", "'someone/large_vit' has 304 M parameters (1.1 GiB in float32), more than the "
+                          "1.0 GiB this server allows one model")])
+def test_a_web_users_model_beyond_the_memory_budget_is_a_sentence(tmp_path, monkeypatch, name, words):
+    """The page's model box sizes a timm name and a Hugging Face id (its config.json, here from an offline
+    hub cache that holds no weights) against --memory-budget before building or fetching anything."""
+    import gradio as gr
+    from transformers import ViTConfig
+
+    from test_models import offline_hub_cache
+    from vit_inspect.model_cache import ModelCache
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    offline_hub_cache(tmp_path, "someone/large_vit", ViTConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, num_labels=1000,
+        architectures=["ViTForImageClassification"]))
+    inspector = app.Inspector(app.AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=2 ** 30), ModelCache(2))
+    with pytest.raises(gr.Error) as refused:
+        inspector.load_model(name, None, progress=lambda *args, **kwargs: None)
+    assert refused.value.message.startswith(words) and "--memory-budget" in refused.value.message
+    assert len(inspector.cache) == 0  # nothing was kept (the default model was never asked for)

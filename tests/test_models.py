@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,3 +248,42 @@ def test_a_model_beyond_the_bound_or_unfit_weights_are_refused_before_anything_i
     assert built == ["meta", "meta"]  # neither reached a real build
     handle = load_model("deit_tiny_patch16_224", pretrained=False, device="cpu", max_model_bytes=2 ** 30)
     assert handle.depth == 12 and built[-2:] == ["meta", "cpu"]  # 5.7 M parameters: built for real
+
+
+def offline_hub_cache(root: Path, repo: str, config) -> None:
+    """`repo` in a Hugging Face cache at `root` as a download leaves it, with only its config.json."""
+    revision = "0" * 40
+    folder = root / f"models--{repo.replace('/', '--')}"
+    config.save_pretrained(folder / "snapshots" / revision)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(revision)
+
+
+def test_a_hugging_face_model_beyond_the_bound_is_refused_from_its_config(tmp_path, monkeypatch):
+    """A Hugging Face id is sized from its config.json on the meta device before its weights are fetched:
+    here the cache holds no weights at all, so reaching for them would be a WeightsError."""
+    from transformers import ViTConfig
+
+    from vit_inspect.errors import ModelTooLargeError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    large = ViTConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+                      num_labels=1000, architectures=["ViTForImageClassification"])  # ViT-L/16: 304,326,632
+    offline_hub_cache(tmp_path, "someone/large_vit", large)
+    with pytest.raises(ModelTooLargeError) as refused:
+        load_model("someone/large_vit", device="cpu", allow_local_dirs=False, max_model_bytes=2 ** 30)
+    assert str(refused.value).startswith("'someone/large_vit' has 304 M parameters (1.1 GiB in float32), "
+                                         "more than the 1.0 GiB this server allows one model")
+    with pytest.raises(WeightsError):  # without the bound, the weights are looked for (and missing)
+        load_model("someone/large_vit", device="cpu", allow_local_dirs=False)
+
+    # The tiny ViT by hand: patch embedding 32*3*8*8 + 32 = 6,176; class token and 17 positions 32 + 544 = 576;
+    # per layer 2 norms 128, q/k/v 3*(32*32 + 32) = 3,168, output 1,056, MLP 2,112 + 2,080: 8,544, twice 17,088;
+    # final norm 64; head 32*7 + 7 = 231. 24,135 parameters, no buffers: 96,540 bytes in float32.
+    folder = tmp_path / "tiny_vit"
+    tiny_hf().save_pretrained(folder)
+    with pytest.raises(ModelTooLargeError, match=r"^'tiny_vit' has 24,135 parameters \(0\.1 MiB in float32\), more than the 0\.1 MiB"):
+        load_model(str(folder), device="cpu", max_model_bytes=96_539)
+    assert load_model(str(folder), device="cpu", max_model_bytes=96_540).depth == 2

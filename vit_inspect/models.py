@@ -154,22 +154,24 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
     (or `.pth`); the Hugging Face hub through timm (its cache first). `pretrained=False` gives random
     weights (tests, benchmarks). `input_size` overrides the default (H, W) the model is fed.
     A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
-    A timm model whose float32 parameters exceed `max_model_bytes` is refused, and a weights file that
-    does not fit it is refused, before the model is built or its weights downloaded (the app passes its
-    memory budget for names a web user sends).
+    A model whose float32 parameters exceed `max_model_bytes` is refused before it is built or its
+    weights downloaded: built on the meta device from its timm name or its Hugging Face config (a few
+    kB). A weights file that does not fit a timm model is refused the same way. The app passes its
+    memory budget for names a web user sends.
     """
     if model_file is not None:
         from .module_spec import load_model_file
         return load_model_file(model_file, weights, device)
     device = resolve_device(device)
     if allow_local_dirs and Path(name).is_dir():
-        return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size)
+        return _load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size,
+                        max_model_bytes=max_model_bytes)
     name = validate_name(name)
     if "/" in name:
         if not allow_local_dirs and Path(name).exists():  # transformers would read the server's folder
             raise ModelNotFoundError(f"{name!r} is a path on this server, and a web user's names are hub ids only.",
                                      public=f"{name!r} is not a Hugging Face hub id this app loads.")
-        return _load_hf(name, device, pretrained=pretrained, input_size=input_size)
+        return _load_hf(name, device, pretrained=pretrained, input_size=input_size, max_model_bytes=max_model_bytes)
     return _load_timm(name, weights, device, pretrained=pretrained, input_size=input_size,
                       checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
                       max_model_bytes=max_model_bytes)
@@ -355,9 +357,11 @@ def _check_model_bytes(name: str, meta: nn.Module, max_bytes: int | None) -> Non
     tensors = [*meta.parameters(), *meta.buffers()]
     nbytes = sum(t.numel() * 4 for t in tensors)
     if nbytes > max_bytes:
+        count = sum(p.numel() for p in meta.parameters())
+        unit, scale = ("GiB", 2 ** 30) if max_bytes >= 2 ** 30 else ("MiB", 2 ** 20)
         raise ModelTooLargeError(
-            f"{name!r} has {sum(p.numel() for p in meta.parameters()) / 1e6:,.0f} M parameters "
-            f"({nbytes / 2 ** 30:.1f} GiB in float32), more than the {max_bytes / 2 ** 30:.1f} GiB this server "
+            f"{name!r} has {f'{count / 1e6:,.0f} M' if count >= 10 ** 6 else f'{count:,}'} parameters "
+            f"({nbytes / scale:,.1f} {unit} in float32), more than the {max_bytes / scale:,.1f} {unit} this server "
             "allows one model; the operator can raise --memory-budget.")
 
 
@@ -480,7 +484,8 @@ def handle_from_timm(model: nn.Module, name: str = "custom", device: str | torch
 
 # -------------------------------------------------------------------------------------------- HF
 
-def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None) -> ViTHandle:
+def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None,
+             max_model_bytes: int | None = None) -> ViTHandle:
     from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
 
     shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only
@@ -502,6 +507,10 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
     is_classifier = any(a.endswith(("ForImageClassification", "ForImageClassificationWithTeacher"))
                         for a in (config.architectures or []))
     auto = AutoModelForImageClassification if is_classifier else AutoModel
+    if max_model_bytes is not None:  # sized from its config alone, before its weights are downloaded or read
+        with torch.device("meta"):
+            meta = auto.from_config(config, attn_implementation="eager")
+        _check_model_bytes(shown, meta, max_model_bytes)
     try:
         if pretrained:
             model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False)
