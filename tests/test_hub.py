@@ -68,6 +68,48 @@ def test_failures_expire(monkeypatch):
     hub.forget()
 
 
+def test_remembered_failures_are_bounded_and_keep_no_frames(monkeypatch):
+    """At most MAX_FAILURES names, expired ones dropped first, then the oldest; each raise is a fresh copy
+    (type, message, public sentence) whose traceback holds only its own raise, not every earlier one."""
+    from vit_inspect.errors import ModelNotFoundError
+
+    now = [0.0]
+    monkeypatch.setattr(hub, "clock", lambda: now[0])
+    monkeypatch.setattr(hub, "MAX_FAILURES", 3)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
+    hub.forget()
+
+    def fail(name: str):
+        try:
+            with hub.hub_access(name):
+                raise ModelNotFoundError(f"no {name} at /srv/secret", public=f"no {name}")
+        except ModelNotFoundError as exc:
+            return exc
+
+    def depth(exc) -> int:
+        tb, frames = exc.__traceback__, 0
+        while tb is not None:
+            tb, frames = tb.tb_next, frames + 1
+        return frames
+
+    first = fail("a")
+    again = [fail("a") for _ in range(5)]  # remembered: the block does not run, the kept error is raised
+    assert [depth(exc) for exc in again] == [3] * 5  # fail, hub_access's __enter__, remembered raise: never more
+    assert all(exc is not first and exc.public == "no a" and str(exc) == "no a at /srv/secret" for exc in again)
+    assert hub._failures["a"][1].__traceback__ is None and hub._failures["a"][1].__context__ is None
+    now[0] = 10.0
+    for name in "bcd":
+        fail(name)
+    assert list(hub._failures) == ["b", "c", "d"]  # "a" was the oldest of four
+    now[0] = 10.0 + hub.FAILURE_TTL_S
+    fail("e")  # b, c and d expired: dropped before any count
+    assert list(hub._failures) == ["e"]
+    for count in range(1, 1000):
+        fail(f"name{count}")
+    assert len(hub._failures) == 3
+    hub.forget()
+
+
 def test_probe_of_a_closed_port_is_false_and_cached(monkeypatch):
     hub.forget()
     probes = []

@@ -14,6 +14,7 @@ and the next one stalls again. Here every hub look-up goes through `hub_access(n
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import threading
@@ -29,6 +30,7 @@ os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 PROBE_TIMEOUT_S = 2.0  # seconds one TCP connection to the hub may take
 PROBE_TTL_S = 60.0  # seconds a probe's outcome (reachable or not) is trusted
 FAILURE_TTL_S = 60.0  # seconds a failed model load is remembered
+MAX_FAILURES = 256  # model names whose failure is remembered at once; the oldest is forgotten first
 
 _lock = threading.Lock()  # guards the two caches below and the offline switch
 _probe: tuple[float, bool] | None = None  # (monotonic time, reachable) of the last probe
@@ -83,7 +85,8 @@ def forget() -> None:
 
 
 def remembered_failure(name: str) -> Exception | None:
-    """The error of a load of `name` that failed less than `FAILURE_TTL_S` ago, else None."""
+    """The error of a load of `name` that failed less than `FAILURE_TTL_S` ago, else None. A fresh copy
+    each time: raising the kept exception itself would chain every raise's frames onto its traceback."""
     with _lock:
         entry = _failures.get(name)
         if entry is None:
@@ -91,7 +94,31 @@ def remembered_failure(name: str) -> Exception | None:
         if clock() - entry[0] >= FAILURE_TTL_S:
             del _failures[name]
             return None
-        return entry[1]
+        return _frameless(entry[1])
+
+
+def _frameless(exc: Exception) -> Exception:
+    """A copy of `exc` (type, arguments, attributes such as a public sentence) without its traceback or
+    chained exceptions, so that nothing it remembers keeps a request's frames and their data alive."""
+    try:
+        kept = copy.copy(exc)
+    except Exception:  # an exception type that cannot be rebuilt from its arguments
+        kept = RuntimeError(str(exc))
+    kept.__traceback__ = kept.__cause__ = kept.__context__ = None
+    return kept
+
+
+def remember_failure(name: str, exc: Exception) -> None:
+    """Remember that loading `name` failed with `exc`, for `FAILURE_TTL_S`; at most `MAX_FAILURES` names
+    (expired ones go first, then the oldest), so that a client naming many models cannot grow it."""
+    with _lock:
+        now = clock()
+        for stale in [key for key, (when, _) in _failures.items() if now - when >= FAILURE_TTL_S]:
+            del _failures[stale]
+        _failures.pop(name, None)
+        _failures[name] = (now, _frameless(exc))
+        while len(_failures) > MAX_FAILURES:
+            del _failures[next(iter(_failures))]
 
 
 @contextmanager
@@ -129,6 +156,5 @@ def hub_access(name: str) -> Iterator[bool]:
             with _offline():
                 yield False
     except Exception as exc:
-        with _lock:
-            _failures[name] = (clock(), exc)
+        remember_failure(name, exc)
         raise
