@@ -134,6 +134,38 @@ def test_stored_shards_of_other_files_or_options_are_not_reused(tmp_path):
     assert info.resumed == 1  # the damaged shard is recomputed, the other read back
 
 
+def test_a_batch_is_run_before_its_decoded_pixels_pass_the_byte_bound():
+    """batch_size 16, max_batch_bytes 70,000: 100x100 RGB images are 30,000 bytes each, so two fit and a
+    third would make 90,000; a 200x200 image (120,000 bytes) is a batch of its own; an unreadable item
+    is skipped without counting."""
+    model = AttentionDistanceWorker(tiny_handle("cls"))
+
+    class Recording:
+        def __init__(self):
+            self.batches = []
+
+        def map_batch(self, images, names):
+            self.batches.append(([image.shape[:2] for image in images], list(names)))
+            return model.map_batch(images, names)
+
+    small = [Image.new("RGB", (100, 100), (i, 0, 0)) for i in range(5)]
+    large = Image.new("RGB", (200, 200))
+    for image, name in zip(small + [large], "abcdeL"):
+        image.name = f"{name}.png"
+    items = small[:2] + [large] + small[2:] + ["missing.png"]
+    worker = Recording()
+    result, _ = run_job(AttentionDistanceJob("tiny-cls"), items, "local",
+                        EngineOptions(batch_size=16, max_batch_bytes=70_000), worker=worker)
+    assert result.num_images == 6 and [name for name, _ in result.skipped] == ["missing.png"]
+    assert [names for _, names in worker.batches] == [["a.png", "b.png"], ["L.png"], ["c.png", "d.png"], ["e.png"]]
+    assert worker.batches[1][0] == [(200, 200)]
+    worker = Recording()
+    run_job(AttentionDistanceJob("tiny-cls"), small, "local", EngineOptions(batch_size=2), worker=worker)
+    assert [len(names) for _, names in worker.batches] == [2, 2, 1]  # the default bound leaves small batches alone
+    with pytest.raises(VitInspectError, match="at least 1"):
+        EngineOptions(max_batch_bytes=0)
+
+
 def test_no_readable_image_and_bad_options_are_one_sentence(tmp_path):
     paths = _folder(tmp_path, 2, bad=(0, 1))
     with pytest.raises(VitInspectError, match="None of the images could be read. First problem: img00.png"):

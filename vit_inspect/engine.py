@@ -85,6 +85,7 @@ class EngineOptions:
     """How a folder-level job is run; nothing here changes its result."""
 
     batch_size: int = 16  # images per model call
+    max_batch_bytes: int = 256 * 2 ** 20  # decoded pixels a local batch may hold; a batch is run before it would pass them
     shard_size: int = 256  # files per resumable shard
     out: str | None = None  # folder for per-shard results (resume); None: nothing written
     limits: ImageLimits = ImageLimits()  # what a file may be before it is decoded
@@ -97,6 +98,8 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.shard_size < 1:
             raise VitInspectError("--batch-size and --shard-size must be at least 1.")
+        if self.max_batch_bytes < 1:
+            raise VitInspectError("The bytes a batch may hold must be at least 1.")
         if self.concurrency is not None and self.concurrency < 1:
             raise VitInspectError("--concurrency must be at least 1.")
 
@@ -221,22 +224,32 @@ def run_job(job: FolderJob, items: Iterable[Any], engine: str = "local", options
 def run_shards_locally(job: FolderJob, shards: Sequence[Shard], options: EngineOptions, store: ShardStore,
                        progress: Progress | None, done: int, total: int,
                        worker: JobWorker | None = None) -> tuple[dict[int, ShardResult], int]:
-    """The in-process engine: one worker, batches of `batch_size` decoded images, streaming."""
+    """The in-process engine: one worker, batches of `batch_size` decoded images, streaming. A batch is
+    also run early when the next image would take its decoded pixels past `max_batch_bytes`: sixteen
+    40-MP photos would hold 1.9 GB at once; so a batch holds at most that many bytes (or one image larger
+    than them), and memory peaks at it plus the one image being decoded."""
     if not shards:
         return {}, 0
     worker = worker if worker is not None else job.open()
     results = {}
     for shard in shards:
-        sums, skipped, batch, names = Sums(), [], [], []
+        sums, skipped, batch, names, held = Sums(), [], [], [], 0
         for item in shard.items:
             try:
-                batch.append(decode(item, options.limits))
-                names.append(item_name(item))
+                image = decode(item, options.limits)
             except VitInspectError as exc:
                 skipped.append((item_name(item), str(exc)))
+            else:
+                if batch and held + image.nbytes > options.max_batch_bytes:
+                    sums = job.merge(sums, worker.map_batch(batch, names))
+                    batch, names, held = [], [], 0
+                batch.append(image)
+                names.append(item_name(item))
+                held += image.nbytes
+                del image
             if len(batch) == options.batch_size:
                 sums = job.merge(sums, worker.map_batch(batch, names))
-                batch, names = [], []
+                batch, names, held = [], [], 0
             done += 1
             if progress is not None:
                 progress(done, total)

@@ -1,0 +1,74 @@
+"""Peak memory of a dataset job over large photos: batches bounded in decoded bytes against batches
+bounded in count only, measured in one run.
+
+The app's dataset job takes up to 16 photos of up to 40 MP (its pixel limit). The in-process engine
+decodes a batch before running it; counted in images only, sixteen 40-MP photos held 1.9 GB of
+pixels at once. `EngineOptions.max_batch_bytes` (256 MiB) runs a batch before the next image would
+take it past that. Each setting runs in a fresh interpreter (peak RSS, `ru_maxrss`, is per process);
+the table reports the peak above the process's RSS before the job. DeiT-Ti, random weights, CPU;
+the photos are flat-coloured PNGs (small files, full-size pixels once decoded).
+
+    python -m bench.bench_dataset_memory [--count 16] [--megapixels 40]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+from .common import REPO, markdown_table, print_header
+
+CHILD = """
+import glob, json, resource, sys
+from vit_inspect.engine import EngineOptions, run_job
+from vit_inspect.jobs import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.models import load_model
+worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
+files = sorted(glob.glob(sys.argv[1] + "/*.png"))
+options = EngineOptions(batch_size=int(sys.argv[2]), max_batch_bytes=int(sys.argv[3]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result, _ = run_job(AttentionDistanceJob("deit_tiny_patch16_224"), files, "local", options, worker=worker)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"images": result.num_images, "before_kib": before, "peak_kib": after}))
+"""
+
+
+def peak_above(folder: str, batch_size: int, max_batch_bytes: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHILD, folder, str(batch_size), str(max_batch_bytes)], cwd=REPO,
+                          capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": "2", "PATH": ""})
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=16)
+    parser.add_argument("--megapixels", type=float, default=40.0)
+    args = parser.parse_args(argv)
+    from vit_inspect.engine import EngineOptions
+    bound = EngineOptions().max_batch_bytes
+    width = int((args.megapixels * 1e6 * 4 / 3) ** 0.5)
+    height = int(args.megapixels * 1e6 / width)
+    with tempfile.TemporaryDirectory() as folder:
+        photo = Image.new("RGB", (width, height), (120, 90, 60))
+        for index in range(args.count):
+            photo.save(Path(folder) / f"photo{index:02d}.png", compress_level=1)
+        runs = {"batches of 16, counted in images only": peak_above(folder, 16, 2 ** 50),
+                f"batches of 16, at most {bound / 2 ** 20:.0f} MiB decoded": peak_above(folder, 16, bound),
+                "one image at a time (the floor)": peak_above(folder, 1, bound)}
+    print_header(f"Dataset job memory: {args.count} photos of {width}×{height} ({width * height / 1e6:.1f} MP)")
+    counted = next(iter(runs.values()))
+    growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in runs.items()}
+    rows = [(name, run["images"], f"{growth[name]:,.0f}", f"{growth[name] / growth[next(iter(runs))]:.2f}")
+            for name, run in runs.items()]
+    print(markdown_table(("batches", "images", "peak RSS above the start, MiB", "÷ counted only"), rows))
+    print(f"\nDecoded pixels of one photo: {width * height * 3 / 2 ** 20:,.0f} MiB; "
+          f"all {counted['images']}: {counted['images'] * width * height * 3 / 2 ** 20:,.0f} MiB.")
+
+
+if __name__ == "__main__":
+    main()
