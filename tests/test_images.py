@@ -154,3 +154,46 @@ def test_preprocess_leaves_an_rgb_image_unchanged_and_equals_a_converted_one():
     _, rgb_of_copy = pre.apply(grey.convert("RGB"))
     assert np.array_equal(rgb_grey, rgb_of_copy) and np.array_equal(rgb_grey[..., 0], rgb_grey[..., 2])
     assert not np.array_equal(rgb, rgb_grey)
+
+
+def test_high_bit_depths_are_scaled_by_hand_in_bands(monkeypatch):
+    """16-bit: round(v * 255 / 65535) half up; 32-bit integers within 0..255 kept, beyond them scaled like
+    16-bit and clipped; floats from [min, max] to 0..255, NaN black. Bands of 3 pixels (one row of a
+    3-wide image) give the same pixels as one band."""
+    from vit_inspect import images
+
+    def rgb(image):
+        return np.asarray(load_image(image))[..., 0].tolist()
+
+    sixteen = Image.fromarray(np.array([[0, 128, 129], [32768, 65279, 65535]], dtype=np.uint16))
+    small = Image.fromarray(np.array([[-3, 0, 7], [200, 255, 255]], dtype=np.int32))
+    large = Image.fromarray(np.array([[-3, 0, 256], [32768, 65535, 70000]], dtype=np.int32))
+    floats = Image.fromarray(np.array([[-1.0, 0.0, np.nan], [0.5, 1.0, 3.0]], dtype=np.float32))
+    expected = {"16-bit": [[0, 0, 1], [128, 254, 255]],  # 128 / 257 = 0.498, 129 / 257 = 0.502
+                "32-bit, small": [[0, 0, 7], [200, 255, 255]],  # -3 clipped
+                "32-bit, large": [[0, 0, 1], [128, 255, 255]],
+                "float": [[0, 64, 0], [96, 128, 255]]}  # (v + 1) / 4 * 255 + 0.5: 64.25, 96.1, 128.0
+    for band in (images.BAND_PIXELS, 3):
+        monkeypatch.setattr(images, "BAND_PIXELS", band)
+        assert {"16-bit": rgb(sixteen), "32-bit, small": rgb(small), "32-bit, large": rgb(large),
+                "float": rgb(floats)} == expected
+    assert np.asarray(load_image(Image.fromarray(np.full((2, 2), 5.0, np.float32)))).max() == 0  # flat: black
+
+
+def test_a_float_image_is_scaled_without_a_full_size_float64_copy(monkeypatch):
+    """A 2000x2000 float image, bands of 65,536 pixels: the conversion's numpy allocations (tracemalloc)
+    peak under a quarter of one full-size float64 copy (32 MB; converting it whole peaked at 95 MiB):
+    the 4 MB uint8 output and a few band-sized temporaries of 0.5 MB."""
+    import tracemalloc
+
+    from vit_inspect import images
+
+    monkeypatch.setattr(images, "BAND_PIXELS", 1 << 16)
+    image = Image.fromarray(np.random.default_rng(0).normal(size=(2000, 2000)).astype(np.float32))
+    tracemalloc.start()
+    try:
+        rgb = images._to_rgb(image)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert rgb.size == (2000, 2000) and peak < 2000 * 2000 * 8 // 4

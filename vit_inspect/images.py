@@ -117,23 +117,39 @@ def _unreadable(exc: BaseException) -> str:
     return f"The image could not be decoded; the file may be truncated or damaged ({type(exc).__name__})."
 
 
+BAND_PIXELS = 1 << 20  # pixels of a high-bit-depth image scaled at once (8 MiB of float64)
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
-    """RGB, with transparency composited onto white and high bit depths scaled down."""
+    """RGB, with transparency composited onto white and high bit depths scaled down: 16-bit and 32-bit
+    integers by 255/65535 (or kept, for 32-bit values all within 0..255), floats from their own range
+    [min, max] to 0..255 (NaN pixels black), rounded half up."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        array = np.asarray(image, dtype=np.float64)
-        top = 65535.0 if image.mode.startswith("I;16") or array.max() > 255 else 255.0
-        return Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8)).convert("RGB")
+        top = 65535.0 if image.mode.startswith("I;16") or image.getextrema()[1] > 255 else 255.0
+        return _scaled(image, lambda band: np.clip(band / top * 255.0 + 0.5, 0, 255))
     if image.mode == "F":
-        array = np.asarray(image, dtype=np.float64)
-        low, high = float(array.min()), float(array.max())
-        scaled = (array - low) / (high - low) if high > low else np.zeros_like(array)
-        return Image.fromarray((scaled * 255.0 + 0.5).astype(np.uint8)).convert("RGB")
+        low, high = (float(v) for v in image.getextrema())
+        if not high > low:
+            return Image.new("RGB", image.size)
+        return _scaled(image, lambda band: (np.nan_to_num(band, nan=low) - low) / (high - low) * 255.0 + 0.5)
     has_alpha = image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
     if has_alpha:
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
     return image.convert("RGB")
+
+
+def _scaled(image: Image.Image, scale) -> Image.Image:
+    """RGB of `scale(float64 values)` taken in bands of rows of about `BAND_PIXELS` pixels: a 40-MP
+    16-bit or float image never gets a full-size float64 copy (320 MB, and several of them at once)."""
+    width, height = image.size
+    out = np.empty((height, width), dtype=np.uint8)
+    rows = max(1, BAND_PIXELS // max(width, 1))
+    for top in range(0, height, rows):
+        band = np.asarray(image.crop((0, top, width, min(height, top + rows))), dtype=np.float64)
+        out[top:top + rows] = scale(band).astype(np.uint8)
+    return Image.fromarray(out).convert("RGB")
 
 
 @dataclass(frozen=True)
