@@ -4,9 +4,13 @@ bounded in count only, measured in one run.
 The app's dataset job takes up to 16 photos of up to 40 MP (its pixel limit). The in-process engine
 decodes a batch before running it; counted in images only, sixteen 40-MP photos held 1.9 GB of
 pixels at once. `EngineOptions.max_batch_bytes` (256 MiB) runs a batch before the next image would
-take it past that. Each setting runs in a fresh interpreter (peak RSS, `ru_maxrss`, is per process);
-the table reports the peak above the process's RSS before the job. DeiT-Ti, random weights, CPU;
+take it past that. Each setting runs in a fresh interpreter; the tables report the peak RSS during
+the job (`VmHWM`, reset through `/proc/self/clear_refs` once the model is loaded) above the RSS before it. DeiT-Ti, random weights, CPU;
 the photos are flat-coloured PNGs (small files, full-size pixels once decoded).
+
+A second table: one 40-MP float TIFF (300 kB, deflate) through `load_image`, whose 8-bit scaling runs
+in bands of rows, against the same file scaled as one whole-image float64 array (the previous code,
+kept here as the reference), each in a fresh process.
 
     python -m bench.bench_dataset_memory [--count 16] [--megapixels 40]
 """
@@ -19,23 +23,56 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
+
+from vit_inspect.images import BAND_PIXELS
 
 from .common import REPO, markdown_table, print_header
 
 CHILD = """
-import glob, json, resource, sys
+import glob, json, sys
 from vit_inspect.engine import EngineOptions, run_job
 from vit_inspect.jobs import AttentionDistanceJob, AttentionDistanceWorker
 from vit_inspect.models import load_model
 worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
 files = sorted(glob.glob(sys.argv[1] + "/*.png"))
 options = EngineOptions(batch_size=int(sys.argv[2]), max_batch_bytes=int(sys.argv[3]))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def rss_kib(field):  # VmRSS or VmHWM (the peak since the last reset) of this process, KiB
+    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(field + ":")))
+open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak to the current RSS
+before = rss_kib("VmRSS")
 result, _ = run_job(AttentionDistanceJob("deit_tiny_patch16_224"), files, "local", options, worker=worker)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = rss_kib("VmHWM")
 print(json.dumps({"images": result.num_images, "before_kib": before, "peak_kib": after}))
 """
+
+
+TIFF_CHILD = """
+import json, sys
+import numpy as np
+from PIL import Image
+from vit_inspect.images import load_image
+def rss_kib(field):  # VmRSS or VmHWM (the peak since the last reset) of this process, KiB
+    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(field + ":")))
+open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak to the current RSS
+before = rss_kib("VmRSS")
+if sys.argv[2] == "bands":
+    rgb = load_image(sys.argv[1])
+else:  # the whole-image float64 scaling vit_inspect used before
+    with Image.open(sys.argv[1]) as image:
+        array = np.asarray(image, dtype=np.float64)
+    low, high = float(array.min()), float(array.max())
+    rgb = Image.fromarray(((array - low) / (high - low) * 255.0 + 0.5).astype(np.uint8)).convert("RGB")
+after = rss_kib("VmHWM")
+print(json.dumps({"size": list(rgb.size), "before_kib": before, "peak_kib": after}))
+"""
+
+
+def tiff_peak(path: str, how: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", TIFF_CHILD, path, how], cwd=REPO, capture_output=True, text=True,
+                          check=True, env={"OMP_NUM_THREADS": "2", "PATH": ""})
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def peak_above(folder: str, batch_size: int, max_batch_bytes: int) -> dict:
@@ -60,6 +97,13 @@ def main(argv: list[str] | None = None) -> None:
         runs = {"batches of 16, counted in images only": peak_above(folder, 16, 2 ** 50),
                 f"batches of 16, at most {bound / 2 ** 20:.0f} MiB decoded": peak_above(folder, 16, bound),
                 "one image at a time (the floor)": peak_above(folder, 1, bound)}
+        floats = np.zeros((height, width), np.float32)
+        floats[:, : width // 2] = 1.5
+        tiff = str(Path(folder) / "float.tif")
+        Image.fromarray(floats).save(tiff, compression="tiff_adobe_deflate")
+        del floats
+        scaled = {"whole image, float64 (before)": tiff_peak(tiff, "whole"),
+                  f"bands of {BAND_PIXELS:,} pixels (load_image)": tiff_peak(tiff, "bands")}
     print_header(f"Dataset job memory: {args.count} photos of {width}×{height} ({width * height / 1e6:.1f} MP)")
     counted = next(iter(runs.values()))
     growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in runs.items()}
@@ -67,7 +111,11 @@ def main(argv: list[str] | None = None) -> None:
             for name, run in runs.items()]
     print(markdown_table(("batches", "images", "peak RSS above the start, MiB", "÷ counted only"), rows))
     print(f"\nDecoded pixels of one photo: {width * height * 3 / 2 ** 20:,.0f} MiB; "
-          f"all {counted['images']}: {counted['images'] * width * height * 3 / 2 ** 20:,.0f} MiB.")
+          f"all {counted['images']}: {counted['images'] * width * height * 3 / 2 ** 20:,.0f} MiB.\n")
+    growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in scaled.items()}
+    first = next(iter(growth.values()))
+    print(markdown_table(("a float TIFF scaled to 8 bits", "peak RSS above the start, MiB", "÷ whole image"),
+                         [(name, f"{value:,.0f}", f"{value / first:.2f}") for name, value in growth.items()]))
 
 
 if __name__ == "__main__":
