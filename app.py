@@ -658,10 +658,6 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     return demo
 
 
-if __name__ != "__main__":
-    demo = build_demo()  # for importers (gradio's reload mode, tests); `python app.py` builds from its flags
-
-
 def launch_limits(config: AppConfig) -> dict:
     """The `launch()` arguments that bound what one server holds: upload size, sessions in memory, and
     `RequestGuard` in front of every route (no file fetched from a URL, no request body or text beyond its
@@ -669,6 +665,25 @@ def launch_limits(config: AppConfig) -> dict:
     guard = Middleware(RequestGuard, max_body=body_limit(config.max_upload_mb))
     return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions,
                 app_kwargs={"middleware": [guard]})
+
+
+def with_launch_limits(blocks: gr.Blocks, config: AppConfig) -> gr.Blocks:
+    """`blocks.launch(...)` with `launch_limits(config)` applied: the caller's own values win, and its own
+    middleware runs inside `RequestGuard`. For code that imports `app.demo` and launches it itself."""
+    launch = blocks.launch
+
+    def launch_with_limits(*args, **kwargs):
+        limits = launch_limits(config)
+        app_kwargs = dict(kwargs.pop("app_kwargs", None) or {})
+        app_kwargs["middleware"] = limits.pop("app_kwargs")["middleware"] + list(app_kwargs.get("middleware") or [])
+        return launch(*args, **(limits | kwargs), app_kwargs=app_kwargs)
+
+    blocks.launch = launch_with_limits
+    return blocks
+
+
+if __name__ != "__main__":  # for importers (gradio's reload mode, tests); `python app.py` builds from its flags
+    demo = with_launch_limits(build_demo(), AppConfig())
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Namespace]:

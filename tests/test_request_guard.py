@@ -88,3 +88,17 @@ def test_long_texts_and_bodies_are_refused_before_gradio_keeps_them(served):
     answer = httpx.post(f"{base}/gradio_api/call/echo", content=b'{"data": [null, "' + b"b" * 70_000 + b'"]}',
                         headers={"content-type": "text/plain"}, timeout=30)  # FastAPI reads JSON without its type
     assert answer.status_code == 400
+
+
+def test_the_imported_demo_launches_behind_the_guard_with_the_default_limits():
+    """`from app import demo; demo.launch()` (not `python app.py`) gets the same limits: RequestGuard in
+    front (a URL file path is a 400 on the app's own analyze endpoint), 30 MiB uploads, 100 sessions."""
+    port = free_port()
+    app.demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    try:
+        answer = httpx.post(f"http://127.0.0.1:{port}/gradio_api/call/analyze", timeout=30,
+                            json={"data": [{"path": "https://example.com/cat.png", "meta": {"_type": "gradio.FileData"}}]})
+        assert answer.status_code == 400 and "does not fetch files" in answer.json()["detail"]
+        assert app.demo.max_file_size == 30 * 2 ** 20 and app.demo.state_session_capacity == 100
+    finally:
+        app.demo.close()
