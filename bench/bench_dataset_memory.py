@@ -30,54 +30,49 @@ from vit_inspect.images import BAND_PIXELS
 
 from .common import REPO, markdown_table, print_header
 
-CHILD = """
-import glob, json, sys
+# Run first in each child, after its imports: `job()` runs the measured work; the child prints the RSS
+# before it and the peak during it (VmHWM, reset through /proc/self/clear_refs), in KiB, with its outcome.
+MEASURE = """
+import json
+def rss_kib(field):
+    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(field + ":")))
+def measured(job):
+    open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak to the current RSS
+    before = rss_kib("VmRSS")
+    outcome = job()
+    print(json.dumps({"outcome": outcome, "before_kib": before, "peak_kib": rss_kib("VmHWM")}))
+"""
+
+DATASET_JOB = MEASURE + """
+import glob, sys
 from vit_inspect.engine import EngineOptions, run_job
 from vit_inspect.jobs import AttentionDistanceJob, AttentionDistanceWorker
 from vit_inspect.models import load_model
 worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
 files = sorted(glob.glob(sys.argv[1] + "/*.png"))
 options = EngineOptions(batch_size=int(sys.argv[2]), max_batch_bytes=int(sys.argv[3]))
-def rss_kib(field):  # VmRSS or VmHWM (the peak since the last reset) of this process, KiB
-    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(field + ":")))
-open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak to the current RSS
-before = rss_kib("VmRSS")
-result, _ = run_job(AttentionDistanceJob("deit_tiny_patch16_224"), files, "local", options, worker=worker)
-after = rss_kib("VmHWM")
-print(json.dumps({"images": result.num_images, "before_kib": before, "peak_kib": after}))
+measured(lambda: run_job(AttentionDistanceJob("deit_tiny_patch16_224"), files, "local", options,
+                         worker=worker)[0].num_images)
 """
 
-
-TIFF_CHILD = """
-import json, sys
+TIFF_SCALING = MEASURE + """
+import sys
 import numpy as np
 from PIL import Image
 from vit_inspect.images import load_image
-def rss_kib(field):  # VmRSS or VmHWM (the peak since the last reset) of this process, KiB
-    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(field + ":")))
-open("/proc/self/clear_refs", "w").write("5")  # Linux: reset the peak to the current RSS
-before = rss_kib("VmRSS")
-if sys.argv[2] == "bands":
-    rgb = load_image(sys.argv[1])
-else:  # the whole-image float64 scaling vit_inspect used before
+def whole():  # the whole-image float64 scaling vit_inspect used before
     with Image.open(sys.argv[1]) as image:
         array = np.asarray(image, dtype=np.float64)
     low, high = float(array.min()), float(array.max())
-    rgb = Image.fromarray(((array - low) / (high - low) * 255.0 + 0.5).astype(np.uint8)).convert("RGB")
-after = rss_kib("VmHWM")
-print(json.dumps({"size": list(rgb.size), "before_kib": before, "peak_kib": after}))
+    return Image.fromarray(((array - low) / (high - low) * 255.0 + 0.5).astype(np.uint8)).convert("RGB").size
+measured(lambda: load_image(sys.argv[1]).size if sys.argv[2] == "bands" else whole())
 """
 
 
-def tiff_peak(path: str, how: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", TIFF_CHILD, path, how], cwd=REPO, capture_output=True, text=True,
+def in_fresh_process(script: str, *args: object) -> dict:
+    """{"outcome", "before_kib", "peak_kib"} of `script` run in a fresh interpreter (2 torch threads)."""
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=REPO, capture_output=True, text=True,
                           check=True, env={"OMP_NUM_THREADS": "2", "PATH": ""})
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def peak_above(folder: str, batch_size: int, max_batch_bytes: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, folder, str(batch_size), str(max_batch_bytes)], cwd=REPO,
-                          capture_output=True, text=True, check=True, env={"OMP_NUM_THREADS": "2", "PATH": ""})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -94,24 +89,24 @@ def main(argv: list[str] | None = None) -> None:
         photo = Image.new("RGB", (width, height), (120, 90, 60))
         for index in range(args.count):
             photo.save(Path(folder) / f"photo{index:02d}.png", compress_level=1)
-        runs = {"batches of 16, counted in images only": peak_above(folder, 16, 2 ** 50),
-                f"batches of 16, at most {bound / 2 ** 20:.0f} MiB decoded": peak_above(folder, 16, bound),
-                "one image at a time (the floor)": peak_above(folder, 1, bound)}
+        runs = {"batches of 16, counted in images only": in_fresh_process(DATASET_JOB, folder, 16, 2 ** 50),
+                f"batches of 16, at most {bound / 2 ** 20:.0f} MiB decoded": in_fresh_process(DATASET_JOB, folder, 16, bound),
+                "one image at a time (the floor)": in_fresh_process(DATASET_JOB, folder, 1, bound)}
         floats = np.zeros((height, width), np.float32)
         floats[:, : width // 2] = 1.5
         tiff = str(Path(folder) / "float.tif")
         Image.fromarray(floats).save(tiff, compression="tiff_adobe_deflate")
         del floats
-        scaled = {"whole image, float64 (before)": tiff_peak(tiff, "whole"),
-                  f"bands of {BAND_PIXELS:,} pixels (load_image)": tiff_peak(tiff, "bands")}
+        scaled = {"whole image, float64 (before)": in_fresh_process(TIFF_SCALING, tiff, "whole"),
+                  f"bands of {BAND_PIXELS:,} pixels (load_image)": in_fresh_process(TIFF_SCALING, tiff, "bands")}
     print_header(f"Dataset job memory: {args.count} photos of {width}×{height} ({width * height / 1e6:.1f} MP)")
     counted = next(iter(runs.values()))
     growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in runs.items()}
-    rows = [(name, run["images"], f"{growth[name]:,.0f}", f"{growth[name] / growth[next(iter(runs))]:.2f}")
+    rows = [(name, run["outcome"], f"{growth[name]:,.0f}", f"{growth[name] / growth[next(iter(runs))]:.2f}")
             for name, run in runs.items()]
     print(markdown_table(("batches", "images", "peak RSS above the start, MiB", "÷ counted only"), rows))
     print(f"\nDecoded pixels of one photo: {width * height * 3 / 2 ** 20:,.0f} MiB; "
-          f"all {counted['images']}: {counted['images'] * width * height * 3 / 2 ** 20:,.0f} MiB.\n")
+          f"all {counted['outcome']}: {counted['outcome'] * width * height * 3 / 2 ** 20:,.0f} MiB.\n")
     growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in scaled.items()}
     first = next(iter(growth.values()))
     print(markdown_table(("a float TIFF scaled to 8 bits", "peak RSS above the start, MiB", "÷ whole image"),
