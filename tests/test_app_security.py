@@ -101,6 +101,20 @@ def test_weights_upload_refuses_pickles_and_runs_nothing(server, tmp_path):
     assert analyze(client)["predictions"]["label"].startswith(CATS)
 
 
+def test_a_weights_upload_of_too_many_tensors_is_refused_with_a_sentence(server, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    many = tmp_path / "many.safetensors"
+    save_file({f"t{i}": torch.zeros(1) for i in range(10_001)}, str(many))
+    client = Client(server.url, verbose=False)
+    with pytest.raises(AppError) as info:
+        client.predict("deit_tiny_patch16_224", handle_file(str(many)), api_name="/load_model")
+    assert str(info.value).startswith("'many.safetensors' lists 10,001 tensors, more than the 10,000")
+    assert "Traceback" not in str(info.value) and str(tmp_path) not in str(info.value)
+    assert analyze(client)["predictions"]["label"].startswith(CATS)
+
+
 @pytest.mark.parametrize("name, message", [
     ("resnet50", "not a Vision Transformer"),
     ("no_such_model_at_all", "Unknown model"),

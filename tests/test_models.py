@@ -156,6 +156,58 @@ def test_truncated_and_empty_safetensors(tmp_path):
         read_state_dict(empty)
 
 
+def _header_file(path: Path, header: bytes, length: int | None = None) -> Path:
+    """A safetensors-shaped file: an 8-byte little-endian length, then `header` (no tensor data)."""
+    path.write_bytes((len(header) if length is None else length).to_bytes(8, "little") + header)
+    return path
+
+
+def test_a_safetensors_header_is_bounded_before_any_tensor_is_read(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    from vit_inspect import models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the tensors were read")
+
+    four = tmp_path / "four.safetensors"
+    save_file({f"t{i}": torch.full((2,), float(i)) for i in range(4)}, str(four), metadata={"by": "hand"})
+    assert models.check_safetensors_header(four) == 4  # "__metadata__" is not a tensor
+    monkeypatch.setattr(models, "MAX_TENSORS", 4)
+    assert sorted(read_state_dict(four)) == ["t0", "t1", "t2", "t3"]
+    monkeypatch.setattr(models, "MAX_TENSORS", 3)
+    monkeypatch.setattr(safetensors.torch, "load_file", never)
+    with pytest.raises(WeightsError, match=r"'four.safetensors' lists 4 tensors, more than the 3"):
+        read_state_dict(four)
+    monkeypatch.setattr(models, "MAX_TENSORS", 10_000)
+
+    # the length is checked before the header is read: exactly the bound is read (and parsed), one more is not
+    at_bound = b"{}" + b" " * (2 ** 20 - 2)  # JSON padded with spaces, as the format allows
+    assert models.check_safetensors_header(_header_file(tmp_path / "a.safetensors", at_bound)) == 0
+    with pytest.raises(WeightsError, match=r"1,048,577-byte safetensors header, more than the 1,048,576"):
+        read_state_dict(_header_file(tmp_path / "b.safetensors", at_bound + b" "))
+    for name, data in [("short", b"\x02\x00\x00"), ("list", (2).to_bytes(8, "little") + b"[]"),
+                       ("huge", (2 ** 64 - 1).to_bytes(8, "little") + b"{}"),  # a length past the file's end
+                       ("pickle", pickle.dumps({"w": [1.0] * 100})),
+                       ("cut", (9).to_bytes(8, "little") + b"{}"), ("bytes", (2).to_bytes(8, "little") + b"\xff\xfe")]:
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(data)
+        with pytest.raises(WeightsError, match=f"'{name}.safetensors' is not a valid safetensors file"):
+            read_state_dict(path)
+
+
+def test_a_safetensors_file_of_many_tiny_tensors_is_refused_at_the_default_bound(tmp_path):
+    many = tmp_path / "many.safetensors"
+    save_file({f"t{i}": torch.zeros(1) for i in range(10_001)}, str(many))  # 0.7 MiB: any upload bound lets it in
+    with pytest.raises(WeightsError, match=r"lists 10,001 tensors, more than the 10,000"):
+        load_model("deit_tiny_patch16_224", weights=many, device="cpu")
+    from conftest import DEIT_WEIGHTS
+    from vit_inspect.models import check_safetensors_header
+    if DEIT_WEIGHTS.is_file():  # the real file, far inside both bounds
+        assert check_safetensors_header(DEIT_WEIGHTS) == 152
+        assert int.from_bytes(DEIT_WEIGHTS.read_bytes()[:8], "little") == 14_160
+
+
 def test_missing_weights_names_the_file_to_provide(tmp_path):
     with pytest.raises(WeightsNotFoundError) as info:
         load_model("vit_small_patch16_224.dino", device="cpu", checkpoint_dir=tmp_path)

@@ -7,6 +7,7 @@ Weights files are read without unpickling code: safetensors, or `torch.load(weig
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -30,6 +31,11 @@ NESTED_STATE_KEYS = ("model", "state_dict", "model_state_dict", "module")  # wra
 HF_MODEL_TYPES = ("vit", "deit", "beit", "data2vec-vision", "dinov2", "dinov2_with_registers", "vit_msn")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# What a ViT's safetensors file needs, with room to spare: DeiT-Ti's header is 14 KB for 152 tensors, a
+# 40-block giant ViT's about 0.1 MB for ~650. A file beyond them is refused from its header alone, before
+# its tensors are read: a 17 MiB upload of 250,000 one-number tensors held a worker for seconds.
+MAX_SAFETENSORS_HEADER = 2 ** 20  # bytes
+MAX_TENSORS = 10_000
 
 
 def default_checkpoint_dir() -> Path:
@@ -195,6 +201,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
+        check_safetensors_header(path)
         try:
             state = load_file(str(path), device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -213,6 +220,38 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     tensors = _unwrap_state_dict(state, path.name)
     check_finite(tensors.items(), repr(path.name))
     return tensors
+
+
+def check_safetensors_header(path: Path) -> int:
+    """The number of tensors a safetensors file lists, read from its header alone (format: an 8-byte
+    little-endian header length, then that many bytes of JSON, one entry per tensor plus an optional
+    "__metadata__"). WeightsError when the header is longer than `MAX_SAFETENSORS_HEADER` bytes or
+    lists more than `MAX_TENSORS` tensors, or is not such a header (a length beyond the file's end
+    included)."""
+    invalid = f"{path.name!r} is not a valid safetensors file (truncated or damaged?)."
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise WeightsError(invalid)
+        length = int.from_bytes(prefix, "little")
+        if length > path.stat().st_size - 8:  # not a safetensors file (a pickle renamed, a cut download)
+            raise WeightsError(invalid)
+        if length > MAX_SAFETENSORS_HEADER:
+            raise WeightsError(
+                f"{path.name!r} has a {length:,}-byte safetensors header, more than the {MAX_SAFETENSORS_HEADER:,} "
+                "bytes a ViT's weights need (DeiT-Ti's: 14,160 for 152 tensors); refusing to read it.")
+        text = handle.read(length)
+    try:
+        header = json.loads(text) if len(text) == length else None
+    except (ValueError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise WeightsError(invalid)
+    count = len(header) - int("__metadata__" in header)
+    if count > MAX_TENSORS:
+        raise WeightsError(f"{path.name!r} lists {count:,} tensors, more than the {MAX_TENSORS:,} a ViT's weights "
+                           "need (DeiT-Ti has 152); refusing to read them.")
+    return count
 
 
 def check_finite(named_tensors, source: str) -> None:
