@@ -198,3 +198,28 @@ def test_load_model_file_imports_the_operators_file_and_loads_its_weights(tmp_pa
     save_file({"pos_embed": torch.zeros(1, 65, 128)}, str(wrong))
     with pytest.raises(WeightsError, match="missing key"):
         load_model_file(f"{TOY_FILE}:build", weights=wrong)
+
+
+def test_missing_weights_of_a_model_file_point_to_its_training_before_anything_is_built(tmp_path):
+    from vit_inspect.errors import WeightsNotFoundError
+
+    absent = tmp_path / "checkpoints" / "toy_vit_cifar10.safetensors"
+    with pytest.raises(WeightsNotFoundError) as info:
+        load_model_file(f"{TOY_FILE}:build", weights=absent)
+    assert str(info.value) == (
+        f"No weights file at {str(absent)!r}. A hand-written model's weights come from training it; beside "
+        f"toy_vit.py is a training script: python {TOY_FILE.parent / 'train_cifar10.py'} (see its --help for "
+        "where it writes them). Or leave out --weights to inspect the model untrained, as build() makes it.")
+    assert info.value.public == "The weights file 'toy_vit_cifar10.safetensors' is not available."
+
+    # a model file of one's own, with two training scripts beside it and none: its function never runs
+    (tmp_path / "mine.py").write_text(f"def make():\n    open({str(tmp_path / 'built')!r}, 'w').write('x')\n")
+    message = lambda: str(pytest.raises(WeightsNotFoundError, load_model_file, f"{tmp_path / 'mine.py'}:make",
+                                        weights=absent).value)  # noqa: E731
+    assert "train it and save its state dict as .safetensors. Or leave out --weights" in message()
+    assert "as make() makes it" in message()
+    for name in ("train_b.py", "train_a.py"):
+        (tmp_path / name).write_text("")
+    assert (f"beside mine.py are training scripts: python {tmp_path / 'train_a.py'} or python "
+            f"{tmp_path / 'train_b.py'} (see") in message()
+    assert not (tmp_path / "built").exists()

@@ -21,7 +21,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .errors import ModelNotFoundError, UnsupportedModelError
+from .errors import ModelNotFoundError, UnsupportedModelError, WeightsNotFoundError
 from .images import Preprocess
 from .models import ViTHandle, apply_state_dict, read_state_dict, resolve_device
 
@@ -292,6 +292,20 @@ def model_file_name(reference: str | os.PathLike) -> str:
     return f"{path.name}:{function}"
 
 
+def missing_weights(path: Path, function: str, weights: Path) -> WeightsNotFoundError:
+    """The error for a hand-written model's weights file that is not there (yet): such weights come from
+    training it, so it names the training scripts beside the model file (`train*.py`), or the untrained
+    model as `function` builds it. Checked before the file is imported, so nothing is built first."""
+    trainers = sorted(p for p in path.parent.glob("train*.py") if p.is_file())[:2]
+    train = (f"beside {path.name} {'is a training script' if len(trainers) == 1 else 'are training scripts'}: "
+             f"{' or '.join(f'python {p}' for p in trainers)} (see its --help for where it writes them)"
+             if trainers else "train it and save its state dict as .safetensors")
+    return WeightsNotFoundError(
+        f"No weights file at {str(weights)!r}. A hand-written model's weights come from training it; {train}. "
+        f"Or leave out --weights to inspect the model untrained, as {function}() makes it.",
+        public=f"The weights file {weights.name!r} is not available.")
+
+
 def load_model_file(reference: str | os.PathLike, weights: str | os.PathLike | None = None,
                     device: str | torch.device | None = None) -> ViTHandle:
     """Import the Python file `path.py:function` and open the model its function builds.
@@ -305,6 +319,8 @@ def load_model_file(reference: str | os.PathLike, weights: str | os.PathLike | N
     path, function = parse_model_file(reference)
     if not path.is_file():
         raise ModelNotFoundError(f"--model-file {str(reference)!r}: there is no file {str(path)!r}.")
+    if weights is not None and not Path(weights).is_file():
+        raise missing_weights(path, function, Path(weights))
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
     module_name = f"vit_inspect_model_file_{path.stem}_{digest}"
     module = sys.modules.get(module_name)
