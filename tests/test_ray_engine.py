@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 
 from conftest import DEIT_WEIGHTS, IMAGENET
 from vit_inspect.cli import main
-from vit_inspect.engine import EngineOptions, run_job
+from vit_inspect.engine import EngineOptions, Sums, run_job
 from vit_inspect.jobs import AttentionDistanceJob
 from vit_inspect.pipeline import find_images
 
@@ -133,3 +135,50 @@ def test_cli_prints_the_same_json_and_ray_resumes_from_shards(local_ray, files, 
     assert info.resumed == 1 and info.workers == 1
     np.testing.assert_allclose(again.distances, first.distances, rtol=1e-6)
     assert again.skipped == first.skipped and again.num_images == 7
+
+
+@dataclass(frozen=True)
+class BatchShapes:
+    """A job that records only the model batches its worker is given: how many, the most images in one,
+    the most bytes in one, and the most bytes in one of two images or more."""
+
+    name: str = "batch_shapes"
+
+    def open(self) -> "BatchShapes":
+        return self
+
+    def map_batch(self, images, names) -> Sums:
+        nbytes = float(sum(image.nbytes for image in images))
+        return Sums({"batches": np.array(1.0), "images": np.array(float(len(images))), "bytes": np.array(nbytes),
+                     "shared": np.array(nbytes if len(images) > 1 else 0.0)}, len(images))
+
+    def merge(self, a: Sums, b: Sums) -> Sums:
+        get = lambda s, k: float(s.arrays.get(k, 0.0))  # noqa: E731
+        return Sums({"batches": np.array(get(a, "batches") + get(b, "batches")),
+                     **{k: np.array(max(get(a, k), get(b, k))) for k in ("images", "bytes", "shared")}},
+                    a.count + b.count)
+
+    def finalize(self, sums: Sums, skipped) -> dict:
+        return {"count": sums.count, **{k: float(v) for k, v in sums.arrays.items()}, "skipped": len(skipped)}
+
+
+def test_ray_model_batches_are_bounded_in_bytes_as_the_local_ones(local_ray, tmp_path):
+    """Eleven 100x100 photos (30,000 bytes decoded) and one 200x200 (120,000): with 70,000 bytes a
+    model batch holds two small photos, and the large one is a batch of its own, as in the local engine."""
+    from PIL import Image
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test file
+    paths = []
+    for i in range(12):
+        side = 200 if i == 5 else 100
+        paths.append(tmp_path / f"{i:02d}.png")
+        Image.new("RGB", (side, side), (i, 2 * i, 3)).save(paths[-1])
+    bounded, _ = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=16, max_batch_bytes=70_000))
+    local, _ = run_job(BatchShapes(), paths, "local", EngineOptions(batch_size=16, max_batch_bytes=70_000))
+    for result in (bounded, local):
+        assert result["count"] == 12 and result["skipped"] == 0
+        assert (result["images"], result["shared"], result["bytes"]) == (2, 60_000, 120_000)
+        assert result["batches"] >= 7  # 11 small photos two at a time, and the large one
+    by_count, _ = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=3))  # the default bound: 256 MiB
+    assert by_count["count"] == 12 and by_count["images"] == 3 and by_count["batches"] >= 4
+    assert ray.data.DataContext.get_current().target_max_block_size != 70_000  # the caller's context is restored

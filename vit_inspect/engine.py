@@ -85,7 +85,7 @@ class EngineOptions:
     """How a folder-level job is run; nothing here changes its result."""
 
     batch_size: int = 16  # images per model call
-    max_batch_bytes: int = 256 * 2 ** 20  # decoded pixels a local batch may hold; a batch is run before it would pass them
+    max_batch_bytes: int = 256 * 2 ** 20  # decoded pixels a batch may hold; a batch is run before it would pass them
     shard_size: int = 256  # files per resumable shard
     out: str | None = None  # folder for per-shard results (resume); None: nothing written
     limits: ImageLimits = ImageLimits()  # what a file may be before it is decoded
@@ -130,6 +130,20 @@ def item_name(item: Any) -> str:
 def decode(item: Any, limits: ImageLimits) -> np.ndarray:
     """(H, W, 3) uint8 RGB of a file (or PIL image); raises `ImageError` for anything unreadable."""
     return np.asarray(load_image(item, limits), dtype=np.uint8)
+
+
+def byte_bounded_runs(sizes: Sequence[int], max_bytes: int) -> list[range]:
+    """Consecutive runs of items (by index) whose sizes sum to at most `max_bytes`: a run is closed before
+    the next item would take it past them, and an item larger than `max_bytes` is a run of its own."""
+    runs, start, held = [], 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and held + size > max_bytes:
+            runs.append(range(start, index))
+            start, held = index, 0
+        held += size
+    if start < len(sizes):
+        runs.append(range(start, len(sizes)))
+    return runs
 
 
 def make_shards(job: FolderJob, items: Sequence[Any], shard_size: int) -> list[Shard]:

@@ -4,6 +4,9 @@ The pipeline is one Ray Dataset:
     file paths --(tasks: read + decode, `ImageLimits` checked)--> RGB arrays
                --(actors: `map_batches` with a class, one `job.open()` = one model load per actor)-->
     one row of running sums per (batch, shard).
+A batch is one decoded block: at most `batch_size` files, closed by Ray Data once it passes
+`max_batch_bytes`; the actor splits it into model calls of at most that many bytes (or one image),
+as the local engine batches.
 The driver merges rows per shard; a shard whose files are all accounted for is written to `out` (resume)
 and counted in the progress. Model replicas are restarted by Ray when their process dies and their
 unfinished batches retried (Ray Data's actor defaults: `max_restarts=-1`, `max_task_retries=-1`; an
@@ -20,7 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .engine import (EngineOptions, FolderJob, Progress, Shard, ShardResult, ShardStore, Sums, decode, item_name)
+from .engine import (EngineOptions, FolderJob, Progress, Shard, ShardResult, ShardStore, Sums, byte_bounded_runs, decode,
+                     item_name)
 from .errors import VitInspectError
 
 RAY_INSTALL = 'pip install "vit_inspect[ray]" (or pip install -r requirements-ray.txt)'
@@ -71,18 +75,22 @@ def decode_row(row: dict[str, Any], limits) -> dict[str, Any]:
 class JobActor:
     """Ray actor: opens the job once (one model load), maps each batch to sums per shard."""
 
-    def __init__(self, job: FolderJob) -> None:
+    def __init__(self, job: FolderJob, max_batch_bytes: int) -> None:
         self.job = job
         self.worker = job.open()
         self.pid = os.getpid()
+        self.max_batch_bytes = max_batch_bytes
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shards, seen, partials = [], [], []
         for shard in np.unique(batch["shard"]):
             rows = np.flatnonzero(batch["shard"] == shard)
             readable = [i for i in rows if not batch["error"][i]]
-            sums = self.worker.map_batch([batch["image"][i] for i in readable],
-                                         [item_name(batch["path"][i]) for i in readable]) if readable else Sums()
+            sums = Sums()
+            for run in byte_bounded_runs([batch["image"][i].nbytes for i in readable], self.max_batch_bytes):
+                chosen = [readable[k] for k in run]  # the model's batch: at most max_batch_bytes, or one image
+                sums = self.job.merge(sums, self.worker.map_batch([batch["image"][i] for i in chosen],
+                                                                  [item_name(batch["path"][i]) for i in chosen]))
             skipped = [[int(batch["index"][i]), item_name(batch["path"][i]), str(batch["error"][i])]
                        for i in rows if batch["error"][i]]
             shards.append(int(shard))
@@ -134,13 +142,21 @@ def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, s
             for shard in shards for i, item in enumerate(shard.items)]
     num_gpus, concurrency = _actor_resources(ray, options)
     decode_tasks = _decode_tasks(ray, concurrency)
-    blocks = min(len(rows), max(decode_tasks, math.ceil(len(rows) / (2 * options.batch_size))))
-    dataset = (ray.data.from_items(rows, override_num_blocks=blocks)
-               .map(decode_row, fn_kwargs={"limits": options.limits},
-                    compute=ray.data.TaskPoolStrategy(size=decode_tasks))
-               .map_batches(JobActor, fn_constructor_args=(job,), batch_size=options.batch_size,
-                            batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=concurrency),
-                            num_cpus=options.cpus_per_actor, num_gpus=num_gpus))
+    # A model batch is one decoded block: each read task decodes one block of at most batch_size files, and
+    # Ray Data closes its output block once the block passes its target size, here max_batch_bytes.
+    blocks = min(len(rows), max(decode_tasks, math.ceil(len(rows) / options.batch_size)))
+    context = ray.data.DataContext.get_current()
+    saved = context.target_max_block_size
+    context.target_max_block_size = options.max_batch_bytes  # the dataset keeps its own copy of the context
+    try:
+        dataset = (ray.data.from_items(rows, override_num_blocks=blocks)
+                   .map(decode_row, fn_kwargs={"limits": options.limits},
+                        compute=ray.data.TaskPoolStrategy(size=decode_tasks))
+                   .map_batches(JobActor, fn_constructor_args=(job, options.max_batch_bytes), batch_size=None,
+                                batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=concurrency),
+                                num_cpus=options.cpus_per_actor, num_gpus=num_gpus))
+    finally:
+        context.target_max_block_size = saved
     by_index = {shard.index: shard for shard in shards}
     sums = {index: Sums() for index in by_index}
     skipped: dict[int, list] = {index: [] for index in by_index}
