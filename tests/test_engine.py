@@ -154,14 +154,16 @@ def test_a_batch_is_run_before_its_decoded_pixels_pass_the_byte_bound():
         image.name = f"{name}.png"
     items = small[:2] + [large] + small[2:] + ["missing.png"]
     worker = Recording()
-    result, _ = run_job(AttentionDistanceJob("tiny-cls"), items, "local",
-                        EngineOptions(batch_size=16, max_batch_bytes=70_000), worker=worker)
+    result, info = run_job(AttentionDistanceJob("tiny-cls"), items, "local",
+                           EngineOptions(batch_size=16, max_batch_bytes=70_000), worker=worker)
     assert result.num_images == 6 and [name for name, _ in result.skipped] == ["missing.png"]
+    assert info.largest_batch == 120_000  # the large image alone; two small ones are 60,000
     assert [names for _, names in worker.batches] == [["a.png", "b.png"], ["L.png"], ["c.png", "d.png"], ["e.png"]]
     assert worker.batches[1][0] == [(200, 200)]
     worker = Recording()
-    run_job(AttentionDistanceJob("tiny-cls"), small, "local", EngineOptions(batch_size=2), worker=worker)
+    _, info = run_job(AttentionDistanceJob("tiny-cls"), small, "local", EngineOptions(batch_size=2), worker=worker)
     assert [len(names) for _, names in worker.batches] == [2, 2, 1]  # the default bound leaves small batches alone
+    assert info.largest_batch == 60_000
     with pytest.raises(VitInspectError, match="at least 1"):
         EngineOptions(max_batch_bytes=0)
 

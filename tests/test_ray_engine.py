@@ -173,12 +173,17 @@ def test_ray_model_batches_are_bounded_in_bytes_as_the_local_ones(local_ray, tmp
         side = 200 if i == 5 else 100
         paths.append(tmp_path / f"{i:02d}.png")
         Image.new("RGB", (side, side), (i, 2 * i, 3)).save(paths[-1])
-    bounded, _ = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=16, max_batch_bytes=70_000))
-    local, _ = run_job(BatchShapes(), paths, "local", EngineOptions(batch_size=16, max_batch_bytes=70_000))
+    bounded, info = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=16, max_batch_bytes=70_000))
+    # what an actor held: a block Ray Data closed once past 70,000 bytes, so at most that plus one photo
+    # (counted in images only, the block holding the large photo held it and five small ones: 270,000)
+    assert 120_000 <= info.largest_batch <= 70_000 + 120_000
+    local, info = run_job(BatchShapes(), paths, "local", EngineOptions(batch_size=16, max_batch_bytes=70_000))
+    assert info.largest_batch == 120_000
     for result in (bounded, local):
         assert result["count"] == 12 and result["skipped"] == 0
         assert (result["images"], result["shared"], result["bytes"]) == (2, 60_000, 120_000)
         assert result["batches"] >= 7  # 11 small photos two at a time, and the large one
-    by_count, _ = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=3))  # the default bound: 256 MiB
+    by_count, info = run_job(BatchShapes(), paths, "ray", EngineOptions(batch_size=3))  # the default bound: 256 MiB
     assert by_count["count"] == 12 and by_count["images"] == 3 and by_count["batches"] >= 4
+    assert info.largest_batch == 180_000  # three photos in a block, the large one among them
     assert ray.data.DataContext.get_current().target_max_block_size != 70_000  # the caller's context is restored

@@ -200,6 +200,7 @@ class RunInfo:
     shards: int  # shards in the run
     resumed: int  # shards read back from `out` instead of computed
     workers: int  # worker processes that returned sums (more than the actors when one was restarted)
+    largest_batch: int = 0  # bytes of decoded pixels in the largest batch one worker held at once
 
 
 def run_job(job: FolderJob, items: Iterable[Any], engine: str = "local", options: EngineOptions = EngineOptions(),
@@ -224,28 +225,30 @@ def run_job(job: FolderJob, items: Iterable[Any], engine: str = "local", options
         progress(done, len(items))
     if engine == "ray":
         from .ray_engine import run_shards_on_ray
-        computed, workers = run_shards_on_ray(job, pending, options, store, progress, done, len(items))
+        computed, workers, largest = run_shards_on_ray(job, pending, options, store, progress, done, len(items))
     else:
-        computed, workers = run_shards_locally(job, pending, options, store, progress, done, len(items), worker)
+        computed, workers, largest = run_shards_locally(job, pending, options, store, progress, done, len(items),
+                                                        worker)
     results.update(computed)
     sums, skipped = Sums(), []
     for index in sorted(results):
         sums = job.merge(sums, results[index].sums)
         skipped.extend(results[index].skipped)
-    return job.finalize(sums, tuple(skipped)), RunInfo(engine, len(shards), resumed, workers)
+    return job.finalize(sums, tuple(skipped)), RunInfo(engine, len(shards), resumed, workers, largest)
 
 
 def run_shards_locally(job: FolderJob, shards: Sequence[Shard], options: EngineOptions, store: ShardStore,
                        progress: Progress | None, done: int, total: int,
-                       worker: JobWorker | None = None) -> tuple[dict[int, ShardResult], int]:
+                       worker: JobWorker | None = None) -> tuple[dict[int, ShardResult], int, int]:
     """The in-process engine: one worker, batches of `batch_size` decoded images, streaming. A batch is
     also run early when the next image would take its decoded pixels past `max_batch_bytes`: sixteen
     40-MP photos would hold 1.9 GB at once; so a batch holds at most that many bytes (or one image larger
-    than them), and memory peaks at it plus the one image being decoded."""
+    than them), and memory peaks at it plus the one image being decoded. Returns (results, workers = 1,
+    the largest batch's decoded bytes)."""
     if not shards:
-        return {}, 0
+        return {}, 0, 0
     worker = worker if worker is not None else job.open()
-    results = {}
+    results, largest = {}, 0
     for shard in shards:
         sums, skipped, batch, names, held = Sums(), [], [], [], 0
         for item in shard.items:
@@ -260,6 +263,7 @@ def run_shards_locally(job: FolderJob, shards: Sequence[Shard], options: EngineO
                 batch.append(image)
                 names.append(item_name(item))
                 held += image.nbytes
+                largest = max(largest, held)
                 del image
             if len(batch) == options.batch_size:
                 sums = job.merge(sums, worker.map_batch(batch, names))
@@ -271,4 +275,4 @@ def run_shards_locally(job: FolderJob, shards: Sequence[Shard], options: EngineO
             sums = job.merge(sums, worker.map_batch(batch, names))
         results[shard.index] = ShardResult(sums, tuple(skipped), len(shard.items))
         store.save(shard, results[shard.index])
-    return results, 1
+    return results, 1, largest

@@ -96,15 +96,18 @@ class JobActor:
             shards.append(int(shard))
             seen.append(len(rows))
             partials.append(json.dumps({"sums": sums.to_json(), "skipped": skipped}))
+        held = sum(image.nbytes for image in batch["image"])  # what this call holds: the decoded block
         return {"shard": np.array(shards, np.int64), "seen": np.array(seen, np.int64),
-                "partial": np.array(partials, dtype=object), "pid": np.full(len(shards), self.pid, np.int64)}
+                "partial": np.array(partials, dtype=object), "pid": np.full(len(shards), self.pid, np.int64),
+                "held": np.full(len(shards), held, np.int64)}
 
 
 def run_shards_on_ray(job: FolderJob, shards: Sequence[Shard], options: EngineOptions, store: ShardStore,
-                      progress: Progress | None, done: int, total: int) -> tuple[dict[int, ShardResult], int]:
-    """Run the pending shards on Ray; returns ({shard index: result}, worker processes that returned sums)."""
+                      progress: Progress | None, done: int, total: int) -> tuple[dict[int, ShardResult], int, int]:
+    """Run the pending shards on Ray; returns ({shard index: result}, worker processes that returned sums,
+    the most decoded bytes one actor call held)."""
     if not shards:
-        return {}, 0
+        return {}, 0, 0
     for shard in shards:
         if not all(isinstance(item, (str, os.PathLike)) for item in shard.items):
             raise VitInspectError("The Ray engine reads files: pass paths, not images in memory.")
@@ -137,7 +140,7 @@ def _decode_tasks(ray, actors: int) -> int:
 
 
 def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, store: ShardStore,
-         progress: Progress | None, done: int, total: int) -> tuple[dict[int, ShardResult], int]:
+         progress: Progress | None, done: int, total: int) -> tuple[dict[int, ShardResult], int, int]:
     rows = [{"path": str(item), "shard": shard.index, "index": i}
             for shard in shards for i, item in enumerate(shard.items)]
     num_gpus, concurrency = _actor_resources(ray, options)
@@ -161,7 +164,7 @@ def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, s
     sums = {index: Sums() for index in by_index}
     skipped: dict[int, list] = {index: [] for index in by_index}
     seen = dict.fromkeys(by_index, 0)
-    results, pids = {}, set()
+    results, pids, largest = {}, set(), 0
     for row in dataset.iter_rows():
         index = int(row["shard"])
         partial = json.loads(row["partial"])
@@ -169,6 +172,7 @@ def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, s
         skipped[index].extend(partial["skipped"])
         seen[index] += int(row["seen"])
         pids.add(int(row["pid"]))
+        largest = max(largest, int(row["held"]))
         if seen[index] > len(by_index[index].items):
             raise VitInspectError(f"Shard {index} got results for more files than it has; a batch was counted twice.")
         if seen[index] == len(by_index[index].items):
@@ -181,4 +185,4 @@ def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, s
     missing = sorted(set(by_index) - set(results))
     if missing:
         raise VitInspectError(f"The Ray run ended with shards {missing} incomplete; rerun with the same --out to finish.")
-    return results, len(pids)
+    return results, len(pids), largest
