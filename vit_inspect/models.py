@@ -162,7 +162,8 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
     A name with a '/' (or an existing folder, when `allow_local_dirs`) is a Hugging Face model.
     A model whose float32 parameters exceed `max_model_bytes` is refused before it is built or its
     weights downloaded: built on the meta device from its timm name or its Hugging Face config (a few
-    kB). A weights file that does not fit a timm model is refused the same way. The app passes its
+    kB). A weights file that does not fit a timm model is refused the same way. A hub id's files are
+    then sized from the hub's listing before they are downloaded (`hub.fetch_configs`). The app passes its
     memory budget for names a web user sends.
     """
     if model_file is not None:
@@ -529,9 +530,14 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
 
     shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only
     local = Path(source).is_dir()
+    listing = None  # a web user's hub id: every file sized from the hub's listing before it is downloaded
     with (contextlib.nullcontext(True) if local else hub.hub_access(source)) as online:
+        if online and not local and max_model_bytes is not None:
+            listing = hub.fetch_configs(source)
+        # the listed commit from the local cache only: nothing that was not sized is downloaded
+        cached = {"revision": listing.revision, "local_files_only": True} if listing else {}
         try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=False, **cached)
         except Exception as exc:  # missing folder, no network, not a model repo
             why = type(exc).__name__ if online else "the hub is offline or does not answer"
             advice = ("Give a local folder with config.json, or a hub id such as 'google/vit-base-patch16-224' "
@@ -550,9 +556,12 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
         with torch.device("meta"):
             meta = auto.from_config(config, attn_implementation="eager")
         _check_model_bytes(shown, meta, max_model_bytes)
+    if listing is not None and pretrained:
+        with hub.hub_access(source):
+            hub.fetch_weights(listing, max_model_bytes)
     try:
         if pretrained:
-            model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False)
+            model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False, **cached)
         else:
             model = auto.from_config(config, attn_implementation="eager")
     except Exception as exc:
@@ -560,7 +569,7 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
                            public=f"Could not load the weights of {shown!r} ({type(exc).__name__}).") from None
     check_finite(model.state_dict().items(), repr(shown))
     try:
-        processor = AutoImageProcessor.from_pretrained(source)
+        processor = AutoImageProcessor.from_pretrained(source, **cached)
     except Exception:  # no preprocessor_config.json: fall back to the config's image size
         processor = None
     return _hf_handle(model, source, device, "random" if not pretrained else source, processor, input_size)
