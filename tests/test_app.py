@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -44,6 +47,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def app_process(port: int, env: dict) -> subprocess.Popen:
+    """`python app.py --port PORT --device cpu` in a process of its own with ``env``, returned once its port
+    answers (stdout and stderr together in ``.stdout``); waits against a deadline, not a timing claim."""
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        if server.poll() is not None:
+            pytest.fail(f"the server stopped: {server.stdout.read()[-3000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+            return server
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                server.kill()
+                pytest.fail("the server never opened its port")
+            time.sleep(0.2)
 
 
 def launch(demo) -> str:

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
-from conftest import REPO
-from test_app import CHELSEA, free_port, pytestmark  # noqa: F401  (the real-weights skip)
+from test_app import CHELSEA, app_process, free_port, pytestmark  # noqa: F401  (the real-weights skip)
 
 FOLDERS = ("vit_inspect_gradio_", "vit_inspect_spill_")
 
@@ -26,19 +22,10 @@ def test_a_stopped_server_removes_its_folders(tmp_path, stop):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"} | {
         "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = app_process(port, env)
     try:
-        deadline = time.monotonic() + 120
-        while True:  # wait for the port: a deadline, not a timing claim
-            assert server.poll() is None, server.stdout.read()
-            try:
-                with CHELSEA.open("rb") as photo:
-                    upload = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": photo})
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the server never opened its port"
-                time.sleep(0.2)
+        with CHELSEA.open("rb") as photo:
+            upload = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": photo})
         assert upload.status_code == 200
         (uploaded,) = upload.json()
         folders = ours(tmp_path)

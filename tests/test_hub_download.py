@@ -30,11 +30,21 @@ for repo, bound in json.loads(sys.argv[1]):
     try:
         handle = load_model(repo, device="cpu", allow_local_dirs=False, max_model_bytes=bound)
         state = handle.model.state_dict()
-        report[repo] = {"patch_sum": float(state[%r].double().sum()), "depth": handle.depth}
+        report[repo] = {"patch_sum": float(state[%r].double().sum()), "depth": handle.depth,
+                        "dtype": str(next(handle.model.parameters()).dtype)}
     except VitInspectError as exc:
         report[repo] = {"error": type(exc).__name__, "message": str(exc), "public": exc.public}
 print(json.dumps(report))
 """ % PATCH_KEY
+
+# The probe's two seconds ran out while the hub is up: the load reads the local cache only. Its config is
+# there, under refs/main, as any earlier download of the repository leaves it.
+OFFLINE = """
+from huggingface_hub import hf_hub_download
+from vit_inspect import hub
+hf_hub_download("org/offline", "config.json")
+hub.probe_endpoint = lambda *args, **kwargs: False
+"""
 
 
 def _tiny_vit(seed: int):
@@ -85,6 +95,16 @@ def _repos() -> tuple[dict, dict, dict]:
     # a config whose model alone is over the bound: refused from it, its weights never fetched
     wide = {**config, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4}
     repos["org/wide"] = {"config.json": text(wide), "model.safetensors": b"never read"}
+    # an image processor whose constructor downloads a file from another repository (with the server's token)
+    repos["org/oneformer"] = {"config.json": text(config), "model.safetensors": save(state),
+                              "preprocessor_config.json": text({"image_processor_type": "OneFormerImageProcessor",
+                                                                "repo_path": "org/secret", "class_info_file": "big.json"})}
+    repos["org/secret"] = {"big.json": text({"0": {"name": "x", "isthing": 1}})}
+    repos["org/huge-input"] = {"config.json": text(config), "model.safetensors": save(state),
+                               "preprocessor_config.json": text({"image_processor_type": "ViTImageProcessor",
+                                                                 "size": {"height": 60000, "width": 60000}})}
+    repos["org/float64"] = {"config.json": text({**config, "dtype": "float64"}), "model.safetensors": save(state)}
+    repos["org/offline"] = dict(repos["org/padded"])  # loaded while the probe says the hub does not answer
     return repos, listed, sums
 
 
@@ -98,17 +118,19 @@ def hub_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env |= {"HF_ENDPOINT": fake.url, "HF_HOME": str(home), "OMP_NUM_THREADS": "1"}
 
-    def run(pairs):
-        done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(pairs)], cwd=REPO, env=env,
+    def run(pairs, offline=False):
+        script = OFFLINE + CLIENT if offline else CLIENT
+        done = subprocess.run([sys.executable, "-c", script, json.dumps(pairs)], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     try:
-        bounded = run([[repo, MIB] for repo in repos])
+        bounded = run([[repo, MIB] for repo in repos if repo not in ("org/secret", "org/offline")])
         before = len(fake.log)
         unbounded = run([["org/padded", None]])
-        yield bounded, unbounded, fake, sums, before
+        unanswered = run([["org/offline", MIB]], offline=True)
+        yield bounded | unanswered, unbounded, fake, sums, before
     finally:
         fake.close()
 
@@ -157,6 +179,39 @@ def test_a_model_over_the_bound_is_refused_from_its_config_before_its_weights(hu
     assert fake.downloaded("org/wide") == ["config.json"]
 
 
+def test_only_known_image_processors_are_built(hub_run):
+    """Before: AutoImageProcessor built the class preprocessor_config.json named; OneFormer's constructor
+    downloaded 'big.json' from another repository (unsized, with the server's token)."""
+    report, _, fake, _, _ = hub_run
+    assert report["org/oneformer"]["error"] == "UnsupportedModelError"
+    assert report["org/oneformer"]["public"] == (
+        "'org/oneformer' asks for the image processor 'OneFormerImageProcessor'; vit_inspect reads the settings of "
+        "ViTImageProcessor, DeiTImageProcessor, BeitImageProcessor, BitImageProcessor, CLIPImageProcessor only.")
+    assert not any("/org/secret/" in path for _, path in fake.log)
+
+
+def test_the_input_size_a_repository_asks_for_is_bounded_at_load(hub_run):
+    """60000 x 60000 pixels at 8-pixel patches: 7500^2 = 56,250,000 patches + the class token."""
+    report, _, _, _, _ = hub_run
+    assert report["org/huge-input"]["error"] == "UnsupportedModelError"
+    assert report["org/huge-input"]["public"].startswith(
+        "'org/huge-input' asks for 60000x60000-pixel inputs in its own files, which this server does not run: "
+        "The input size 60000x60000 gives 56250001 tokens")
+
+
+def test_weights_load_in_float32_whatever_the_config_says(hub_run):
+    """The bound counts float32 parameters; a config's "dtype": "float64" doubled the memory before."""
+    report, _, _, _, _ = hub_run
+    assert report["org/float64"]["dtype"] == "torch.float32"
+
+
+def test_a_hub_that_does_not_answer_the_probe_is_read_from_the_cache_only(hub_run):
+    """Before: only the config was read offline; the weights load ran online, unsized, and downloaded them."""
+    report, _, fake, _, _ = hub_run
+    assert report["org/offline"]["error"] == "WeightsError"
+    assert fake.downloaded("org/offline") == ["config.json"]  # the script's own download
+
+
 def test_a_large_config_or_an_unsized_file_is_refused_unread(hub_run):
     report, _, fake, _, _ = hub_run
     assert report["org/big-config"]["public"] == ("'org/big-config' has a config.json of 5.0 MiB, more than the "
@@ -185,3 +240,40 @@ def test_weight_files_follows_transformers_order():
         hub.weight_files({hub.SAFE_INDEX: 1}, None, lambda name: index)
     with pytest.raises(hub.ModelNotFoundError, match="no weight_map"):
         hub.weight_files({hub.SAFE_INDEX: 1}, None, lambda name: {"weight_map": [1]})
+
+
+def test_the_served_page_refuses_an_oversized_hub_repository_with_a_sentence(tmp_path):
+    """`python app.py` with the hub on a loopback port: Change model's /load_model with a repository listing
+    a 6 GiB weights file for a 96 kB config (the default --memory-budget is 4 GiB) answers a sentence and
+    fetches only its config files; the real small repository then loads and analyses a photo."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from test_app import analyze, app_process, free_port
+
+    repos, _, _ = _repos()
+    fake = FakeHub({"org/small": repos["org/small"], "org/huge": repos["org/small"]},
+                   {"org/huge": {"model.safetensors": 6 * 2 ** 30}})
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "GRADIO_TEMP_DIR")}
+    env |= {"HF_ENDPOINT": fake.url, "HF_HOME": str(tmp_path / "hf"), "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    server = app_process(port, env)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        with pytest.raises(AppError) as refused:
+            client.predict("org/huge", None, api_name="/load_model")
+        assert str(refused.value) == ("'org/huge' keeps 6.0 GiB of weights (model.safetensors), more than the "
+                                      "4.0 GiB this server allows one model; refusing to download them.")
+        assert fake.downloaded("org/huge") == ["config.json", "preprocessor_config.json"]
+        client.predict("org/small", None, api_name="/load_model")
+        predictions = analyze(client)["predictions"]  # the three classes of the loaded model, top first
+        assert sorted(c["label"] for c in predictions["confidences"]) == ["LABEL_0 (#0)", "LABEL_1 (#1)", "LABEL_2 (#2)"]
+        assert fake.downloaded("org/small") == ["config.json", "preprocessor_config.json", "model.safetensors"]
+        server.terminate()
+        log, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+        fake.close()
+    assert "Traceback" not in log

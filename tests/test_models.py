@@ -339,3 +339,44 @@ def test_a_hugging_face_model_beyond_the_bound_is_refused_from_its_config(tmp_pa
     with pytest.raises(ModelTooLargeError, match=r"^'tiny_vit' has 24,135 parameters \(0\.1 MiB in float32\), more than the 0\.1 MiB"):
         load_model(str(folder), device="cpu", max_model_bytes=96_539)
     assert load_model(str(folder), device="cpu", max_model_bytes=96_540).depth == 2
+
+
+@pytest.mark.parametrize("settings, size", [
+    ({"feature_extractor_type": "ViTFeatureExtractor", "size": 224, "do_resize": True}, (224, 224)),  # google/vit-*
+    ({"image_processor_type": "ViTImageProcessor", "size": {"height": 384, "width": 384}, "resample": 3,
+      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}, (384, 384)),
+    ({"image_processor_type": "DeiTImageProcessor", "size": {"height": 256, "width": 256}, "do_center_crop": True,
+      "crop_size": {"height": 224, "width": 224}, "resample": 3}, (224, 224)),
+    ({"image_processor_type": "BitImageProcessor", "size": {"shortest_edge": 256}, "do_center_crop": True,
+      "crop_size": {"height": 224, "width": 224}, "image_mean": [0.485, 0.456, 0.406]}, (224, 224)),  # DINOv2's
+    ({"image_processor_type": "BeitImageProcessorFast", "size": {"height": 160, "width": 160}, "resample": 2},
+     (160, 160)),
+    ({"do_resize": True, "size": {"height": 64, "width": 64}}, (64, 64)),  # no class named: the model type's own
+], ids=["vit-legacy", "vit", "deit", "dinov2", "beit-fast", "unnamed"])
+def test_hf_preprocessing_read_without_autoimageprocessor_matches_it(tmp_path, settings, size):
+    """`_hf_processor` builds one of HF_IMAGE_PROCESSORS from the file's settings itself; the preprocessing
+    read from it equals the one read from transformers' AutoImageProcessor for the same folder."""
+    import json
+
+    from transformers import AutoImageProcessor, ViTConfig, ViTModel
+
+    from vit_inspect.models import _hf_preprocess, _hf_processor
+
+    config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                       patch_size=8)
+    config.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(settings))
+    model = ViTModel(config)
+    ours = _hf_preprocess(model, _hf_processor(str(tmp_path), "m", config, {}), None)
+    assert ours == _hf_preprocess(model, AutoImageProcessor.from_pretrained(str(tmp_path)), None)
+    assert ours.input_size == size
+
+
+def test_a_hf_config_dtype_does_not_change_the_float32_model(tmp_path):
+    """A config's "dtype": "float64" doubled a random (and a downloaded) model's memory past what the bound counts."""
+    from transformers import ViTConfig
+
+    ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+              patch_size=8, dtype="float64").save_pretrained(tmp_path)
+    handle = load_model(str(tmp_path), device="cpu", pretrained=False)
+    assert {p.dtype for p in handle.model.parameters()} == {torch.float32}

@@ -192,17 +192,24 @@ def weight_files(sizes: Mapping[str, int | None], explicit: str | None,
         return []
     chosen = order[0]
     if chosen not in sizes:
-        raise ModelNotFoundError(f"The config names weights {chosen!r} that the repository does not hold.")
+        raise ModelNotFoundError(f"The config names weights {_quoted(chosen)} that the repository does not hold.")
     if not chosen.endswith(".index.json"):
         return [chosen]
     weight_map = read_index(chosen).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ModelNotFoundError(f"The weights index {chosen!r} has no weight_map of file names.")
+        raise ModelNotFoundError(f"The weights index {_quoted(chosen)} has no weight_map of file names.")
     shards = sorted(set(weight_map.values()))
     absent = [shard for shard in shards if shard not in sizes]
     if absent:
-        raise ModelNotFoundError(f"The weights index {chosen!r} names {absent[0]!r}, which the repository does not hold.")
+        raise ModelNotFoundError(f"The weights index {_quoted(chosen)} names {_quoted(absent[0])}, which the repository "
+                                 "does not hold.")
     return [chosen, *shards]
+
+
+def _quoted(name: str, most: int = 100) -> str:
+    """A file name a repository's own files wrote, quoted and cut to ``most`` characters for a message: a
+    remembered failure (`remember_failure`) must not keep megabytes of it."""
+    return repr(name[:most]) + ("..." if len(name) > most else "")
 
 
 def _size_text(nbytes: int) -> str:
@@ -279,7 +286,7 @@ def fetch_weights(listing: Listing, max_weight_bytes: int) -> None:
     total = sum(listing.size(name) for name in data)
     if total > max_weight_bytes + WEIGHTS_SLACK_BYTES * len(data):
         raise ModelTooLargeError(
-            f"{listing.repo!r} keeps {_size_text(total)} of weights ({', '.join(data[:3])}"
+            f"{listing.repo!r} keeps {_size_text(total)} of weights ({', '.join(name[:100] for name in data[:3])}"
             f"{', ...' if len(data) > 3 else ''}), more than the {_size_text(max_weight_bytes)} this server "
             "allows one model; refusing to download them.")
     for name in data:

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from . import hub
-from .errors import ModelNotFoundError, ModelTooLargeError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from .errors import (ModelNotFoundError, ModelTooLargeError, UnsupportedModelError, VitInspectError, WeightsError,
+                     WeightsNotFoundError)
 from .images import Preprocess
 from .tokens import TokenLayout
 
@@ -526,7 +527,7 @@ def handle_from_timm(model: nn.Module, name: str = "custom", device: str | torch
 
 def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None,
              max_model_bytes: int | None = None) -> ViTHandle:
-    from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForImageClassification
+    from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
     shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only
     local = Path(source).is_dir()
@@ -534,8 +535,10 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
     with (contextlib.nullcontext(True) if local else hub.hub_access(source)) as online:
         if online and not local and max_model_bytes is not None:
             listing = hub.fetch_configs(source)
-        # the listed commit from the local cache only: nothing that was not sized is downloaded
-        cached = {"revision": listing.revision, "local_files_only": True} if listing else {}
+        # the listed commit from the local cache only: nothing that was not sized is downloaded; a hub that
+        # does not answer: every read below from the local cache too, not only the config's
+        cached = ({"revision": listing.revision, "local_files_only": True} if listing else
+                  {} if online else {"local_files_only": True})
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=False, **cached)
         except Exception as exc:  # missing folder, no network, not a model repo
@@ -561,18 +564,60 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
             hub.fetch_weights(listing, max_model_bytes)
     try:
         if pretrained:
-            model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False, **cached)
+            model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
+                                         dtype=torch.float32, **cached)  # not the config's dtype: float32 was sized
         else:
-            model = auto.from_config(config, attn_implementation="eager")
+            model = auto.from_config(config, attn_implementation="eager", dtype=torch.float32)
     except Exception as exc:
         raise WeightsError(f"Could not load the weights of {source!r}: {type(exc).__name__}: {exc}"[:600],
                            public=f"Could not load the weights of {shown!r} ({type(exc).__name__}).") from None
     check_finite(model.state_dict().items(), repr(shown))
+    handle = _hf_handle(model, source, device, "random" if not pretrained else source,
+                        _hf_processor(source, shown, config, cached), input_size)
+    if input_size is None:  # the size the repository's own files ask for, never a pass beyond the bound
+        from .geometry import check_input_size
+        try:
+            check_input_size(handle, handle.preprocess.input_size)
+        except VitInspectError as exc:
+            height, width = handle.preprocess.input_size
+            raise UnsupportedModelError(f"{shown!r} asks for {height}x{width}-pixel inputs in its own files, which "
+                                        f"this server does not run: {exc.public}") from None
+    return handle
+
+
+# The image processors vit_inspect reads settings from (sizes, crop, mean, std, resampling), by name. Any other
+# class is refused: a processor's constructor may read files (OneFormer's fetches a JSON file from any hub
+# repository, with the server's token, or from a server path its config names).
+HF_IMAGE_PROCESSORS = ("ViTImageProcessor", "DeiTImageProcessor", "BeitImageProcessor", "BitImageProcessor",
+                       "CLIPImageProcessor")
+_HF_DEFAULT_PROCESSOR = {"vit": "ViTImageProcessor", "vit_msn": "ViTImageProcessor", "deit": "DeiTImageProcessor",
+                         "beit": "BeitImageProcessor", "data2vec-vision": "BeitImageProcessor",
+                         "dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor"}
+
+
+def _hf_processor(source: str, shown: str, config, cached: dict) -> object | None:
+    """The model's image processor, built from its preprocessor_config.json's settings by one of
+    `HF_IMAGE_PROCESSORS` (the class that file names, as transformers reads it: ``image_processor_type``, else
+    ``feature_extractor_type``, else the config's, else the model type's own); None without that file (the
+    config's image size is used). Never `AutoImageProcessor`, which builds whatever class the file names."""
+    import transformers
+    from transformers.image_processing_utils import ImageProcessingMixin
+
     try:
-        processor = AutoImageProcessor.from_pretrained(source, **cached)
-    except Exception:  # no preprocessor_config.json: fall back to the config's image size
-        processor = None
-    return _hf_handle(model, source, device, "random" if not pretrained else source, processor, input_size)
+        settings, _ = ImageProcessingMixin.get_image_processor_dict(source, **cached)
+    except Exception:  # no preprocessor_config.json: the config's image size
+        return None
+    named = (settings.get("image_processor_type")
+             or str(settings.get("feature_extractor_type") or "").replace("FeatureExtractor", "ImageProcessor")
+             or getattr(config, "image_processor_type", None) or _HF_DEFAULT_PROCESSOR[config.model_type])
+    base = named[:-4] if isinstance(named, str) and named.endswith("Fast") else named
+    if base not in HF_IMAGE_PROCESSORS:
+        raise UnsupportedModelError(f"{shown!r} asks for the image processor {str(named)[:80]!r}; vit_inspect reads "
+                                    f"the settings of {', '.join(HF_IMAGE_PROCESSORS)} only.")
+    try:
+        return getattr(transformers, base).from_dict(settings)
+    except Exception:  # settings its class cannot take: the config's image size, as without the file
+        return None
 
 
 def _hf_preprocess(model: nn.Module, processor: object | None, input_size: tuple[int, int] | None) -> Preprocess:
