@@ -272,14 +272,12 @@ def fetch_configs(repo: str) -> Listing:
     return listing
 
 
-def fetch_weights(listing: Listing, max_weight_bytes: int) -> None:
-    """Download the weights files `weight_files` names for ``listing``'s repository (its config read from
-    the cache), refused before any is fetched when their listed sizes sum over ``max_weight_bytes`` (the
-    model bound: float32 parameters) plus `WEIGHTS_SLACK_BYTES` per file, or a size is missing. A config
-    sized to pass the model bound could otherwise come with weights files of any size, downloaded to
-    disk in full before any check."""
-    config = _json_object(listing.fetched["config.json"], "config.json")
-    explicit = config.get("transformers_weights")
+def fetch_weights(listing: Listing, max_weight_bytes: int, explicit: object = None) -> None:
+    """Download the weights files `weight_files` names for ``listing``'s repository (``explicit``: the
+    loaded config's ``transformers_weights``, as transformers reads it), refused before any is fetched when
+    their listed sizes sum over ``max_weight_bytes`` (the model bound: float32 parameters) plus
+    `WEIGHTS_SLACK_BYTES` per file, or a size is missing. A config sized to pass the model bound could
+    otherwise come with weights files of any size, downloaded to disk in full before any check."""
     files = weight_files(listing.sizes, explicit if isinstance(explicit, str) else None,
                          lambda index: _json_object(listing.fetch(index, MAX_CONFIG_FILE_BYTES), index))
     data = [name for name in files if not name.endswith(".index.json")]

@@ -29,7 +29,11 @@ from .tokens import TokenLayout
 DEFAULT_MODEL = "deit_tiny_patch16_224"
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 NESTED_STATE_KEYS = ("model", "state_dict", "model_state_dict", "module")  # wrappers used by training scripts
-HF_MODEL_TYPES = ("vit", "deit", "beit", "data2vec-vision", "dinov2", "dinov2_with_registers", "vit_msn")
+# The Hugging Face model types vit_inspect loads, each with the image processor its repositories use by default
+_HF_DEFAULT_PROCESSOR = {"vit": "ViTImageProcessor", "deit": "DeiTImageProcessor", "beit": "BeitImageProcessor",
+                         "data2vec-vision": "BeitImageProcessor", "dinov2": "BitImageProcessor",
+                         "dinov2_with_registers": "BitImageProcessor", "vit_msn": "ViTImageProcessor"}
+HF_MODEL_TYPES = tuple(_HF_DEFAULT_PROCESSOR)
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
 _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 # What a ViT's safetensors file needs, with room to spare: DeiT-Ti's header is 14 KB for 152 tensors, a
@@ -561,7 +565,7 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
         _check_model_bytes(shown, meta, max_model_bytes)
     if listing is not None and pretrained:
         with hub.hub_access(source):
-            hub.fetch_weights(listing, max_model_bytes)
+            hub.fetch_weights(listing, max_model_bytes, getattr(config, "transformers_weights", None))
     try:
         if pretrained:
             model = auto.from_pretrained(source, attn_implementation="eager", trust_remote_code=False,
@@ -590,9 +594,6 @@ def _load_hf(source: str, device: torch.device, *, pretrained: bool, input_size:
 # repository, with the server's token, or from a server path its config names).
 HF_IMAGE_PROCESSORS = ("ViTImageProcessor", "DeiTImageProcessor", "BeitImageProcessor", "BitImageProcessor",
                        "CLIPImageProcessor")
-_HF_DEFAULT_PROCESSOR = {"vit": "ViTImageProcessor", "vit_msn": "ViTImageProcessor", "deit": "DeiTImageProcessor",
-                         "beit": "BeitImageProcessor", "data2vec-vision": "BeitImageProcessor",
-                         "dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor"}
 
 
 def _hf_processor(source: str, shown: str, config, cached: dict) -> object | None:
