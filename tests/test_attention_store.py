@@ -19,6 +19,13 @@ from vit_inspect.pipeline import analyze_image
 F16 = 2e-3  # float16 precision of a probability in [0, 1], with the rebuild's own rounding
 
 
+@pytest.fixture(autouse=True)
+def qk_store(monkeypatch):
+    """This module's subject is the Q/K store, which the tiny models' maps (a few kB) would skip: kept as they
+    are (`keeps_maps`). So the bound is 0 bytes here, but for the tests of that path, which set it back."""
+    monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+
+
 def _image(seed: int = 0, size=(40, 56)) -> Image.Image:
     return Image.fromarray(np.random.default_rng(seed).integers(0, 256, size=(*size, 3), dtype=np.uint8))
 
@@ -283,3 +290,41 @@ def test_nbytes_counts_the_store_legrad_attnlrp_features_gradient_preview_and_he
     assert result.heads.nbytes() > 0 and result.nbytes() == expected
     cached = result.rollout(head_fusion="max")  # a cached rollout counts too
     assert cached.shape == (result.layout.grid_h, result.layout.grid_w) and result.nbytes() == expected + cached.nbytes
+
+
+def test_which_passes_keep_their_maps():
+    """depth * heads * N^2 * 2 bytes of float16 maps, at most MAPS_IN_MEMORY_BYTES = 4 MiB (4,194,304)."""
+    bound = 4 * 2 ** 20
+    cases = {(12, 3, 197): True,  # DeiT-Ti/16 at 224: 12 * 3 * 197^2 * 2 = 2,794,248 bytes
+             (12, 6, 197): False,  # ViT-S/16 at 224: 5,588,496
+             (12, 12, 197): False,  # ViT-B/16 at 224: 11,176,992
+             (12, 3, 577): False,  # DeiT-Ti/16 at 384
+             (12, 3, 241): True, (12, 3, 242): False}  # the boundary: 4,181,832 <= 4,194,304 < 4,216,608
+    for (depth, heads, tokens), kept in cases.items():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", bound)
+            assert attention_store.keeps_maps(depth, heads, tokens) is kept, (depth, heads, tokens)
+
+
+@pytest.mark.parametrize("kind", ["cls", "reg4", "nonsquare"])
+def test_small_maps_are_kept_as_the_model_made_them(kind, monkeypatch, tmp_path):
+    """Under the bound the pass records no Q/K, checks nothing and spills nothing (even where a spill folder
+    is given and the model would spill): the store holds every layer's maps, each rounded once to float16
+    (torch rounds to nearest even, as numpy does), and every view equals the first release's."""
+    from vit_inspect import pipeline
+    from vit_inspect.spill import SpillFolder
+
+    monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 4 * 2 ** 20)
+    monkeypatch.setattr(pipeline, "worth_spilling", lambda *args: True)
+    handle = tiny_handle(kind)
+    recorded = []
+    monkeypatch.setattr(attention_store.LayerStream, "_record", lambda self, *args: recorded.append(args))
+    folder = SpillFolder(2 ** 30, root=tmp_path)
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM[kind][1], spill=folder)
+    store = result.attention_store
+    assert store.mode == "maps" and store.queries is None and store.keys is None and store.max_error == 0.0
+    assert store.spill is None and folder.used == 0 and recorded == []  # no Q/K hook ran
+    dense = _dense(handle, result)
+    np.testing.assert_array_equal(store.maps, dense.astype(np.float16))
+    assert store.nbytes() == handle.depth * handle.num_heads * result.layout.num_tokens ** 2 * 2
+    _compare(handle, result)

@@ -54,6 +54,26 @@ def test_cat_maps_on_chelsea(deit):
     assert result.nbytes() < 5_000_000  # attention (2.8 MB) + per-layer gradient-fused attention, features, preview
 
 
+def test_deit_tiny_keeps_its_own_maps(deit):
+    """At 224 px DeiT-Ti's float16 maps (2,794,248 bytes) are under the 4 MiB bound: the store holds the model's
+    own probabilities, each rounded once to float16, and the Q/K store (448 px) rebuilds the same numbers."""
+    import torch
+
+    from conftest import PHOTOS
+    from vit_inspect.capture import capture_attention
+    from vit_inspect.images import load_image
+
+    picture = load_image(PHOTOS / "chelsea.png")
+    store = analyze_image(deit, picture, relevance=False).attention_store
+    assert store.mode == "maps" and store.maps.nbytes == 2_794_248 and store.max_error == 0.0
+    pixels, _ = deit.preprocess.apply(picture)
+    with torch.no_grad(), capture_attention(deit) as rec:
+        deit.forward(pixels)
+    np.testing.assert_array_equal(store.maps, rec.attention[0].numpy().astype(np.float16))
+    large = analyze_image(deit, picture, input_size=(448, 448), relevance=False).attention_store
+    assert large.mode == "qk16" and large.nbytes() < 0.3 * 12 * 3 * 785 ** 2 * 2  # N = 785: Q/K, not the maps
+
+
 def test_half_precision_autocast_agrees_with_float32(deit):
     """Stated tolerance for `autocast=True` (bfloat16 on CPU, float16 on CUDA): same top class,
     probabilities within 0.02, attention within 0.05, distances within 1 px, maps correlated r >= 0.995."""

@@ -6,6 +6,10 @@ Q and K of every layer in float16 costs depth * 2 * N * D * 2 bytes; any row of 
 demand in heads * N * d operations, a whole layer in heads * N^2 * d (the same work as that layer's
 attention in the forward pass).
 
+Where a whole image's float16 maps are small in bytes (`keeps_maps`: at most MAPS_IN_MEMORY_BYTES, e.g.
+DeiT-Ti/16 at 224 px, 2.8 MB) they are kept as such instead: nothing to rebuild, check or spill, the same
+constant bound for every input that small, and Q/K from there on, so the growth stays depth x N x D.
+
 Whether a model really computes attention that way is checked during the pass: a sample of rows is
 rebuilt from the recorded Q and K and compared with the probabilities the model produced. When they
 differ by more than the tolerance (rotary embeddings, attention biases, extreme logits that float16 cannot
@@ -26,6 +30,7 @@ from .analysis.attention_distance import patch_distances
 from .analysis.attention_maps import Query
 from .analysis.rollout import (HEAD_FUSIONS, check_options, row_discard_mask, row_product, vector_times_layer,
                                zero_masked)
+from .errors import CaptureError
 from .models import ViTHandle
 from .spill import Spill
 from .tokens import TokenLayout
@@ -40,6 +45,16 @@ CHUNK_BYTES = 8 * 2 ** 20  # transient float32 block per row chunk of a rebuild 
 # values are those of the whole layer (tests/test_store_rollout.py pins it).
 ROW_BLOCK = 8
 CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
+# A whole image's (depth, heads, N, N) float16 maps up to this size are kept as they are (`keeps_maps`). There
+# the Q/K record, its check and a spill cost a small model's pass more than they save (DeiT-Ti/16 at 224 px:
+# 2.8 MB of maps against 1.8 MB of Q/K, and about 8 ms of a 190 ms pass, BENCHMARKS.md); ViT-S/16 at 224
+# (5.6 MB), ViT-B/16 (11.2 MB) and every larger input keep Q/K. A constant bound, so the growth is unchanged.
+MAPS_IN_MEMORY_BYTES = 4 * 2 ** 20
+
+
+def keeps_maps(depth: int, num_heads: int, num_tokens: int) -> bool:
+    """Whether a pass keeps the float16 maps themselves: depth * heads * N^2 * 2 <= MAPS_IN_MEMORY_BYTES."""
+    return depth * num_heads * num_tokens ** 2 * 2 <= MAPS_IN_MEMORY_BYTES
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,8 @@ class AttentionStore:
 
     ``queries``/``keys``: (depth, heads, N, d) post-normalisation, unscaled, float16 (float32 when float16
     could not reproduce the model's maps); ``scale``: (depth,) the softmax temperature s of each layer;
-    ``maps``: (depth, heads, N, N) float16 probabilities, only when rebuilding was not exact enough.
+    ``maps``: (depth, heads, N, N) float16 probabilities, only when they are small (`keeps_maps`; then
+    ``max_error`` is 0: nothing is rebuilt) or rebuilding was not exact enough.
     ``mode`` names which ("qk16", "qk32" or "maps") and ``max_error`` the largest difference seen in the
     check, as a probability.
     """
@@ -342,17 +358,23 @@ class LayerStream:
     """Consumes each layer's probabilities as the forward pass produces them, then lets them go.
 
     Per layer: records Q and K (hooks), checks a sample of rebuilt rows against the real probabilities,
-    and computes the per-image mean attention distance (`distances_per_image`). Only one layer's maps are
-    alive at a time, so the pass never holds depth x heads x N^2 values.
+    and reduces the maps to each query's distance sums for the mean attention distance (`distances_per_image`),
+    finished for every layer at once by `mean_distance`. Only one layer's float32 maps are alive at a time,
+    so the pass never holds depth x heads x N^2 float32 values (with ``keep_maps``, a small model's float16
+    maps of every layer, `keeps_maps`).
     """
 
     def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE,
-                 spill: Spill | None = None):
+                 spill: Spill | None = None, keep_maps: bool = False):
         self.handle = handle
         self.layout = layout
         self.tolerance = tolerance
         self.spill = spill  # each layer's maps of image 0 are written there too, as float16
         self.depth = handle.depth
+        # `keeps_maps`: every layer's maps of image 0 go into one float16 array, no Q/K is recorded or checked
+        self.keep_maps = keep_maps
+        self._kept: np.ndarray | None = None  # (depth, heads, N, N) float16, made on the first layer
+        self._kept_layers: set[int] = set()
         self.modules = [_qk_modules(a) for a in handle.attention_modules]
         self._q: dict[int, torch.Tensor] = {}
         self._k: dict[int, torch.Tensor] = {}
@@ -360,7 +382,8 @@ class LayerStream:
         self.keys: list[np.ndarray | None] = [None] * self.depth
         self.maps: list[np.ndarray | None] = [None] * self.depth  # kept only for layers that failed the check
         self.errors = np.zeros(self.depth)
-        self.distance: list[np.ndarray | None] = [None] * self.depth  # (B, heads) per layer
+        # per layer, image 0: sum_j a_ij d_ij and sum_j a_ij over patch keys j, (heads, P) float32 each
+        self._distance_sums: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.depth
         self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
         self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
         self._pending_bytes = 0
@@ -385,7 +408,7 @@ class LayerStream:
         handles = []
         try:
             for i, found in enumerate(self.modules):
-                if found is None:
+                if found is None or self.keep_maps:
                     continue
                 q_module, k_module, shape, _ = found
                 handles.append(q_module.register_forward_hook(
@@ -398,15 +421,22 @@ class LayerStream:
                 h.remove()
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
-        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept; all feed the distance).
+        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept and reduced).
 
-        The mean distance is reduced now; the check of Q and K waits in `_pending` (this layer's float32 Q
+        Its distance sums are taken now. With ``keep_maps`` its maps are copied, rounded to float16, into the
+        store's array, and that is all. Otherwise the check of Q and K waits in `_pending` (this layer's float32 Q
         and K, the sampled rows of its maps and a reference to the maps for the fallback) until those hold
         CHECK_BYTES, then runs for every waiting layer at once (`_flush`): a few batched products instead
         of a dozen small ones per layer. A layer whose maps alone pass the bound is checked at once, so
         the pass never holds more than one layer's maps beyond the bound."""
         probs = probs.detach()
-        self.distance[layer] = self._distances(probs.float())  # (B, heads)
+        self._distance_sums[layer] = self._distance_sums_of(probs[0].float())
+        if self.keep_maps:
+            if self._kept is None:
+                self._kept = np.empty((self.depth, *probs.shape[1:]), dtype=np.float16)
+            torch.from_numpy(self._kept[layer]).copy_(probs[0])  # rounded to float16 by torch, as numpy rounds
+            self._kept_layers.add(layer)
+            return
         if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[1:]) == self.spill.shape[1:]:
             self.spill.write(layer, probs[0].to(torch.float16).cpu().numpy())  # torch rounds as numpy does, faster
         q, k = self._q.pop(layer, None), self._k.pop(layer, None)
@@ -468,29 +498,38 @@ class LayerStream:
             if not entry.passed:
                 self.maps[entry.layer] = entry.maps.float().cpu().numpy().astype(np.float16)
 
-    def _distances(self, probs: torch.Tensor) -> np.ndarray:
-        """(B, heads, N, N) float32 probabilities -> (B, heads) `distances_per_image` (renormalised over patch
-        keys, pixels) in torch: float32 products and sums over keys (torch's cascaded sums), the rest in
-        float64; no float64 copy of the maps."""
+    def _distance_sums_of(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
+        queries i and patch keys j, d in pixels: float32 products and torch's cascaded float32 sums, on the maps'
+        device; `mean_distance` finishes them in float64. No float64 copy of the maps, no sync per layer."""
         patch = self.layout.patch_slice
-        with torch.no_grad():
-            patch_to_patch = probs[..., patch, patch]  # (B, heads, P, P), a view
-            if self._patch_distances is None:
-                self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=probs.device)
-            per_query = (patch_to_patch * self._patch_distances).sum(-1).double()  # (B, heads, P)
-            mass = patch_to_patch.sum(-1).double()
-            if bool((mass <= 0).any()):
-                raise ValueError("a patch query puts no attention on patch keys; cannot renormalise over patches")
-            return (per_query / mass).mean(-1).cpu().numpy()
+        patch_to_patch = maps[..., patch, patch]  # (heads, P, P), a view
+        if self._patch_distances is None:
+            self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
+        return (patch_to_patch * self._patch_distances).sum(-1), patch_to_patch.sum(-1)
 
     def mean_distance(self) -> np.ndarray:
-        """(depth, heads) mean attention distance in pixels of image 0."""
-        return np.stack([d[0] for d in self.distance])
+        """(depth, heads) mean attention distance in pixels of image 0: `distances_per_image` (renormalised over
+        patch keys) from each layer's sums, the division and the mean over queries in float64."""
+        missing = [i for i, sums in enumerate(self._distance_sums) if sums is None]
+        if missing:
+            raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the mean distance.")
+        per_query = torch.stack([sums[0] for sums in self._distance_sums]).double()  # (depth, heads, P)
+        mass = torch.stack([sums[1] for sums in self._distance_sums]).double()
+        if bool((mass <= 0).any()):
+            raise ValueError("a patch query puts no attention on patch keys; cannot renormalise over patches")
+        return (per_query / mass).mean(-1).cpu().numpy()
 
     def store(self) -> AttentionStore:
         """The compact store: float16 Q/K when every layer passed, float32 Q/K when some needed it,
         the float16 maps when any layer could not be rebuilt at all. A spill the stream wrote goes with
-        Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback."""
+        Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback. With ``keep_maps``, the
+        maps as recorded."""
+        if self.keep_maps:
+            missing = sorted(set(range(self.depth)) - self._kept_layers)
+            if missing:
+                raise CaptureError(f"No attention was recorded for layer(s) {missing} of {self.depth}.")
+            return AttentionStore("maps", None, None, None, self._kept, 0.0)
         self._flush()
         max_error = float(self.errors.max()) if self.depth else 0.0
         if any(m is not None for m in self.maps) or any(q is None for q in self.queries):

@@ -48,26 +48,26 @@ class HeadStatsStream:
     def __init__(self, depth: int, layout: TokenLayout) -> None:
         self.depth = depth
         self.layout = layout
-        self._entropy: list[np.ndarray | None] = [None] * depth  # (heads,) nats per layer
-        self._prefix: list[np.ndarray | None] = [None] * depth  # (heads,) fraction per layer
+        # per layer, (heads, N) float32 sums over keys on the maps' device, finished for every layer at once
+        self._entropy: list[torch.Tensor | None] = [None] * depth  # -sum_j a_ij ln a_ij, nats
+        self._prefix: list[torch.Tensor | None] = [None] * depth  # sum over prefix keys j of a_ij
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
-        """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to its per-head entropy and prefix share."""
-        with torch.no_grad():
-            maps = probs[0].detach().float()  # (heads, N, N)
-            # head_entropy: mean_i -sum_j a_ij ln a_ij (0 ln 0 = 0); float32 sums over keys, float64 means
-            # one (heads, N, N) buffer, worked in place: a ln a with a clamped to the smallest normal first (a finite
-            # log, so that 0 * log = 0 exactly)
-            terms = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps)
-            self._entropy[layer] = -terms.sum(-1).double().mean(-1).cpu().numpy()
-            prefix = self.layout.split(maps, axis=-1)[0]  # (heads, N, prefix): prefix_attention_share
-            self._prefix[layer] = prefix.sum(-1).double().mean(-1).cpu().numpy()
+        """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to per-query sums over keys: float32 sums,
+        the means over queries in float64 when read (`entropy`, `prefix_share`), so nothing syncs per layer."""
+        maps = probs[0].detach().float()  # (heads, N, N)
+        # head_entropy: mean_i -sum_j a_ij ln a_ij (0 ln 0 = 0): one (heads, N, N) buffer, worked in place, with a
+        # clamped to the smallest normal first (a finite log, so that 0 * log = 0 exactly)
+        terms = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps)
+        self._entropy[layer] = terms.sum(-1).neg_()
+        self._prefix[layer] = self.layout.split(maps, axis=-1)[0].sum(-1)  # (heads, N): prefix_attention_share
 
-    def _stacked(self, values: list[np.ndarray | None], name: str) -> np.ndarray:
+    def _stacked(self, values: list[torch.Tensor | None], name: str) -> np.ndarray:
+        """(depth, heads) float32 means over queries, in float64, of every layer's (heads, N) sums."""
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the per-head {name}.")
-        return np.stack(values).astype(np.float32)  # type: ignore[arg-type]
+        return torch.stack(values).double().mean(-1).cpu().numpy().astype(np.float32)  # type: ignore[arg-type]
 
     def entropy(self) -> np.ndarray:
         """(depth, heads) float32 mean attention entropy, nats (see `head_entropy`)."""

@@ -25,7 +25,7 @@ from PIL import Image
 from .analysis import (FilterPCA, filter_pca, gradcam_from_tokens, legrad_map, patch_relevance,
                        pos_embed_similarity)
 from .attention_store import (HALF_PASS_TOLERANCE, TOLERANCE, AttentionStore, LayerStream, attention_rows,
-                              query_vector)
+                              keeps_maps, query_vector)
 from .attention_store import attention_map as store_attention_map
 from .attention_store import rollout as store_rollout
 from .capture import capture_attention
@@ -200,10 +200,11 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     gradient-weighted attention (`analysis.gradient_fused_attention`, float16) while it is no larger than
     the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
 
-    With a `spill.SpillFolder`, a model whose maps are dear to rebuild (`spill.worth_spilling`:
-    heads * N >= 0.015 D^2, e.g. DeiT-Ti at 224 px, DINOv2-S/14 and -L/14 at 518 px) also writes every
-    layer's float16 maps to a file there, and the result's redraws read them instead of rebuilding rows
-    from q and k (`AttentionStore.spill`).
+    A pass whose float16 maps are small in bytes (`attention_store.keeps_maps`, e.g. DeiT-Ti at 224 px)
+    keeps them as they are, with no Q/K, check or spill. Otherwise, with a `spill.SpillFolder`, a model whose
+    maps are dear to rebuild (`spill.worth_spilling`: heads * N >= 0.015 D^2, e.g. DeiT-Ti at 448 px,
+    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's float16 maps to a file there, and the result's
+    redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
     """
     with blas_one_thread():
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
@@ -236,9 +237,11 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
     layers = range(handle.depth) if use_grad else ()
     spilled = None
-    if spill is not None and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
+    small = keeps_maps(handle.depth, handle.num_heads, layout.num_tokens)  # the maps kept: no Q/K, no spill
+    if spill is not None and not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
         spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
-    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled)
+    stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
+                         keep_maps=small)
     stats = HeadStatsStream(handle.depth, layout)
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
