@@ -47,7 +47,7 @@ ROW_BLOCK = 8
 CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
 # A whole image's (depth, heads, N, N) float16 maps up to this size are kept as they are (`keeps_maps`). There
 # the Q/K record, its check and a spill cost a small model's pass more than they save (DeiT-Ti/16 at 224 px:
-# 2.8 MB of maps against 1.8 MB of Q/K, and about 8 ms of a 190 ms pass, BENCHMARKS.md); ViT-S/16 at 224
+# 2.8 MB of maps against 1.8 MB of Q/K; the pass 0.95x without them, BENCHMARKS.md); ViT-S/16 at 224
 # (5.6 MB), ViT-B/16 (11.2 MB) and every larger input keep Q/K. A constant bound, so the growth is unchanged.
 MAPS_IN_MEMORY_BYTES = 4 * 2 ** 20
 
