@@ -3,7 +3,8 @@
 The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
 (`attention_store`). Where heads x tokens are many for the width, rebuilding is dear: a first rollout
 redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
-entries per head, about 0.45 of a forward pass; DeiT-Ti's, at 224 px, 0.3 with 2 threads (`worth_spilling`).
+entries per head, about 0.45 of a forward pass; DeiT-Ti's, at 224 px, 0.3 with 2 threads (`worth_spilling`;
+maps that small are now kept in memory instead, `attention_store.keeps_maps`, and never reach a spill).
 For such models the pass also writes each layer's
 probabilities, as the model produced them, in float16, to a file of a private folder, and redraws read
 rows from it (the operating system keeps recent files in its page cache): the first release's numbers,
