@@ -195,6 +195,27 @@ def test_chefer_from_cached_arrays_matches_pass():
     np.testing.assert_allclose(result.chefer, expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["cls", "distilled", "gap"])
+def test_gradient_reductions_equal_their_definitions(kind):
+    """First order sum_ij A * dA per head and G = max(0, mean_h A * dA) per layer (head means taken as one
+    matrix product in the pass), against float64 stacks of the recorded maps and gradients."""
+    from conftest import sharpen_attention
+    from vit_inspect.pipeline import gradient_reductions, readout_query
+
+    handle = sharpen_attention(tiny_handle(kind, seed=5))
+    pixels, rgb = handle.preprocess.apply(_image(2))
+    with torch.enable_grad(), capture_attention(handle) as rec:
+        logit = handle.forward(pixels.requires_grad_(True))[0, 3]
+    rec.backward(logit)
+    reduced = gradient_reductions(rec, handle.layout(rgb.shape[:2]), readout_query(handle))
+    weighted = (torch.stack([a[0].detach() for a in rec.attention_tensors()]).double()
+                * torch.stack([g[0] for g in rec.attention_grad_tensors()]).double())  # (depth, heads, N, N)
+    assert reduced.first_order.dtype == np.float32 and reduced.fused[0].dtype == np.float16
+    np.testing.assert_allclose(reduced.first_order, weighted.sum((-2, -1)).numpy(), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(np.stack(reduced.fused).astype(np.float64), weighted.mean(1).clamp(min=0).numpy(),
+                               rtol=2e-3, atol=1e-6)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent GPU machine)")
 def test_gradient_reductions_on_the_gpu_equal_the_cpus():
     """On a GPU, W = A * dA/dy is formed where the maps are (only (N, N) reductions cross to the CPU);

@@ -375,7 +375,8 @@ class LayerStream:
         self.keep_maps = keep_maps
         self._kept: np.ndarray | None = None  # (depth, heads, N, N) float16, made on the first layer
         self._kept_layers: set[int] = set()
-        self.modules = [_qk_modules(a) for a in handle.attention_modules]
+        # the query and key modules each layer's Q/K are recorded from (none when the maps themselves are kept)
+        self.modules = [None] * self.depth if keep_maps else [_qk_modules(a) for a in handle.attention_modules]
         self._q: dict[int, torch.Tensor] = {}
         self._k: dict[int, torch.Tensor] = {}
         self.queries: list[np.ndarray | None] = [None] * self.depth

@@ -59,19 +59,21 @@ class HeadStatsStream:
         # head_entropy: mean_i -sum_j a_ij ln a_ij (0 ln 0 = 0): one (heads, N, N) buffer, worked in place, with a
         # clamped to the smallest normal first (a finite log, so that 0 * log = 0 exactly)
         terms = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps)
-        self._entropy[layer] = terms.sum(-1).neg_()
-        self._prefix[layer] = self.layout.split(maps, axis=-1)[0].sum(-1)  # (heads, N): prefix_attention_share
+        self._entropy[layer] = terms.sum(-1)  # sum_j a_ij ln a_ij: negated once for every layer in `entropy`
+        # (heads, N) prefix_attention_share: the first num_prefix_tokens keys (`TokenLayout.split`'s prefix part)
+        self._prefix[layer] = maps.narrow(-1, 0, self.layout.num_prefix_tokens).sum(-1)
 
-    def _stacked(self, values: list[torch.Tensor | None], name: str) -> np.ndarray:
-        """(depth, heads) float32 means over queries, in float64, of every layer's (heads, N) sums."""
+    def _stacked(self, values: list[torch.Tensor | None], name: str, sign: float = 1.0) -> np.ndarray:
+        """(depth, heads) float32 ``sign`` x the means over queries, in float64, of every layer's (heads, N) sums."""
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the per-head {name}.")
-        return torch.stack(values).double().mean(-1).cpu().numpy().astype(np.float32)  # type: ignore[arg-type]
+        means = torch.stack(values).double().mean(-1)  # type: ignore[arg-type]
+        return (means * sign).cpu().numpy().astype(np.float32)
 
     def entropy(self) -> np.ndarray:
         """(depth, heads) float32 mean attention entropy, nats (see `head_entropy`)."""
-        return self._stacked(self._entropy, "entropy")
+        return self._stacked(self._entropy, "entropy", sign=-1.0)
 
     def prefix_share(self) -> np.ndarray:
         """(depth, heads) float32 mean attention share on prefix tokens (see `prefix_attention_share`)."""

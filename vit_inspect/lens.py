@@ -3,7 +3,8 @@
 The logit lens (nostalgebraist 2020; for ViTs, ViT-Prisma) reads the residual stream after block l
 through the model's final LayerNorm and classification head, as if the network stopped there. For
 timm models this is exactly ``forward_head(norm(x_l))``, so class-token, pooled, attention-pooled and
-distilled heads all read the tokens they read at the end; after the last block it reproduces the
+distilled heads all read the tokens they read at the end (a class-token head behind a token-wise norm gets
+the prefix tokens alone: the same logits, without normalising every patch of every layer); after the last block it reproduces the
 model's logits (checked on every pass: `lens_readouts` results that do not are refused).
 """
 from __future__ import annotations
@@ -29,6 +30,12 @@ def lens_readouts(handle: ViTHandle) -> dict[str, Readout]:
     if handle.family == "timm":
         norm = getattr(model, "norm", nn.Identity())
         readouts: dict[str, Readout] = {"readout": lambda x: model.forward_head(norm(x))}
+        prefix = int(getattr(model, "num_prefix_tokens", 0))
+        if (getattr(model, "global_pool", None) == "token" and getattr(model, "attn_pool", None) is None
+                and isinstance(norm, (nn.LayerNorm, nn.Identity)) and prefix):
+            # a class-token head reads token 0 (a distilled one 0 and 1) and the norm works token by token:
+            # normalising the prefix tokens alone gives the same logits without normalising every patch
+            readouts["readout"] = lambda x: model.forward_head(norm(x[:, :prefix]))
         if handle.num_dist_tokens and hasattr(model, "head_dist"):
             readouts["class"] = lambda x: model.head(norm(x)[:, 0])
             readouts["distillation"] = lambda x: model.head_dist(norm(x)[:, 1])
