@@ -16,7 +16,7 @@ import torch
 
 from .capture import AttentionRecorder
 from .errors import CaptureError
-from .lens import NO_HEAD, lens_readouts
+from .lens import NO_HEAD, lens_readouts, lens_tokens
 from .models import ViTHandle
 from .tokens import TokenLayout
 
@@ -100,7 +100,10 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     if its reading after the last block reproduces the model's logits within `tolerance` times their
     largest magnitude.
     """
-    blocks = _layer_blocks([rec.residual(i)[:1].float() for i in range(handle.depth)])  # (layers, N, D) each
+    residual = [rec.residual(i)[:1] for i in range(handle.depth)]  # (1, N, D) after each block
+    tokens_read = lens_tokens(handle)  # the leading tokens the readouts read (0: all): only those are joined
+    blocks = [torch.cat([r[:, :tokens_read].float() for r in residual])] if tokens_read \
+        else _layer_blocks([r.float() for r in residual])  # (layers, tokens read, D) each
     model_logits = logits.detach()[0].float() if handle.has_head else torch.zeros(0)
     lens: dict[str, np.ndarray] = {}
     note = "" if handle.has_head else NO_HEAD
@@ -117,7 +120,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
                               "its head is not one vit_inspect can replay, so it shows no logit lens.")
     # kept in float32, so reduced in float32: `token_norms`' float64 accumulation took DeiT-Ti's pass 0.2-1.4 ms
     # (erratic) where this takes 0.1; the two differ by a few float32 units in the last place
-    norms = torch.cat([torch.linalg.vector_norm(block, dim=-1) for block in blocks]).cpu().numpy()  # (depth, N)
+    norms = torch.stack([torch.linalg.vector_norm(r[0].float(), dim=-1) for r in residual]).cpu().numpy()  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
         entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),

@@ -3,8 +3,8 @@
 The logit lens (nostalgebraist 2020; for ViTs, ViT-Prisma) reads the residual stream after block l
 through the model's final LayerNorm and classification head, as if the network stopped there. For
 timm models this is exactly ``forward_head(norm(x_l))``, so class-token, pooled, attention-pooled and
-distilled heads all read the tokens they read at the end (a class-token head behind a token-wise norm gets
-the prefix tokens alone: the same logits, without normalising every patch of every layer); after the last block it reproduces the
+distilled heads all read the tokens they read at the end (a class-token head behind a token-wise norm is
+given the prefix tokens alone, `lens_tokens`: the same logits, without normalising every patch of every layer); after the last block it reproduces the
 model's logits (checked on every pass: `lens_readouts` results that do not are refused).
 """
 from __future__ import annotations
@@ -20,6 +20,25 @@ Readout = Callable[[torch.Tensor], torch.Tensor]  # (B, N, D) residual stream ->
 NO_HEAD = "This model has no classification head, so there is no logit lens (nothing to read the tokens into)."
 
 
+def lens_tokens(handle: ViTHandle) -> int:
+    """How many leading tokens every `lens_readouts` readout reads: the prefix tokens (class, distillation,
+    registers) for a class-token head behind a token-wise norm (LayerNorm or none), which reads token 0 (a
+    distilled one 0 and 1), so that ``read(x[:, :k])`` equals ``read(x)`` without normalising every patch of
+    every layer; 0 where a readout reads every token (pooled or attention-pooled heads, other norms)."""
+    model = handle.model
+    if not handle.has_head or not handle.num_prefix_tokens or handle.global_pool != "token":
+        return 0
+    if handle.family == "timm":
+        norm = getattr(model, "norm", nn.Identity())
+        pooled_by_token = getattr(model, "global_pool", None) == "token" and getattr(model, "attn_pool", None) is None
+    elif handle.family == "hf":
+        norm = getattr(model.base_model, "layernorm", None) or nn.Identity()
+        pooled_by_token = True  # `lens_readouts` reads tokens 0 and 1 of a Hugging Face head itself
+    else:
+        return 0
+    return handle.num_prefix_tokens if pooled_by_token and isinstance(norm, (nn.LayerNorm, nn.Identity)) else 0
+
+
 def lens_readouts(handle: ViTHandle) -> dict[str, Readout]:
     """The lens readouts of this model by name: ``"readout"`` is the model's own head (its prediction
     after the last block); distilled DeiTs add ``"class"`` and ``"distillation"``, each token through its
@@ -30,12 +49,6 @@ def lens_readouts(handle: ViTHandle) -> dict[str, Readout]:
     if handle.family == "timm":
         norm = getattr(model, "norm", nn.Identity())
         readouts: dict[str, Readout] = {"readout": lambda x: model.forward_head(norm(x))}
-        prefix = int(getattr(model, "num_prefix_tokens", 0))
-        if (getattr(model, "global_pool", None) == "token" and getattr(model, "attn_pool", None) is None
-                and isinstance(norm, (nn.LayerNorm, nn.Identity)) and prefix):
-            # a class-token head reads token 0 (a distilled one 0 and 1) and the norm works token by token:
-            # normalising the prefix tokens alone gives the same logits without normalising every patch
-            readouts["readout"] = lambda x: model.forward_head(norm(x[:, :prefix]))
         if handle.num_dist_tokens and hasattr(model, "head_dist"):
             readouts["class"] = lambda x: model.head(norm(x)[:, 0])
             readouts["distillation"] = lambda x: model.head_dist(norm(x)[:, 1])
