@@ -72,6 +72,27 @@ def test_rows_do_not_depend_on_which_rows_come_with_them():
                 np.testing.assert_array_equal(fused, store.fused_layer(1, fusion)[rows])
 
 
+def test_stored_maps_fuse_heads_exactly_by_torch_and_by_numpy():
+    """Kept float16 maps: a few rows are fused by numpy, many by torch (`TORCH_ROWS`); both give the exact
+    float64 head mean, max and min of the float16 values (the definition, in float64 here)."""
+    from vit_inspect.attention_store import TORCH_ROWS, _fused_stored_rows
+
+    rng = np.random.default_rng(3)
+    for heads in (3, 12):
+        maps = (rng.random((heads, 197, 197)) ** 8).astype(np.float16)  # many tiny values, subnormals too
+        maps[0, 5, :7] = 0.0
+        exact = maps.astype(np.float64)
+        for size in (1, TORCH_ROWS - 1, TORCH_ROWS, 197):
+            rows = np.sort(rng.choice(197, size=size, replace=False))
+            for fusion, reduce in (("mean", np.mean), ("max", np.max), ("min", np.min)):
+                got = _fused_stored_rows(maps, rows, fusion)
+                assert got.dtype == np.float64 and got.shape == (size, 197)
+                np.testing.assert_array_equal(got, reduce(exact[:, rows], axis=0), err_msg=f"{heads} {size} {fusion}")
+            store = AttentionStore("maps", None, None, None, maps[None], 0.0)  # rows(): float32, exact, both ways
+            got = store.rows(0, rows)
+            assert got.dtype == np.float32 and np.array_equal(got, exact[:, rows].astype(np.float32))
+
+
 def test_only_reached_rows_are_rebuilt(monkeypatch):
     """A class query reads one row of the last layer; after a layer without discard every row is
     reached; the per-row discard keeps the reached set small; the whole-matrix rule builds whole layers."""
