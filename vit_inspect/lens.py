@@ -4,8 +4,9 @@ The logit lens (nostalgebraist 2020; for ViTs, ViT-Prisma) reads the residual st
 through the model's final LayerNorm and classification head, as if the network stopped there. For
 timm models this is exactly ``forward_head(norm(x_l))``, so class-token, pooled, attention-pooled and
 distilled heads all read the tokens they read at the end (a class-token head behind a token-wise norm is
-given the prefix tokens alone, `lens_tokens`: the same logits, without normalising every patch of every layer); after the last block it reproduces the
-model's logits (checked on every pass: `lens_readouts` results that do not are refused).
+given the prefix tokens alone, `lens_tokens`: the same logits, without normalising every patch of every
+layer); after the last block it reproduces the model's logits (checked on every pass: `lens_readouts`
+results that do not are refused).
 """
 from __future__ import annotations
 
