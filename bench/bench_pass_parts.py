@@ -5,8 +5,9 @@ it) with one part replaced by what that part returned on a first pass, so that e
 does: the difference to the whole pass is what the part costs where it runs (its caches, its neighbours),
 which differs from timing it alone. The parts:
 
-- forward reductions: each layer's distance, entropy and prefix sums (`LayerStream.on_attention`,
-  `HeadStatsStream.on_attention`); the float16 copy of a small model's maps is still made;
+- forward reductions: each layer's distance and prefix sums, and its entropy sums where the maps are not
+  kept (`LayerStream.on_attention`, `HeadStatsStream.on_attention`); the float16 copy of a small model's
+  maps is still made;
 - gradient reductions (`pipeline.gradient_reductions`: A ⊙ ∂y/∂A, first order, G, Chefer's row);
 - the head pass (`head_pass.build_head_pass`: logit lens, token norms);
 - the preview of the whole upload (`images.preview_rgb`);

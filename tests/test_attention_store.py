@@ -272,11 +272,43 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     rec.backward(logits[0, result.target])
     dense, grad = rec.attention[0].numpy(), rec.attention_grad()[0].numpy()  # (depth, heads, N, N)
     for heads in (result.heads, no_grad.heads):
+        assert heads.computed_entropy is not None  # reduced in the pass: no maps are kept to read it from
         np.testing.assert_allclose(heads.entropy, head_entropy(dense), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(heads.prefix_share, prefix_attention_share(dense, result.layout), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(result.heads.first_order, first_order_importance(dense, grad), rtol=1e-4, atol=1e-6)
     assert no_grad.heads.first_order is None
     assert result.heads.entropy.shape == (handle.depth, handle.num_heads) and result.heads.entropy.dtype == np.float32
+
+
+def test_kept_maps_give_the_entropy_on_first_read(tiny_kind, monkeypatch):
+    """A model whose float16 maps are kept reduces no entropy in the pass (nothing the app shows reads it):
+    `HeadPass.entropy` takes it from the kept maps on first read, equal to `head_entropy` of those maps
+    and within float16's rounding of the float32 maps' entropy: each probability within 2^-11 of itself
+    (relative) moves H_i = -sum_j a_ij ln a_ij by at most 2^-11 sum_j a_ij |ln a_ij + 1| <= 2^-11 (H_i + 1),
+    to first order, plus 2^-25 per subnormal float16 entry times |ln a + 1| (at most 18)."""
+    from vit_inspect.analysis.heads import head_entropy
+    from vit_inspect import head_pass
+
+    monkeypatch.undo()  # this test is of the kept maps, not of the Q/K store
+    handle = tiny_handle(tiny_kind)
+    size = TINY_TIMM[tiny_kind][1]
+    calls = []
+    monkeypatch.setattr(head_pass, "entropy_sums", lambda maps: calls.append(maps.shape) or
+                        maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps).sum(-1))
+    result = analyze_image(handle, _image(), input_size=size)
+    store = result.attention_store
+    assert store.mode == "maps" and result.heads.computed_entropy is None and calls == []  # nothing in the pass
+    assert result.heads.kept_maps is store.maps  # the store's array, not a copy
+    entropy = result.heads.entropy
+    assert len(calls) == handle.depth and result.heads.entropy is entropy  # one reduction per layer, then kept
+    np.testing.assert_allclose(entropy, head_entropy(store.maps.astype(np.float32)), rtol=1e-6)
+    exact = head_entropy(_dense(handle, result))  # (depth, heads) float32 maps' entropy, float64
+    bound = 2.0 ** -11 * (exact + 1) + result.layout.num_tokens * 2.0 ** -25 * 18
+    assert np.all(np.abs(entropy - exact) <= bound), (np.abs(entropy - exact).max(), bound.min())
+    assert entropy.shape == (handle.depth, handle.num_heads) and entropy.dtype == np.float32
+    heads = result.heads  # its own arrays, the entropy now included; the kept maps are the store's, counted there
+    assert heads.nbytes() == sum(a.nbytes for a in (heads.logits, heads.token_norms, entropy, heads.prefix_share,
+                                                     heads.first_order, *heads.lens.values()))
 
 
 def test_nbytes_counts_the_store_legrad_attnlrp_features_gradient_preview_and_heads():

@@ -5,11 +5,13 @@ attention entropy, attention on prefix tokens and the first-order head importanc
 the residual stream after every block is read through the model's head (see `lens.lens_readouts`)
 under `torch.no_grad()`; no extra pass through the blocks. The attention statistics are reduced layer
 by layer as the pass produces each layer's maps (`HeadStatsStream`), so no (depth, heads, N, N) stack of
-the maps or of their gradients is ever built for them.
+the maps or of their gradients is ever built for them. A model whose float16 maps the result keeps
+(`attention_store.keeps_maps`) takes its entropy from those maps when it is first read instead: only the
+`vit-inspect heads` record reads it, and its per-element logarithm was 2 % of DeiT-Ti's pass.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,13 +31,46 @@ class HeadPass:
     lens: dict[str, np.ndarray]  # readout name -> (depth, num_classes) float32 lens logits after each block
     lens_note: str  # why `lens` is empty ("" when it is not)
     token_norms: np.ndarray  # (depth, N) float32 L2 norm of every token after each block
-    entropy: np.ndarray  # (depth, heads) mean attention entropy, nats (max ln N)
     prefix_share: np.ndarray  # (depth, heads) mean fraction of attention on prefix tokens
     first_order: np.ndarray | None  # (depth, heads) sum_ij A dy/dA per head, logits; None without gradients
+    # (depth, heads) float32 mean attention entropy reduced in the pass; None: from `kept_maps` on first read
+    computed_entropy: np.ndarray | None = field(default=None, repr=False)
+    # the result's (depth, heads, N, N) float16 maps (the store's array, not a copy), for `entropy`
+    kept_maps: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def entropy(self) -> np.ndarray:
+        """(depth, heads) float32 mean attention entropy, nats (max ln N): `analysis.heads.head_entropy`.
+        Reduced in the pass from the float32 maps, or, when the result keeps its maps in float16, from
+        those maps on first read (layer by layer, the same reductions), then kept. float16 holds each
+        probability to 2^-11 of itself, which moves H_i by at most 2^-11 (H_i + 1) nats to first order
+        (near-uniform rows, whose roundings do not cancel, come closest); on DeiT-Ti's real weights the two
+        differ by at most 1.5e-5 nats."""
+        if self.computed_entropy is None:
+            if self.kept_maps is None:
+                raise CaptureError("This pass recorded no attention entropy and keeps no maps to compute it from.")
+            sums = [entropy_sums(torch.from_numpy(layer).float()) for layer in self.kept_maps]  # (heads, N) each
+            object.__setattr__(self, "computed_entropy", mean_over_queries(sums, sign=-1.0))
+        return self.computed_entropy
 
     def nbytes(self) -> int:
-        arrays = [self.logits, self.token_norms, self.entropy, self.prefix_share, self.first_order, *self.lens.values()]
+        """Bytes of its own arrays (`kept_maps` belongs to the attention store, which counts it)."""
+        arrays = [self.logits, self.token_norms, self.computed_entropy, self.prefix_share, self.first_order,
+                  *self.lens.values()]
         return sum(a.nbytes for a in arrays if a is not None)
+
+
+def entropy_sums(maps: torch.Tensor) -> torch.Tensor:
+    """(heads, N) float32 sum_j a_ij ln a_ij of (heads, N, N) float32 maps (0 ln 0 = 0), on their device: one
+    buffer worked in place, with a clamped to the smallest normal first (a finite log, so that 0 * log = 0
+    exactly)."""
+    return maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps).sum(-1)
+
+
+def mean_over_queries(sums: list[torch.Tensor], sign: float = 1.0) -> np.ndarray:
+    """(depth, heads) float32 ``sign`` x the means over queries, in float64, of every layer's (heads, N) sums."""
+    means = torch.stack(sums).double().mean(-1)
+    return (means * sign).cpu().numpy().astype(np.float32)
 
 
 class HeadStatsStream:
@@ -43,11 +78,12 @@ class HeadStatsStream:
     of each layer's (heads, N, N) float32 maps as the pass produces them (in torch, on the maps' device) (`on_attention`, a
     `capture_attention` callback); `pipeline.gradient_reductions` gives `first_order_importance` layer
     by layer after the backward. Each equals the stacked function's row for that layer (the reductions
-    run over the last two axes only)."""
+    run over the last two axes only). With ``entropy=False`` the entropy is left to `HeadPass.entropy`."""
 
-    def __init__(self, depth: int, layout: TokenLayout) -> None:
+    def __init__(self, depth: int, layout: TokenLayout, entropy: bool = True) -> None:
         self.depth = depth
         self.layout = layout
+        self.with_entropy = entropy
         # per layer, (heads, N) float32 sums over keys on the maps' device, finished for every layer at once
         self._entropy: list[torch.Tensor | None] = [None] * depth  # -sum_j a_ij ln a_ij, nats
         self._prefix: list[torch.Tensor | None] = [None] * depth  # sum over prefix keys j of a_ij
@@ -56,10 +92,8 @@ class HeadStatsStream:
         """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to per-query sums over keys: float32 sums,
         the means over queries in float64 when read (`entropy`, `prefix_share`), so nothing syncs per layer."""
         maps = probs[0].detach().float()  # (heads, N, N)
-        # head_entropy: mean_i -sum_j a_ij ln a_ij (0 ln 0 = 0): one (heads, N, N) buffer, worked in place, with a
-        # clamped to the smallest normal first (a finite log, so that 0 * log = 0 exactly)
-        terms = maps.clamp_min(torch.finfo(maps.dtype).tiny).log_().mul_(maps)
-        self._entropy[layer] = terms.sum(-1)  # sum_j a_ij ln a_ij: negated once for every layer in `entropy`
+        if self.with_entropy:  # head_entropy: mean_i -sum_j a_ij ln a_ij, negated once for every layer in `entropy`
+            self._entropy[layer] = entropy_sums(maps)
         # (heads, N) prefix_attention_share: the first num_prefix_tokens keys (`TokenLayout.split`'s prefix part)
         self._prefix[layer] = maps.narrow(-1, 0, self.layout.num_prefix_tokens).sum(-1)
 
@@ -68,8 +102,7 @@ class HeadStatsStream:
         missing = [i for i, v in enumerate(values) if v is None]
         if missing:
             raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the per-head {name}.")
-        means = torch.stack(values).double().mean(-1)  # type: ignore[arg-type]
-        return (means * sign).cpu().numpy().astype(np.float32)
+        return mean_over_queries(values, sign)  # type: ignore[arg-type]
 
     def entropy(self) -> np.ndarray:
         """(depth, heads) float32 mean attention entropy, nats (see `head_entropy`)."""
@@ -91,12 +124,14 @@ def _layer_blocks(residual: list[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.cat(residual[start:start + step]) for start in range(0, len(residual), step)]
 
 
-def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray,
-                    prefix_share: np.ndarray, first_order: np.ndarray | None, tolerance: float = 1e-3) -> HeadPass:
+def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray | None,
+                    prefix_share: np.ndarray, first_order: np.ndarray | None, tolerance: float = 1e-3,
+                    kept_maps: np.ndarray | None = None) -> HeadPass:
     """The `HeadPass` of image 0 of a pass recorded with ``capture_attention(..., residual=True)``.
 
     ``entropy``, ``prefix_share`` and ``first_order`` (None without gradients) are that image's
-    (depth, heads) attention statistics, reduced per layer by a `HeadStatsStream`. The lens is kept only
+    (depth, heads) attention statistics, reduced per layer by a `HeadStatsStream`; ``entropy`` may be None
+    when ``kept_maps`` (the result's float16 maps) are given to compute it from. The lens is kept only
     if its reading after the last block reproduces the model's logits within `tolerance` times their
     largest magnitude.
     """
@@ -123,5 +158,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
     norms = torch.stack([torch.linalg.vector_norm(r[0].float(), dim=-1) for r in residual]).cpu().numpy()  # (depth, N)
     return HeadPass(
         logits=model_logits.cpu().numpy().astype(np.float32), lens=lens, lens_note=note, token_norms=norms,
-        entropy=np.asarray(entropy, dtype=np.float32), prefix_share=np.asarray(prefix_share, dtype=np.float32),
-        first_order=None if first_order is None else np.asarray(first_order, dtype=np.float32))
+        prefix_share=np.asarray(prefix_share, dtype=np.float32),
+        first_order=None if first_order is None else np.asarray(first_order, dtype=np.float32),
+        computed_entropy=None if entropy is None else np.asarray(entropy, dtype=np.float32),
+        kept_maps=None if entropy is not None else kept_maps)

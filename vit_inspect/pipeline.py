@@ -242,7 +242,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
                          keep_maps=small)
-    stats = HeadStatsStream(handle.depth, layout)
+    stats = HeadStatsStream(handle.depth, layout, entropy=not small)  # kept maps: entropy on first read
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
         stream.on_attention(layer, probs)
@@ -283,8 +283,8 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
             gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
                                 rec.activation_grad(i)[0].float().cpu().numpy(), layout)
             for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
-    heads = build_head_pass(handle, rec, logits, stats.entropy(), stats.prefix_share(), first_order,
-                            tolerance=5e-2 if autocast else 1e-3)
+    heads = build_head_pass(handle, rec, logits, None if small else stats.entropy(), stats.prefix_share(), first_order,
+                            tolerance=5e-2 if autocast else 1e-3, kept_maps=store.maps if small else None)
     rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
