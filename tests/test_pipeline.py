@@ -243,3 +243,47 @@ def test_public_api_and_no_gradio_import():
             "assert 'gradio' not in sys.modules and 'matplotlib.pyplot' not in sys.modules; print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_preview_and_the_model_input_are_resampled_side_by_side(monkeypatch, tmp_path):
+    """The preview of the upload is made on a thread of its own while the model's input is made: each of
+    the two waits (10 s at most) until the other has started, which only two concurrent calls both see.
+    The preview is still Pillow's (`preview_rgb`), for a lazily opened file too (loaded once, beforehand)."""
+    import threading
+    from vit_inspect import pipeline
+    from vit_inspect.images import preview_rgb
+
+    started = {"preview": threading.Event(), "input": threading.Event()}
+    ran_on = {}
+    make_preview, make_input = pipeline.preview_rgb, pipeline.model_input
+
+    def preview(picture, side):
+        ran_on["preview"] = threading.current_thread()
+        started["preview"].set()
+        assert started["input"].wait(10), "the preview waited for a model input that never started"
+        return make_preview(picture, side)
+
+    def model_input(*args, **kwargs):
+        ran_on["input"] = threading.current_thread()
+        started["input"].set()
+        assert started["preview"].wait(10), "the model input waited for a preview that never started"
+        return make_input(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "preview_rgb", preview)
+    monkeypatch.setattr(pipeline, "model_input", model_input)
+    _image(size=(300, 500)).save(tmp_path / "big.png")
+    lazy = Image.open(tmp_path / "big.png")  # not loaded yet: the pass loads it before the two threads read it
+    result = analyze_image(tiny_handle("cls"), lazy)
+    assert ran_on["input"] is threading.current_thread() and ran_on["preview"] is not ran_on["input"]
+    assert result.preview.shape == (269, 448, 3)  # 448 x 300 / 500 = 268.8 -> 269, its aspect's nearest
+    np.testing.assert_array_equal(result.preview, preview_rgb(_image(size=(300, 500)), pipeline.PREVIEW_SIDE))
+
+
+def test_a_failing_preview_fails_the_pass_with_its_own_error(monkeypatch):
+    from vit_inspect import pipeline
+
+    def broken(picture, side):
+        raise VitInspectError("The preview could not be made.")
+    monkeypatch.setattr(pipeline, "preview_rgb", broken)
+    with pytest.raises(VitInspectError, match="The preview could not be made."):
+        analyze_image(tiny_handle("cls"), _image())
