@@ -206,11 +206,13 @@ class Preprocess:
         return resized.crop((left, top, left + width, top + height))
 
     def normalize(self, rgb: np.ndarray) -> torch.Tensor:
-        """(H, W, 3) uint8 -> (1, 3, H, W) float32, normalised with the model's mean and std."""
-        x = torch.from_numpy(np.array(rgb, dtype=np.uint8, copy=True)).permute(2, 0, 1).float().div_(255.0)  # (3, H, W)
+        """(H, W, 3) uint8 -> (1, 3, H, W) contiguous float32, normalised with the model's mean and std:
+        ((x / 255) - mean) / std, the operations of torchvision's ToTensor and Normalize in their order (so
+        the same float32 values), on one contiguous (3, H, W) copy worked in place."""
+        x = torch.from_numpy(np.ascontiguousarray(np.moveaxis(rgb, -1, 0), dtype=np.float32)).div_(255.0)  # (3, H, W)
         mean = torch.tensor(self.mean).view(3, 1, 1)
         std = torch.tensor(self.std).view(3, 1, 1)
-        return ((x - mean) / std).unsqueeze(0)
+        return x.sub_(mean).div_(std).unsqueeze(0)
 
     def apply(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, np.ndarray]:
         """(model input (1, 3, H, W) float32, the RGB crop it came from (H, W, 3) uint8)."""
