@@ -17,7 +17,7 @@ Models have random weights (timing does not depend on them); everything runs on 
 THREADS torch threads.
 
     python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--threads 2] [--image assets/chelsea.png]
-                                   [--before-tree DIR]
+                                   [--before-tree DIR] [--idle-ms 30]
 
     git archive 8c11791 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the pass with
 """
@@ -277,7 +277,8 @@ def other_analysis(package, name: str, picture: Image.Image | Path) -> Callable[
     return lambda: handle.top_labels(pipeline.analyze_image(handle, picture, relevance=False, spill=folder).probs, 5)
 
 
-def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[list[str]], other=None) -> None:
+def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[list[str]], other=None,
+                idle_s: float = 0.0) -> None:
     handle = load_model(name, pretrained=False, device="cpu")
     model = plain_model(handle)
     spill = SpillFolder(DEFAULT_SPILL_BUDGET)  # the app's: models whose maps are dear to rebuild write them to disk
@@ -305,7 +306,7 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         "preprocessing alone (resize, crop, normalise)": lambda: handle.preprocess.apply(picture),
         "distance scatter background, drawn once per image by the app (not in the ratio)":
             lambda: plotting.distance_scatter(np.zeros((handle.depth, handle.num_heads)) + 50.0, 224),
-    }, repeats)
+    }, repeats, idle_s=idle_s)
     model.zero_grad(set_to_none=True)
     plain_fb, ours, naive = (times[k] for k in (
         "plain forward + backward `model(x)[0, top].backward()`", "ours: analyze_image + top-5",
@@ -395,16 +396,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads")
     parser.add_argument("--before-tree", type=Path, default=None,
                         help="a folder holding another version's vit_inspect, whose analysis is timed too (1e)")
+    parser.add_argument("--idle-ms", type=float, default=0.0,
+                        help="idle before each timed call of rows 1-1e, as after an upload (default 0: back to back)")
     args = parser.parse_args()
     set_threads(args.threads)
     other = load_package(args.before_tree.resolve()) if args.before_tree is not None else None
     picture = load_image(args.image)
     print_header("Per-image analysis, redraw and memory")
     print(f"Image: `{args.image}` ({picture.width}×{picture.height}), decoded once before timing. "
-          f"Median of {args.repeats} repeats after 1 warm-up, candidates interleaved.\n")
+          f"Median of {args.repeats} repeats after 1 warm-up, candidates interleaved"
+          + (f", each timed call of rows 1-1e after {args.idle_ms:g} ms idle" if args.idle_ms > 0 else ", back to back")
+          + ".\n")
     summary: list[list[str]] = []
     for name in args.models:
-        bench_model(name, picture, args.repeats, summary, other)
+        bench_model(name, picture, args.repeats, summary, other, idle_s=args.idle_ms / 1e3)
     print("### Summary\n")
     print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
 

@@ -57,8 +57,14 @@ class Timing:
         return f"{self.median:.3f} ({low:.3f}–{high:.3f})"
 
 
-def measure(candidates: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, Timing]:
-    """Time each candidate `repeats` times after `warmup` untimed calls, interleaved round-robin."""
+def measure(candidates: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 1,
+            idle_s: float = 0.0) -> dict[str, Timing]:
+    """Time each candidate `repeats` times after `warmup` untimed calls, interleaved round-robin.
+
+    ``idle_s`` > 0: every timed call starts after that long idle (untimed), as the app's pass starts after
+    an upload rather than right after other torch work. torch's OpenMP workers (libgomp) spin for a while
+    after each parallel region, 4-8 ms on this 2-core machine, so back to back (0, the default) the first
+    milliseconds of single-threaded work in a candidate share the cores with a spinning worker."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     for _ in range(warmup):
@@ -67,6 +73,8 @@ def measure(candidates: Mapping[str, Callable[[], object]], repeats: int, warmup
     seconds: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeats):
         for name, run in candidates.items():
+            if idle_s > 0:
+                time.sleep(idle_s)
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
