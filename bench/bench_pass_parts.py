@@ -13,11 +13,14 @@ which differs from timing it alone. The parts:
 - the preview of the whole upload (`images.preview_rgb`);
 - preprocessing (`pipeline.model_input`: the model's resize, crop and normalisation);
 
-and all five at once. The results of a stubbed pass are wrong (cached parts); only its time is read.
+and all five at once. The results of a stubbed pass are wrong (cached parts); only its time is read. One
+more candidate is the whole pass with the preview made after the model's input instead of beside it
+(`pipeline.in_background` run synchronously). ``--idle-ms`` starts every timed call after that long idle,
+as the app's pass starts after an upload (see `common.measure`).
 Random weights, candidates interleaved, medians; ratios are to the floor (a plain forward + input-only
 backward, bench_analysis row 1a) measured in the same run.
 
-    python -m bench.bench_pass_parts [--models deit_tiny_patch16_224] [--repeats 30] [--threads 2]
+    python -m bench.bench_pass_parts [--models deit_tiny_patch16_224] [--repeats 30] [--threads 2] [--idle-ms 30]
 """
 from __future__ import annotations
 
@@ -100,7 +103,13 @@ def stubs() -> dict[str, list[tuple[object, str, object]]]:
     }
 
 
-def bench_model(name: str, picture, repeats: int) -> None:
+def synchronous(function: Callable, *args) -> Callable[[], object]:
+    """`pipeline.in_background` without the thread: ``function`` runs now; its result is handed back later."""
+    value = function(*args)
+    return lambda: value
+
+
+def bench_model(name: str, picture, repeats: int, idle_s: float = 0.0) -> None:
     handle = load_model(name, pretrained=False, device="cpu")
     model = plain_model(handle)
     pixels, _ = handle.preprocess.apply(picture)
@@ -121,12 +130,14 @@ def bench_model(name: str, picture, repeats: int) -> None:
                   "the pass": run()}
     candidates.update({f"the pass without {part}": run(part) for part in PARTS})
     candidates["the pass without all five"] = run(*PARTS)
-    times = measure(candidates, repeats, warmup=2)
+    parts["preview after the input"] = [(pipeline, "in_background", synchronous)]
+    candidates["the pass, its preview made after the model's input"] = run("preview after the input")
+    times = measure(candidates, repeats, warmup=2, idle_s=idle_s)
     floor, whole = times["the floor: plain forward + input-only backward"].median, times["the pass"].median
     print(f"### {name}\n")
     print(markdown_table(("candidate", "median ms (min–max)", "the part costs, ms", "÷ the floor"),
                          [(k, t.ms(), "—" if k.startswith("the floor") or k == "the pass"
-                           else f"{1e3 * (whole - t.median):.1f}", f"{t.median / floor:.3f}")
+                           else f"{1e3 * (whole - t.median):.1f}" if "without" in k else "—", f"{t.median / floor:.3f}")
                           for k, t in times.items()]))
     print()
 
@@ -137,14 +148,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed repeats per candidate (after 2 warm-ups)")
     parser.add_argument("--image", default=str(REPO / "assets" / "chelsea.png"), help="the image analysed")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch intra-op threads")
+    parser.add_argument("--idle-ms", type=float, default=0.0, help="idle before each timed call (default 0: back to back)")
     args = parser.parse_args()
     set_threads(args.threads)
     picture = load_image(args.image)
     print_header("What each part of the pass costs in place")
     print(f"Image: `{args.image}` ({picture.width}×{picture.height}); {args.threads} torch threads; median of "
-          f"{args.repeats} repeats after 2 warm-ups, candidates interleaved.\n")
+          f"{args.repeats} repeats after 2 warm-ups, candidates interleaved"
+          + (f", each timed call after {args.idle_ms:g} ms idle" if args.idle_ms > 0 else ", back to back") + ".\n")
     for name in args.models:
-        bench_model(name, picture, args.repeats)
+        bench_model(name, picture, args.repeats, idle_s=args.idle_ms / 1e3)
 
 
 if __name__ == "__main__":
