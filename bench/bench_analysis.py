@@ -8,7 +8,7 @@ and against the naive way (one pass per method, a full recompute per slider chan
 1d. AttnLRP and LeGrad added later (`relevance_maps`: one more forward) ÷ the floor
 1e. with ``--before-tree``: this checkout's analysis ÷ another version's (its own `load_model` and
     `analyze_image`, the same arguments, interleaved with the rest): a change to the pass as a ratio
-2. one redraw from the cached `ImageAnalysis`, rendering included (the app's `plotting.map_panel`: overlay, colour
+2. one redraw from the cached `ImageAnalysis`, rendering included (the app's `map_plots.map_panel`: overlay, colour
    bar and caption, encoded as PNG), ÷ one plain forward
                                                                       target <= 0.25 (ViT-B/16)
 4. memory one analysed image holds (ViT-B/16)                                  target <= 30 MB
@@ -39,14 +39,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_inspect import plotting
+from vit_inspect.plots import canvas
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots import maps as map_plots
 from vit_inspect.analysis import (attention_map, chefer_relevance, gradcam_from_tokens, mean_attention_distance,
                                   rollout)
-from vit_inspect.capture import capture_attention
-from vit_inspect.images import load_image
-from vit_inspect.models import ViTHandle, load_model
-from vit_inspect.pipeline import ImageAnalysis, analyze_image, readout_query, relevance_maps
-from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.images import load_image
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.pipeline import analyze_image, readout_query, relevance_maps
+from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
 from .bench_rollout_redraw import load_package
 from .common import (MODELS, REPO, THREADS, markdown_table, measure, plain_forward, plain_forward_backward,
@@ -123,8 +127,8 @@ def naive_analysis(handle: ViTHandle, picture: Image.Image) -> None:
 
 def encode_image(rgb: np.ndarray) -> bytes:
     """An (H, W, 3) uint8 picture encoded as the app's image outputs send it (`ui.common.OutputImage`:
-    `plotting.encode_png`, PNG at zlib level `plotting.PNG_LEVEL`)."""
-    return plotting.encode_png(rgb)
+    `canvas.encode_png`, PNG at zlib level `canvas.PNG_LEVEL`)."""
+    return canvas.encode_png(rgb)
 
 
 def gradio_default_png(rgb: np.ndarray) -> bytes:
@@ -135,8 +139,8 @@ def gradio_default_png(rgb: np.ndarray) -> bytes:
 
 
 def panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, **options) -> bytes:
-    """What the app shows for one map: `plotting.map_panel` (overlay, colour bar, caption), encoded."""
-    return encode_image(plotting.map_panel(rgb, grid_map, caption, unit, **options))
+    """What the app shows for one map: `map_plots.map_panel` (overlay, colour bar, caption), encoded."""
+    return encode_image(map_plots.map_panel(rgb, grid_map, caption, unit, **options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,16 +201,16 @@ def redraws(handle: ViTHandle, result: ImageAnalysis, picture: Image.Image) -> l
         maps, rgb = _naive_gradcam(handle, picture)
         return panel(rgb, maps[layer], caption("Grad-CAM", layer), "Grad-CAM (ReLU)", relu=True)
 
-    scatter = plotting.distance_scatter(result.mean_distance, image_width=width)  # once per image, as the app
+    scatter = distance_plots.attention_distance_panel(result.mean_distance, image_width=width)  # once per image, as the app
 
     def distance_cached(state):
         return encode_image(scatter.draw(state))
 
     def distance_naive(state):
         attention, _, _ = _naive_capture(handle, picture)
-        fig = plotting.attention_distance_figure(mean_attention_distance(attention, layout), highlight=state,
+        fig = distance_plots.attention_distance_figure(mean_attention_distance(attention, layout), highlight=state,
                                                  image_width=width)
-        return plotting.figure_to_png(fig)
+        return canvas.figure_to_png(fig)
 
     kinds = [Redraw("raw attention (layer/head/query)", attention_states, attention_cached, attention_naive),
              Redraw("rollout (fusion/discard/start layer)", rollout_states, rollout_cached, rollout_naive)]
@@ -305,7 +309,7 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         "naive: one pass per method (3 forwards + 2 forward/backward)": lambda: naive_analysis(handle, picture),
         "preprocessing alone (resize, crop, normalise)": lambda: handle.preprocess.apply(picture),
         "distance scatter background, drawn once per image by the app (not in the ratio)":
-            lambda: plotting.distance_scatter(np.zeros((handle.depth, handle.num_heads)) + 50.0, 224),
+            lambda: distance_plots.attention_distance_panel(np.zeros((handle.depth, handle.num_heads)) + 50.0, 224),
     }, repeats, idle_s=idle_s)
     model.zero_grad(set_to_none=True)
     plain_fb, ours, naive = (times[k] for k in (
@@ -353,7 +357,7 @@ def bench_model(name: str, picture: Image.Image, repeats: int, summary: list[lis
         rows.append((kind.name, cached.ms(), f"{cached.median / forward.median:.3f}", naive.ms(),
                      f"{cached.median / naive.median:.3f}"))
     print("Redraw after a UI change, server side, rendering included (map panel: overlay, colour bar, caption "
-          f"-> {IMAGE_FORMAT} at zlib level {plotting.PNG_LEVEL}; figure -> PNG); "
+          f"-> {IMAGE_FORMAT} at zlib level {canvas.PNG_LEVEL}; figure -> PNG); "
           f"plain forward {forward.ms()} ms:\n")
     print(markdown_table(("redraw kind", "ours ms (min–max)", "ours ÷ plain forward", "naive recompute ms",
                           "ours ÷ naive"), rows))

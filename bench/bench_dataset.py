@@ -17,9 +17,11 @@ from typing import Sequence
 
 import torch
 
-from vit_inspect.images import load_image
-from vit_inspect.models import ViTHandle, load_model
-from vit_inspect.pipeline import dataset_attention_distance, find_images
+from vit_inspect.core.images import load_image
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.load import load_model
+from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.core.images import find_images
 
 from .common import (MODELS, SHARED, markdown_table, measure, plain_forward, plain_model, print_header,
                      set_threads, verdict)

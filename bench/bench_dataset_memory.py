@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vit_inspect.images import BAND_PIXELS
+from vit_inspect.core.images import BAND_PIXELS
 
 from .common import REPO, markdown_table, print_header
 
@@ -45,9 +45,9 @@ def measured(job):
 
 DATASET_JOB = MEASURE + """
 import glob, sys
-from vit_inspect.engine import EngineOptions, run_job
-from vit_inspect.jobs import AttentionDistanceJob, AttentionDistanceWorker
-from vit_inspect.models import load_model
+from vit_inspect.jobs.engine import EngineOptions, run_job
+from vit_inspect.jobs.workers import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.core.load import load_model
 worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
 files = sorted(glob.glob(sys.argv[1] + "/*.png"))
 options = EngineOptions(batch_size=int(sys.argv[2]), max_batch_bytes=int(sys.argv[3]))
@@ -59,7 +59,7 @@ TIFF_SCALING = MEASURE + """
 import sys
 import numpy as np
 from PIL import Image
-from vit_inspect.images import load_image
+from vit_inspect.core.images import load_image
 def whole():  # the whole-image float64 scaling vit_inspect used before
     with Image.open(sys.argv[1]) as image:
         array = np.asarray(image, dtype=np.float64)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=16)
     parser.add_argument("--megapixels", type=float, default=40.0)
     args = parser.parse_args(argv)
-    from vit_inspect.engine import EngineOptions
+    from vit_inspect.jobs.engine import EngineOptions
     bound = EngineOptions().max_batch_bytes
     width = int((args.megapixels * 1e6 * 4 / 3) ** 0.5)
     height = int(args.megapixels * 1e6 / width)

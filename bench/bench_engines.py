@@ -20,10 +20,12 @@ import time
 
 import numpy as np
 
-from vit_inspect.engine import EngineOptions, run_job
-from vit_inspect.evaluate import read_labels, select_files
-from vit_inspect.jobs import AttentionDistanceJob, EvaluateJob
-from vit_inspect.pipeline import find_images
+from vit_inspect.jobs.engine import EngineOptions
+from vit_inspect.jobs.run import run_job
+from vit_inspect.jobs.evaluate import read_labels, select_files
+from vit_inspect.jobs.distance import AttentionDistanceJob
+from vit_inspect.jobs.evaluate import EvaluateJob
+from vit_inspect.core.images import find_images
 
 from .common import SHARED, markdown_table, measure, print_header, set_threads
 
@@ -70,7 +72,7 @@ def _time_engines(job, paths: list, args: argparse.Namespace) -> tuple[float, di
     (Ray start-up seconds, engine -> timing, engine -> the job results of each run)."""
     options = EngineOptions(batch_size=args.batch_size, shard_size=256)
 
-    from vit_inspect.ray_engine import start_ray
+    from vit_inspect.jobs.ray_engine import start_ray
     started = time.perf_counter()
     start_ray(num_cpus=args.ray_cpus)
     ray_start = time.perf_counter() - started

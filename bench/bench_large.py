@@ -62,8 +62,8 @@ def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
     distance, Chefer relevance and Grad-CAM from the full stacks. Returns its arrays."""
     from vit_inspect.analysis import (chefer_relevance, gradcam_from_tokens, gradient_fused_attention,
                                       mean_attention_distance)
-    from vit_inspect.capture import capture_attention
-    from vit_inspect.pipeline import autocast_dtype, readout_query
+    from vit_inspect.passes.capture import capture_attention
+    from vit_inspect.passes.pipeline import autocast_dtype, readout_query
 
     pixels, rgb = handle.preprocess.apply(picture)
     layout = handle.layout(rgb.shape[:2])
@@ -94,7 +94,7 @@ def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
 def _handle(key: str, device: str):
     import timm
 
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     name, kwargs, size, _ = MODELS[key]
     model = timm.create_model(name, pretrained=False, **kwargs)
@@ -104,7 +104,7 @@ def _handle(key: str, device: str):
 def _redraws(handle, design: str, result, layout) -> dict:
     """name -> a callable drawing one map from the cached result (first call timed: nothing cached)."""
     from vit_inspect.analysis import attention_map, gradient_rollout, prefix_shares, rollout
-    from vit_inspect.pipeline import readout_query
+    from vit_inspect.passes.pipeline import readout_query
 
     last = handle.depth - 1
     patch = (layout.grid_h // 2, layout.grid_w // 2)
@@ -152,9 +152,9 @@ def _redraws(handle, design: str, result, layout) -> dict:
 
 
 def worker(key: str, design: str, repeats: int, device: str, half: bool, image: Path, threads: int) -> dict:
-    from vit_inspect.images import load_image
-    from vit_inspect.pipeline import analyze_image
-    from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
+    from vit_inspect.core.images import load_image
+    from vit_inspect.passes.pipeline import analyze_image
+    from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
     set_threads(threads)
     torch.manual_seed(0)

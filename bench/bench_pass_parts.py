@@ -15,7 +15,7 @@ which differs from timing it alone. The parts:
 
 and all five at once. The results of a stubbed pass are wrong (cached parts); only its time is read. One
 more candidate is the whole pass with the preview made after the model's input instead of beside it
-(`pipeline.in_background` run synchronously). ``--idle-ms`` starts every timed call after that long idle,
+(`threads.in_background` run synchronously). ``--idle-ms`` starts every timed call after that long idle,
 as the app's pass starts after an upload (see `common.measure`).
 Random weights, candidates interleaved, medians; ratios are to the floor (a plain forward + input-only
 backward, bench_analysis row 1a) measured in the same run.
@@ -30,9 +30,11 @@ from typing import Callable, Iterator
 
 import torch
 
-from vit_inspect import attention_store, head_pass, pipeline
-from vit_inspect.images import load_image
-from vit_inspect.models import load_model
+from vit_inspect.passes import attention_store, head_pass
+from vit_inspect.passes import pipeline
+from vit_inspect.passes import threads
+from vit_inspect.core.images import load_image
+from vit_inspect.core.load import load_model
 
 from .common import (REPO, THREADS, markdown_table, measure, plain_forward_input_backward, plain_model,
                      print_header, set_threads)
@@ -104,7 +106,7 @@ def stubs() -> dict[str, list[tuple[object, str, object]]]:
 
 
 def synchronous(function: Callable, *args) -> Callable[[], object]:
-    """`pipeline.in_background` without the thread: ``function`` runs now; its result is handed back later."""
+    """`threads.in_background` without the thread: ``function`` runs now; its result is handed back later."""
     value = function(*args)
     return lambda: value
 
@@ -130,7 +132,7 @@ def bench_model(name: str, picture, repeats: int, idle_s: float = 0.0) -> None:
                   "the pass": run()}
     candidates.update({f"the pass without {part}": run(part) for part in PARTS})
     candidates["the pass without all five"] = run(*PARTS)
-    parts["preview after the input"] = [(pipeline, "in_background", synchronous)]
+    parts["preview after the input"] = [(threads, "in_background", synchronous)]
     candidates["the pass, its preview made after the model's input"] = run("preview after the input")
     times = measure(candidates, repeats, warmup=2, idle_s=idle_s)
     floor, whole = times["the floor: plain forward + input-only backward"].median, times["the pass"].median

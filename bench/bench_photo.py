@@ -24,10 +24,10 @@ from pathlib import Path
 
 from PIL import Image
 
-from vit_inspect.images import load_image, preview_rgb
-from vit_inspect.models import load_model
-from vit_inspect.pipeline import PREVIEW_SIDE, analyze_image
-from vit_inspect.spill import DEFAULT_SPILL_BUDGET, SpillFolder
+from vit_inspect.core.images import load_image, preview_rgb
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.pipeline import PREVIEW_SIDE, analyze_image
+from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
 from .bench_analysis import other_analysis
 from .bench_rollout_redraw import load_package

@@ -1,7 +1,7 @@
-"""Drawing one map as the app shows it (`plotting.map_panel`: overlay, colour bar, caption) and encoding it
+"""Drawing one map as the app shows it (`map_plots.map_panel`: overlay, colour bar, caption) and encoding it
 as PNG, what a slider redraw waits for after its maps are computed: another version's `plotting` with
-that version's app encoding (its `plotting.encode_png`, or Gradio's own, PIL's default PNG level, for a
-version without one) against this checkout's (`plotting.encode_png`), each ÷ one plain forward of the model.
+that version's app encoding (its `canvas.encode_png`, or Gradio's own, PIL's default PNG level, for a
+version without one) against this checkout's (`canvas.encode_png`), each ÷ one plain forward of the model.
 
 The other version's package is loaded from ``--before-tree`` under another name, e.g.
 
@@ -36,8 +36,8 @@ from .common import markdown_table, measure, plain_forward, plain_model, print_h
 def maps_of(key: str, image: Path) -> tuple[object, Image.Image, np.ndarray, list[tuple[np.ndarray, str, dict]], str]:
     """(handle, the upload, the crop, [(grid map, unit, map_panel options)], the caption's second line) of one
     analysis."""
-    from vit_inspect.images import load_image
-    from vit_inspect.pipeline import analyze_image
+    from vit_inspect.core.images import load_image
+    from vit_inspect.passes.pipeline import analyze_image
 
     torch.manual_seed(0)
     handle = _handle(key, "cpu")
@@ -56,9 +56,15 @@ def maps_of(key: str, image: Path) -> tuple[object, Image.Image, np.ndarray, lis
 def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
     import importlib
 
-    from vit_inspect import plotting
+    from vit_inspect.plots import canvas
+    from vit_inspect.plots import maps as map_plots
 
-    before_plotting = importlib.import_module(f"{before.__name__}.plotting")
+    try:  # a tree from before the plots/ package kept every picture in one module
+        before_plotting = importlib.import_module(f"{before.__name__}.plots.maps")
+        before_encode = importlib.import_module(f"{before.__name__}.plots.canvas").encode_png
+    except ModuleNotFoundError:
+        before_plotting = importlib.import_module(f"{before.__name__}.plotting")
+        before_encode = getattr(before_plotting, "encode_png", gradio_default_png)
     handle, picture, rgb, maps, second = maps_of(key, image)
     counter = itertools.count()
 
@@ -71,13 +77,12 @@ def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
             return encode(module.map_panel(rgb, grid, caption, unit, **options))
         return draw
 
-    before_encode = getattr(before_plotting, "encode_png", gradio_default_png)
     sizes_before, sizes_after = [], []  # PNG bytes of each map's panel
     for grid, unit, options in maps:  # the same pixels, or the timing compares different pictures
-        panel = plotting.map_panel(rgb, grid, "x\ny", unit, **options)
+        panel = map_plots.map_panel(rgb, grid, "x\ny", unit, **options)
         if not np.array_equal(panel, before_plotting.map_panel(rgb, grid, "x\ny", unit, **options)):
             raise RuntimeError(f"{key}: the two versions draw different panels")
-        for encode, kept in ((before_encode, sizes_before), (plotting.encode_png, sizes_after)):
+        for encode, kept in ((before_encode, sizes_before), (canvas.encode_png, sizes_after)):
             data = encode(panel)
             if not np.array_equal(np.asarray(Image.open(io.BytesIO(data))), panel):
                 raise RuntimeError(f"{key}: {encode.__module__}.{encode.__name__} does not give the panel back")
@@ -86,7 +91,7 @@ def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
     model = plain_model(handle)
     times = measure({"forward": lambda: plain_forward(model, pixels),
                      "before": drawer(before_plotting, before_encode),
-                     "after": drawer(plotting, plotting.encode_png)}, repeats)
+                     "after": drawer(map_plots, canvas.encode_png)}, repeats)
     forward = times["forward"].median
     old, new = times["before"], times["after"]
     return [[MODELS[key][3], old.ms(), new.ms(), f"{old.median / forward:.3f}", f"{new.median / forward:.3f}",

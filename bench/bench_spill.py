@@ -1,4 +1,4 @@
-"""Spilled attention maps (`vit_inspect.spill`) for many-token models: the pass with and without the spill,
+"""Spilled attention maps (`vit_inspect.passes.spill`) for many-token models: the pass with and without the spill,
 and every costly first rollout redraw read from the spill against rebuilt from q and k, each ÷ one plain
 forward of the model, in one run.
 
@@ -22,10 +22,10 @@ from .common import markdown_table, measure, print_header
 
 
 def run(key: str, repeats: int, image: Path) -> list[list[object]]:
-    from vit_inspect.attention_store import rollout
-    from vit_inspect.images import load_image
-    from vit_inspect.pipeline import analyze_image
-    from vit_inspect.spill import SpillFolder, worth_spilling
+    from vit_inspect.passes.attention_store import rollout
+    from vit_inspect.core.images import load_image
+    from vit_inspect.passes.pipeline import analyze_image
+    from vit_inspect.passes.spill import SpillFolder, worth_spilling
 
     torch.manual_seed(0)
     handle = _handle(key, "cpu")

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from vit_inspect.models import DEFAULT_MODEL
+from vit_inspect.core.handle import DEFAULT_MODEL
 
 from .common import REPO, SHARED, markdown_table, print_header, set_threads
 

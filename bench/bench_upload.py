@@ -1,7 +1,7 @@
 """What a user waits for after an upload: the app's answer to a new image (`Inspector.analyze`: the pass,
 then the maps it shows at once), against the pass alone and against drawing every per-image panel and
 the distance scatter before answering, as the app did before the figures moved to the events that follow
-the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all heads of a layer).
+the answer (`LATER_PANELS`: the distance scatter, all maps side by side, all heads of a layer).
 
 6. answer to a new image ÷ the pass alone                       (drawing the first maps is what it adds)
 6b. every panel drawn before answering ÷ answer                 (what moving the figures saves)
@@ -9,31 +9,31 @@ the answer (`app.LATER_PANELS`: the distance scatter, all maps side by side, all
 6d. with ``--before-tree``: each figure as another version draws it ÷ as this checkout does (that version's
     `vit_inspect.ui.panels.draw_panels` on the same session and view, its own scatter rendered afresh; e.g.
     the distance scatter, all maps and all heads as matplotlib figures in afcd7f7, PIL panels now:
-    `plotting.distance_scatter`, `maps_mosaic`, `heads_mosaic`), and one Heads-tab
-    heatmap as a change of layer or head redraws it (`vit_inspect.ui.heads.heatmap` on the pass's
+    `distance_plots.attention_distance_panel`, `maps_panel`, `heads_panel`), and one Heads-tab
+    heatmap as a change of layer or head redraws it (`vit_inspect.ui.tabs.heads.heatmap` on the pass's
     first-order values, another cell outlined each time: a matplotlib figure in afcd7f7,
-    `plotting.heatmap_panel` now)
+    `head_plots.head_heatmap_panel` now)
 6e. the Heads tab's logit-lens plot as a matplotlib figure (`head_plots.lens_figure`, the CLI's, which the app
-    drew before) ÷ as the app draws it now (`plotting.lens_panel`), on this pass's lens
+    drew before) ÷ as the app draws it now (`head_plots.lens_panel`), on this pass's lens
 6f. the Compare tab's aligned maps (the model against itself, the image's four maps) as a matplotlib figure
     (`compare_plots.aligned_maps_figure`, the CLI's, which the app drew before) ÷ as the app draws them now
-    (`compare_plots.aligned_maps_picture`), what a change of model A's layer redraws
+    (`compare_plots.aligned_maps_panel`), what a change of model A's layer redraws
 6g. the Model tab's patch-embedding filter components as a matplotlib figure (`model_plots.filter_pca_figure`, the
     CLI's, which the app drew before) ÷ as the app draws them now (`model_plots.filter_pca_panel`): the tab's
     first picture, and one per model in a Compare run
 6h. the same for the position-embedding similarity at the model's grid (`model_plots.pos_similarity_figure` ÷
-    `model_plots.similarity_panel`)
+    `model_plots.pos_similarity_panel`)
 6i. the Compare tab's last-layer heads with their DINO mass sets, one model, as a matplotlib figure
-    (`compare_plots.dino_heads_figure`, the CLI's) ÷ as the app draws them now (`compare_plots.dino_heads_picture`):
+    (`compare_plots.dino_heads_figure`, the CLI's) ÷ as the app draws them now (`compare_plots.dino_heads_panel`):
     what a move of the mass slider redraws, per model
 6j. the same for the feature PCA of one image, background removed (`compare_plots.feature_pca_figure` ÷
-    `compare_plots.feature_pca_picture`): what a change of the background setting redraws, per model
+    `compare_plots.feature_pca_panel`): what a change of the background setting redraws, per model
 6k. the Compare tab's mean attention distance of both models (the model against itself) as a matplotlib figure
     (`compare_plots.compare_distance_figure`, the CLI's) ÷ as the app draws it now
-    (`compare_plots.compare_distance_picture`): once per Compare run
+    (`compare_plots.compare_distance_panel`): once per Compare run
 6l. the dataset-level mean attention distance (this image's distances stand in for a folder's mean) as a
-    matplotlib figure (`plotting.attention_distance_figure`) ÷ as the app draws it now
-    (`plotting.distance_scatter(selectable=False)`): once per dataset job
+    matplotlib figure (`distance_plots.attention_distance_figure`) ÷ as the app draws it now
+    (`distance_plots.attention_distance_panel(selectable=False)`): once per dataset job
 6m. the Faithfulness tab's deletion and insertion curves of the scored maps (seven maps' curves, made up:
     drawing does not depend on the values) as a matplotlib figure (the app's before this change, kept here as
     `faithfulness_figure`) ÷ as the app draws them now (`faithfulness_plot.curves_panel`): once per scoring
@@ -57,6 +57,10 @@ from pathlib import Path
 import numpy as np
 
 from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, print_header, set_threads
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector, LATER_PANELS
+from vit_inspect.ui.panels import IMAGE_PANELS
+from vit_inspect.ui.view import View
 
 
 class _Quiet:
@@ -76,7 +80,7 @@ def faithfulness_figure(curves: dict, title: str):
     from matplotlib.figure import Figure
 
     from vit_inspect.analysis.faithfulness import DEL_INS_FRACTIONS
-    from vit_inspect.faithfulness_plot import PANELS, RANDOM
+    from vit_inspect.plots.faithfulness import PANELS, RANDOM
 
     fig = Figure(figsize=(10, 4), layout="constrained")
     fig.suptitle(title, fontsize="medium")
@@ -104,31 +108,32 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
 
-    import app
-    from vit_inspect import compare_plots, faithfulness_plot, head_plots, model_plots, plotting
+    from vit_inspect.plots import compare as compare_plots, faithfulness as faithfulness_plot, model as model_plots
+    from vit_inspect.plots import distance as distance_plots
+    from vit_inspect.plots import heads as head_plots
     from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
     from vit_inspect.analysis.faithfulness import DEL_INS_FRACTIONS, Curves
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
-    from vit_inspect.comparison import aligned_maps, compare_images, last_layer_heads
-    from vit_inspect.geometry import InputGeometry
-    from vit_inspect.images import load_image
-    from vit_inspect.model_cache import ModelCache
-    from vit_inspect.pipeline import model_report
-    from vit_inspect.ui import heads as heads_ui
+    from vit_inspect.studies.comparison import aligned_maps, compare_images, last_layer_heads
+    from vit_inspect.core.geometry import InputGeometry
+    from vit_inspect.core.images import load_image
+    from vit_inspect.ui.model_cache import ModelCache
+    from vit_inspect.studies.model_report import model_report
+    from vit_inspect.ui.tabs import heads as heads_ui
     from vit_inspect.ui.panels import draw_panels
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")
                                     if p.is_file()), None)
-    config = app.AppConfig(weights=str(weights) if weights else None, device="cpu")
-    inspector = app.Inspector(config, ModelCache(1) if weights else ModelCache(1, loader=_random_loader))
+    config = AppConfig(weights=str(weights) if weights else None, device="cpu")
+    inspector = Inspector(config, ModelCache(1) if weights else ModelCache(1, loader=_random_loader))
     handle = inspector.handle(inspector.default_key)
     upload = {"url": "data:image/png;base64," + base64.b64encode(args.image.read_bytes()).decode(),
               "orig_name": args.image.name}
     controls = dict(CONTROLS, last_layer=handle.depth - 1, layer=handle.depth - 1, gradcam_layer=handle.depth - 1)
     answered = inspector.analyze(upload, inspector.default_key, None, None, progress=_Quiet(), **controls)
     session = answered[0]
-    view = app.View.from_controls(session.result, **controls)
+    view = View.from_controls(session.result, **controls)
     picture = session.source
 
     def answer():
@@ -139,10 +144,10 @@ def main() -> None:
 
     def everything_first():  # the earlier answer: the pass, then every panel and the scatter before answering
         result = inspector._pass(handle, picture, InputGeometry(), relevance=False)
-        scatter = plotting.distance_scatter(result.mean_distance, result.layout.input_size[1], "t")
-        return scatter, draw_panels(app.IMAGE_PANELS, session, view)
+        scatter = distance_plots.attention_distance_panel(result.mean_distance, result.layout.input_size[1], "t")
+        return scatter, draw_panels(IMAGE_PANELS, session, view)
 
-    def figure(name, panels=draw_panels, holder=plotting.DistanceScatterOnce):
+    def figure(name, panels=draw_panels, holder=distance_plots.DistanceScatterOnce):
         def draw():
             fresh = holder(session.distance.distances, session.distance.image_width, "t")
             shown = dataclasses.replace(session, distance=fresh)  # each call renders its scatter, as a new image's does
@@ -181,31 +186,31 @@ def main() -> None:
     curves_title = f"{handle.name}: class 'x' (#0); removed patches = mean colour, insertion from a Gaussian blur"
 
     candidates = {"answer": answer, "pass": pass_alone, "everything first": everything_first,
-                  "Compare distance": lambda: compare_plots.compare_distance_picture(*distances),
+                  "Compare distance": lambda: compare_plots.compare_distance_panel(*distances),
                   "Compare distance as a matplotlib figure": lambda: figure_image(
                       compare_plots.compare_distance_figure(*distances)),
-                  "dataset distance": lambda: plotting.distance_scatter(
+                  "dataset distance": lambda: distance_plots.attention_distance_panel(
                       pair.a.mean_distance, 224, "title", selectable=False).background,
-                  "dataset distance as a matplotlib figure": lambda: figure_image(plotting.attention_distance_figure(
+                  "dataset distance as a matplotlib figure": lambda: figure_image(distance_plots.attention_distance_figure(
                       pair.a.mean_distance, image_width=224, title="title")),
                   "faithfulness curves": lambda: faithfulness_plot.curves_panel(curves, curves_title),
                   "faithfulness curves as a matplotlib figure": lambda: figure_image(
                       faithfulness_figure(curves, curves_title)),
-                  "DINO heads": lambda: compare_plots.dino_heads_picture(*dino),
+                  "DINO heads": lambda: compare_plots.dino_heads_panel(*dino),
                   "DINO heads as a matplotlib figure": lambda: figure_image(compare_plots.dino_heads_figure(*dino)),
-                  "feature PCA": lambda: compare_plots.feature_pca_picture(*pca),
+                  "feature PCA": lambda: compare_plots.feature_pca_panel(*pca),
                   "feature PCA as a matplotlib figure": lambda: figure_image(compare_plots.feature_pca_figure(*pca)),
                   "filters": lambda: model_plots.filter_pca_panel(report.filter_pca, model_title),
                   "filters as a matplotlib figure": filters_figure,
-                  "similarity": lambda: model_plots.similarity_panel(report.pos_similarity, model_title),
+                  "similarity": lambda: model_plots.pos_similarity_panel(report.pos_similarity, model_title),
                   "similarity as a matplotlib figure": lambda: figure_image(model_plots.pos_similarity_figure(
                       report.pos_similarity, model_title)),
-                  "aligned maps": aligned(compare_plots.aligned_maps_picture),
+                  "aligned maps": aligned(compare_plots.aligned_maps_panel),
                   "aligned maps as a matplotlib figure": aligned(
                       lambda *a: figure_image(compare_plots.aligned_maps_figure(*a))),
-                  "lens plot": lens(plotting.lens_panel),
+                  "lens plot": lens(head_plots.lens_panel),
                   "lens plot as a matplotlib figure": lens(lambda *a: figure_image(head_plots.lens_figure(*a)))}
-    candidates |= {f"later: {name}": figure(name) for name in app.LATER_PANELS}
+    candidates |= {f"later: {name}": figure(name) for name in LATER_PANELS}
     before = {}
     if args.before_tree is not None:  # the other version's drawing of the same session and view
         import importlib
@@ -236,7 +241,7 @@ def main() -> None:
         ["6. answer ÷ the pass alone", f"**{answer_ms / base:.2f}**"],
         ["6b. every panel drawn before answering ÷ answer", f"**{times['everything first'].median / answer_ms:.2f}**"],
         *[[f"6c. later: {name} ÷ the pass", f"{times[f'later: {name}'].median / base:.2f}"]
-          for name in app.LATER_PANELS],
+          for name in LATER_PANELS],
         *[[f"6d. {name}: the other version ÷ this one",
            f"**{times[label].median / times[name if name in times else f'later: {name}'].median:.1f}**"]
           for name, label in before.items()],
@@ -260,7 +265,7 @@ def main() -> None:
 
 
 def _random_loader(name, weights, device, **kwargs):
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     return load_model(name, device=device, pretrained=False)
 

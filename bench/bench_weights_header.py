@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from vit_inspect.errors import WeightsError
-from vit_inspect.models import check_finite, read_state_dict
+from vit_inspect.core.errors import WeightsError
+from vit_inspect.core.weights import check_finite, read_state_dict
 
 from .common import REPO, markdown_table, measure, print_header
 

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from vit_inspect.models import ViTHandle
+from vit_inspect.core.handle import ViTHandle
 
 THREADS = 2  # torch intra-op threads in every benchmark, set explicitly so that runs compare
 REPO = Path(__file__).resolve().parent.parent
@@ -115,12 +115,12 @@ def plain_forward_input_backward(model: torch.nn.Module, pixels: torch.Tensor, t
 
 
 def figure_image(fig):
-    """A matplotlib Figure rendered to (H, W, 3) uint8 (`plotting.figure_to_rgb`), its drawing released: the
+    """A matplotlib Figure rendered to (H, W, 3) uint8 (`canvas.figure_to_rgb`), its drawing released: the
     "before" of each picture the app now draws with PIL."""
-    from vit_inspect import plotting
+    from vit_inspect.plots import canvas
 
     try:
-        return plotting.figure_to_rgb(fig)
+        return canvas.figure_to_rgb(fig)
     finally:
         fig.clear()
 

@@ -10,7 +10,7 @@ draws) against ln 64. The same attention numbers for the untrained toy (random w
 baseline. On a subset it also measures how spread each per-image map is (raw attention, rollout, Grad-CAM,
 gradient-weighted attention) as exp(entropy) = "effective number of patches" out of 64. Spread is not
 faithfulness, so on a subset (`--faithfulness`, every k-th held-out image) it also scores each map with
-the library's faithfulness protocol (`vit_inspect.faithfulness.evaluate_image`, the function `vit-inspect
+the library's faithfulness protocol (`vit_inspect.studies.faithfulness.evaluate_image`, the function `vit-inspect
 evaluate` maps over a folder): positive/negative perturbation AUC (top-1 accuracy, %, as patches are
 removed most/least relevant first; lower/higher is better) and deletion/insertion AUC (probability of the
 predicted class; lower/higher is better), mean ± standard error over the images. AttnLRP and LeGrad need
@@ -30,11 +30,14 @@ from PIL import Image
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]  # examples/, repo
 from train_cifar10 import DEFAULT_OUT, DEFAULT_ZIP, read_zip_split  # noqa: E402
 
-from vit_inspect import analyze_image, capture_attention, load_model_file, mean_attention_distance  # noqa: E402
-from vit_inspect.evaluate import format_table  # noqa: E402
-from vit_inspect.faithfulness import FaithfulnessAccumulator, evaluate_image  # noqa: E402
+from vit_inspect import analyze_image  # noqa: E402
+from vit_inspect.analysis import mean_attention_distance  # noqa: E402
+from vit_inspect.core.module_spec import load_model_file  # noqa: E402
+from vit_inspect.passes.capture import capture_attention  # noqa: E402
+from vit_inspect.jobs.evaluate import format_table  # noqa: E402
+from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image  # noqa: E402
 from vit_inspect.analysis import AttentionDistanceAccumulator, attention_entropy, distances_per_image  # noqa: E402
-from vit_inspect.models import ViTHandle  # noqa: E402
+from vit_inspect.core.handle import ViTHandle  # noqa: E402
 
 TOY = f"{Path(__file__).resolve().parent / 'toy_vit.py'}:build"
 

@@ -44,7 +44,7 @@ def make_layout(cls: bool, dist: int, reg: int, grid_h: int = 2, grid_w: int = 2
                 patch_w: int = 16):
     """A TokenLayout for hand-made arrays: class token or not, `dist` distillation and `reg` register
     tokens, then a grid_h x grid_w grid of patch_h x patch_w pixel patches."""
-    from vit_inspect.tokens import TokenLayout
+    from vit_inspect.core.tokens import TokenLayout
 
     return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, patch_h, patch_w)
 
@@ -62,7 +62,7 @@ def make_tiny_timm(kind: str, seed: int = 0):
 
 
 def tiny_handle(kind: str, seed: int = 0):
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     return handle_from_timm(make_tiny_timm(kind, seed), name=f"tiny-{kind}", device="cpu",
                             input_size=TINY_TIMM[kind][1])
@@ -100,7 +100,7 @@ def deit():
     """The real DeiT-Ti/16 ImageNet weights from ../shared (skipped only when absent)."""
     if not DEIT_WEIGHTS.is_file():
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")
 

@@ -7,11 +7,11 @@ import torch
 from PIL import Image
 
 from conftest import PHOTOS, TINY_TIMM, sharpen_attention, tiny_handle, tiny_hf
-from vit_inspect.ablation import ablation_effect, analyze_ablated, head_importance
-from vit_inspect.errors import Cancelled, VitInspectError
-from vit_inspect.interventions import ablate_heads, head_output_module
-from vit_inspect.models import handle_from_hf
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.studies.ablation import ablation_effect, analyze_ablated, head_importance
+from vit_inspect.core.errors import Cancelled, VitInspectError
+from vit_inspect.passes.interventions import ablate_heads, head_output_module
+from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.passes.pipeline import analyze_image
 
 
 def _picture(size):
@@ -20,7 +20,7 @@ def _picture(size):
 
 
 def test_layer_blocks_join_layers_up_to_the_byte_bound(monkeypatch):
-    from vit_inspect import head_pass
+    from vit_inspect.passes import head_pass
 
     layers = [torch.full((1, 3, 4), float(i)) for i in range(5)]  # 48 bytes each
     monkeypatch.setattr(head_pass, "LENS_BYTES", 100)
@@ -35,7 +35,7 @@ def test_layer_blocks_join_layers_up_to_the_byte_bound(monkeypatch):
 def test_lens_in_one_batch_equals_the_lens_layer_by_layer(kind, monkeypatch):
     """Every block's residual stream through the head in one call, or one block per call (a byte bound under
     one layer): the same lens logits and token norms."""
-    from vit_inspect import head_pass
+    from vit_inspect.passes import head_pass
 
     handle = tiny_handle(kind)
     batched = analyze_image(handle, _picture(TINY_TIMM[kind][1])).heads
@@ -74,7 +74,7 @@ def test_hf_lens_and_the_note_for_models_without_a_head():
     assert set(result.heads.lens) == {"readout", "class", "distillation"}
     np.testing.assert_allclose(result.heads.lens["readout"][-1], result.heads.logits, rtol=1e-5, atol=1e-5)
     from timm.models.vision_transformer import VisionTransformer
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
     headless = handle_from_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
                                                   num_classes=0).eval(), device="cpu")
     result = analyze_image(headless, _picture((32, 32)))

@@ -26,15 +26,21 @@ from gradio_client.exceptions import AppError  # noqa: E402
 import gradio as gr  # noqa: E402
 
 import app  # noqa: E402
-from vit_inspect import plotting  # noqa: E402
-from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
-from vit_inspect.pipeline import dataset_attention_distance  # noqa: E402
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.jobs.distance import dataset_attention_distance  # noqa: E402
 from vit_inspect.ui.common import OutputImage  # noqa: E402
+from vit_inspect.ui.common import shown_model
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import FIRST_PANELS, FIRST_TAB, LATER_PANELS
+from vit_inspect.ui.panels import IMAGE_PANELS
+from vit_inspect.ui.view import PATCH
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CATS = ("Egyptian cat", "tabby", "tiger cat")
-ANALYZE_OUTPUTS = ("predictions", "crop", "target", *app.IMAGE_PANELS, "seen", "geometry")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry")
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
@@ -78,9 +84,9 @@ class Server:
     """The app on a free port, its model cache, and a count of forward passes of the served model."""
 
     def __init__(self):
-        self.config = app.AppConfig(weights=str(WEIGHTS), device="cpu")
+        self.config = AppConfig(weights=str(WEIGHTS), device="cpu")
         self.cache = ModelCache(self.config.cache_size)
-        self.demo = app.build_demo(self.config, self.cache)
+        self.demo = build_demo(self.config, self.cache)
         self.url = launch(self.demo)
         self.forwards = 0
         handle = self.cache.get(CacheKey.of(self.config.model, self.config.weights, self.config.device))
@@ -135,7 +141,7 @@ def test_building_the_app_loads_no_model_and_names_every_event():
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded while the app was being built")
 
-    demo = app.build_demo(app.AppConfig(), ModelCache(loader=no_loading))  # what `import app` does
+    demo = build_demo(AppConfig(), ModelCache(loader=no_loading))  # what `import app` does
     names = [fn.api_name for fn in demo.fns.values()]
     assert all(names) and len(set(names)) == len(names)
     assert {"analyze", "attention", "rollout", "gradcam", "pick_patch", "set_target", "downloads"} <= set(names)
@@ -149,12 +155,12 @@ def _zlib_level_class(png: bytes) -> int:
 
 
 def test_the_page_records_the_tab_it_shows():
-    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
     labels = {tab.label for tab in tabs}
-    assert set(app.LATER_PANELS.values()) | {app.FIRST_TAB, "Heads"} <= labels  # the tabs the gating names exist
+    assert set(LATER_PANELS.values()) | {FIRST_TAB, "Heads"} <= labels  # the tabs the gating names exist
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
-    assert shown.value == app.FIRST_TAB and not shown.visible
+    assert shown.value == FIRST_TAB and not shown.visible
     recorded = {}
     for dep in demo.config["dependencies"]:
         if not dep.get("backend_fn") and dep["outputs"] == [shown._id] and dep["js"]:
@@ -166,7 +172,7 @@ def test_the_page_records_the_tab_it_shows():
 
 
 def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
-    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
     assert len(outputs) == 28  # every map and figure of every tab
     plain = [block for block in demo.blocks.values() if type(block) is gr.Image]
@@ -198,12 +204,12 @@ def test_a_cat_photo_is_a_cat(client):
     assert sum(any(cat in label for cat in CATS) for label in labels[:3]) == 3
     assert pixels(result["crop"]).shape == (224, 224, 3)
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
-    for name in app.FIRST_PANELS:
+    for name in FIRST_PANELS:
         assert pixels(result[name]).ndim == 3
-    for name, tab in app.LATER_PANELS.items():  # the figures: cleared by the answer, then drawn if in view
+    for name, tab in LATER_PANELS.items():  # the figures: cleared by the answer, then drawn if in view
         assert result[name] is None
         assert pixels(client.predict(tab, api_name=f"/{name}_of_new_image")).ndim == 3
-    assert set(app.FIRST_PANELS) | set(app.LATER_PANELS) == set(app.IMAGE_PANELS)
+    assert set(FIRST_PANELS) | set(LATER_PANELS) == set(IMAGE_PANELS)
     # what the browser turns a clicked pixel into a patch with: DeiT-Ti's 224 px input, 16 px patches, 14 x 14
     assert result["geometry"] == {"input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
 
@@ -230,10 +236,10 @@ def test_clicking_a_patch_queries_from_it(server, client):
     readout = pixels(analyze(client)["attention"])
     before = server.forwards
     row, col, query, image = click(client, "pick_patch", x=100, y=40)  # pixel (y 40, x 100) -> patch (2, 6)
-    assert (row, col, query) == (2, 6, app.PATCH)
+    assert (row, col, query) == (2, 6, PATCH)
     clicked = pixels(image["path"])
     assert not np.array_equal(clicked, readout)
-    same = pixels(client.predict(query=app.PATCH, row=2, col=6, api_name="/attention"))
+    same = pixels(client.predict(query=PATCH, row=2, col=6, api_name="/attention"))
     assert np.array_equal(same, clicked)
     assert server.forwards == before
 
@@ -277,8 +283,8 @@ def test_unknown_models_and_wrong_weights_are_explained(client, tmp_path):
 def test_downloads_hold_png_json_and_npz(client):
     analyze(client)
     files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")}
-    assert {f"chelsea_{name}.png" for name in app.IMAGE_PANELS} <= set(files)
-    for name in app.IMAGE_PANELS:
+    assert {f"chelsea_{name}.png" for name in IMAGE_PANELS} <= set(files)
+    for name in IMAGE_PANELS:
         data = files[f"chelsea_{name}.png"].read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
         assert pixels(files[f"chelsea_{name}.png"]).shape[2] == 3
@@ -322,14 +328,14 @@ def test_dataset_average_over_uploaded_images(server, client, tmp_path):
     # the scatter of the two photos' mean distances, titled with the model and the count, no "selected" entry
     handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
     stats = dataset_attention_distance(handle, [REPO / "assets" / name for name in ("chelsea.png", "coffee.png")])
-    expected = plotting.distance_scatter(stats.distances, image_width=224, selectable=False,
-                                         title=f"{app.shown_model(handle)} · mean over 2 images")
+    expected = distance_plots.attention_distance_panel(stats.distances, image_width=224, selectable=False,
+                                         title=f"{shown_model(handle)} · mean over 2 images")
     np.testing.assert_array_equal(pixels(figure), expected.background)
 
 
 def test_missing_weights_are_explained_in_the_page_and_an_upload_fixes_it(monkeypatch, tmp_path):
     monkeypatch.setenv("VIT_INSPECT_CHECKPOINTS", str(tmp_path))  # no weights here, and the hub is offline
-    demo = app.build_demo(app.AppConfig(device="cpu"), ModelCache())
+    demo = build_demo(AppConfig(device="cpu"), ModelCache())
     try:
         client = Client(launch(demo), verbose=False)
         status = client.predict(api_name="/startup")[0]

@@ -28,9 +28,11 @@ from gradio import utils as gradio_utils  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-import app  # noqa: E402
-from vit_inspect.model_cache import ModelCache  # noqa: E402
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.view import View
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
@@ -288,7 +290,7 @@ def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
     client = Client(server.url, verbose=False)
     data = defaults(client, "analyze")
     data[0] = handle_file_payload(client)
-    names = list(app.View.__dataclass_fields__)
+    names = list(View.__dataclass_fields__)
     data[1 + 1 + 2 + names.index("layer")] = math.inf  # image, key, geometry and shorter side, then the controls
     message = queue_call(client, "analyze", data)
     assert message["success"], error_of(message)
@@ -302,8 +304,8 @@ def test_no_server_path_in_the_page_or_messages_with_a_model_folder(tmp_path):
 
     folder = tmp_path / "private_models" / "my_vit"
     tiny_hf().save_pretrained(folder)
-    config = app.AppConfig(model=str(folder), device="cpu")
-    demo = app.build_demo(config, ModelCache(1))
+    config = AppConfig(model=str(folder), device="cpu")
+    demo = build_demo(config, ModelCache(1))
     try:
         client = Client(launch(demo), verbose=False)
         page = json.dumps(client.config)
@@ -342,7 +344,7 @@ def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tm
                         lambda self, xy, text, *a, **k: drawn.append(str(text)) or pil_text(self, xy, text, *a, **k))
     monkeypatch.setattr(Figure, "draw", lambda self, renderer: drawn.extend(
         t.get_text() for t in self.findobj(matplotlib.text.Text)) or figure_draw(self, renderer))
-    demo = app.build_demo(app.AppConfig(model=str(folder), device="cpu"), ModelCache(2))
+    demo = build_demo(AppConfig(model=str(folder), device="cpu"), ModelCache(2))
     try:
         client = Client(launch(demo), verbose=False)
         photo = handle_file(str(CHELSEA))

@@ -13,23 +13,29 @@ import pytest
 from conftest import REPO, tiny_handle
 
 gr = pytest.importorskip("gradio")
-import app  # noqa: E402
-from vit_inspect import plotting  # noqa: E402
-from vit_inspect.ablation import ablation_effect, analyze_ablated, head_importance  # noqa: E402
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.studies.ablation import ablation_effect, analyze_ablated, head_importance  # noqa: E402
 from vit_inspect.analysis.heads import spearman  # noqa: E402
-from vit_inspect.errors import VitInspectError  # noqa: E402
-from vit_inspect.geometry import InputGeometry  # noqa: E402
-from vit_inspect.model_cache import ModelCache  # noqa: E402
-from vit_inspect.pipeline import ROLLOUT_CACHE, analyze_image  # noqa: E402
-from vit_inspect.zerogpu import gpu_pass  # noqa: E402
-from vit_inspect.session_store import DROPPED, Detached  # noqa: E402
+from vit_inspect.core.errors import VitInspectError  # noqa: E402
+from vit_inspect.core.geometry import InputGeometry  # noqa: E402
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+from vit_inspect.passes.result import ROLLOUT_CACHE
+from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
+from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
+from vit_inspect.ui.session_store import DROPPED, Detached  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
-from vit_inspect.ui.heads import (HeadsTab, cell_at, heatmap, importance_of_crop, lens_table, parse_head_spec,  # noqa: E402
-                                  refusals_warn, result_key)
+from vit_inspect.ui.tabs.heads import (HeadsTab, cell_at, heatmap, importance_of_crop, lens_table, parse_head_spec,
+                                       refusals_warn, result_key)
+from vit_inspect.ui.common import shown_model, shows_errors, upload_folders
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import FIRST_PANELS, FIRST_TAB, Inspector, LATER_PANELS, Session
+from vit_inspect.ui.panels import IMAGE_PANELS
+from vit_inspect.ui.view import READOUT, View
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
-CONTROLS = dict(layer=11, head=0, mean_heads=False, query=app.READOUT, row=0, col=0, head_fusion="mean",
+CONTROLS = dict(layer=11, head=0, mean_heads=False, query=READOUT, row=0, col=0, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=11, gradcam_layer=11)
 
 pytestmark = pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}")
@@ -55,18 +61,18 @@ class Progress:
 @pytest.fixture(scope="module")
 def served():
     """(Inspector, its DeiT-Ti handle, a Session on chelsea.png, the Heads tab)."""
-    inspector = app.Inspector(app.AppConfig(weights=str(WEIGHTS), device="cpu"), ModelCache(1))
+    inspector = Inspector(AppConfig(weights=str(WEIGHTS), device="cpu"), ModelCache(1))
     handle = inspector.handle(inspector.default_key)
     geometry = InputGeometry()
     result = inspector._pass(handle, str(CHELSEA), geometry)
-    session = app.Session(model=inspector.default_key, source=str(CHELSEA), name="chelsea.png",
+    session = Session(model=inspector.default_key, source=str(CHELSEA), name="chelsea.png",
                           slot=inspector.store.put({(result.target, None): result}, result.nbytes()),
                           target=(result.target, None),
-                          distance=plotting.distance_scatter(result.mean_distance, image_width=224, title="t"),
-                          labels=handle.labels, model_label=app.shown_model(handle), geometry=geometry)
+                          distance=distance_plots.attention_distance_panel(result.mean_distance, image_width=224, title="t"),
+                          labels=handle.labels, model_label=shown_model(handle), geometry=geometry)
     with gr.Blocks():
-        tab = HeadsTab(inspector, (CHELSEA, REPO / "assets" / "coffee.png"), app.upload_folders,
-                       app.View.from_controls)
+        tab = HeadsTab(inspector, (CHELSEA, REPO / "assets" / "coffee.png"), upload_folders,
+                       View.from_controls)
     return inspector, handle, session, tab
 
 
@@ -119,7 +125,7 @@ def test_bad_head_specs_are_sentences(served, spec, words):
     """As wired: a warning with the sentence, and every panel of the tab left as it was."""
     inspector, handle, session, tab = served
     with pytest.warns(UserWarning, match=words) as caught:
-        outputs = app.shows_errors(refusals_warn(6)(tab.ablate))(session, None, spec, "zero", None,
+        outputs = shows_errors(refusals_warn(6)(tab.ablate))(session, None, spec, "zero", None,
                                                                   progress=Progress(), **CONTROLS)
     assert outputs == (gr.skip(),) * 6
     assert all("Traceback" not in str(w.message) for w in caught)
@@ -180,7 +186,7 @@ def test_importance_equals_the_library_and_a_click_selects_its_cell(served):
         assert pick(gr.SelectData(None, {"index": list(centre), "value": None}), session, state) == (7, 2, False)
         assert pick(gr.SelectData(None, {"index": [1, 1], "value": None}), session, state) == (gr.skip(),) * 3
         with pytest.raises(gr.Error, match="must be a number"):
-            app.shows_errors(pick)(gr.SelectData(None, {"index": ["x", 3], "value": None}), session, state)
+            shows_errors(pick)(gr.SelectData(None, {"index": ["x", 3], "value": None}), session, state)
 
 
 def test_a_heatmap_click_lands_on_the_drawn_cell():
@@ -242,10 +248,10 @@ def test_a_new_images_figures_and_heads_overview_wait_for_their_tab(served):
     """After a new image (or class) the page asks for these; they draw only while their tab is shown, and
     the tab draws them when it opens (its own select event)."""
     inspector, handle, session, tab = served
-    assert set(app.LATER_PANELS) | set(app.FIRST_PANELS) == set(app.IMAGE_PANELS)
-    for name, label in app.LATER_PANELS.items():
+    assert set(LATER_PANELS) | set(FIRST_PANELS) == set(IMAGE_PANELS)
+    for name, label in LATER_PANELS.items():
         shown_only = inspector.redraw_if_shown(name, label)
-        assert shown_only(session, app.FIRST_TAB, **CONTROLS) == gr.skip()
+        assert shown_only(session, FIRST_TAB, **CONTROLS) == gr.skip()
         assert shown_only(session, ["not", "a", "tab"], **CONTROLS) == gr.skip()  # a client's word, compared only
         np.testing.assert_array_equal(shown_only(session, label, **CONTROLS), inspector.redraw(name)(session, **CONTROLS))
 
@@ -253,7 +259,7 @@ def test_a_new_images_figures_and_heads_overview_wait_for_their_tab(served):
     other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     outputs = len(tab.overview(session, state, **CONTROLS))
     if_shown = tab.overview_if_shown("Heads", outputs)
-    hidden = if_shown(other, state, app.FIRST_TAB, **CONTROLS)
+    hidden = if_shown(other, state, FIRST_TAB, **CONTROLS)
     assert len(hidden) == outputs and all(output == gr.skip() for output in hidden[1:])
     assert hidden[0].key == result_key(other) and hidden[0].ablated is None  # the old ablated pass let go at once
     assert state.ablated_slot.dropped
@@ -266,7 +272,7 @@ def test_a_cell_click_redraws_the_attention_map_and_the_distance_scatter_only_in
     """After a click on a Heads cell the page asks for the panels showing layer and head: the attention
     map always (no tab opening redraws it), the distance scatter only while its tab is shown."""
     inspector, handle, session, tab = served
-    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
     inputs = {dep["api_name"]: dep["inputs"] for dep in demo.config["dependencies"]}
     handlers = {fn.api_name: fn.fn for fn in demo.fns.values()}
@@ -299,7 +305,7 @@ def test_a_layer_or_head_change_redraws_the_heads_tab_only_while_it_is_shown(ser
     for direct, at_opening in zip(redrawn, [*opened[10:], opened[1], opened[2]]):  # the opening draws the same
         np.testing.assert_array_equal(direct, at_opening)
     assert not np.array_equal(redrawn[-1], tab.redraw(session, state, **CONTROLS)[-1])  # another cell outlined
-    demo = app.build_demo(app.AppConfig(), ModelCache(loader=lambda *a, **k: None))
+    demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
     [redraw] = [dep for dep in demo.config["dependencies"] if dep["api_name"] == "heads_redraw"]
     assert redraw["inputs"][2] == shown._id
@@ -314,7 +320,7 @@ def test_distilled_and_headless_lens():
     assert len(rows) == 2 and "distillation: rank of final class" in headers and "class: top-5" in headers
     from timm.models.vision_transformer import VisionTransformer
 
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     headless = handle_from_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
                                                   num_classes=0).eval(), device="cpu")
@@ -359,7 +365,7 @@ def test_ablation_and_importance_run_under_zerogpu(monkeypatch, served):
     stand_in = StandIn()
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=stand_in))
     with gr.Blocks():
-        tab = HeadsTab(inspector, (CHELSEA,), app.upload_folders, app.View.from_controls)
+        tab = HeadsTab(inspector, (CHELSEA,), upload_folders, View.from_controls)
     assert stand_in.decorated == ["on_gpu", "on_gpu"]
     assert tab.run_ablated.__wrapped__ is analyze_ablated and tab.run_importance.__wrapped__ is importance_of_crop
     on_cpu = gpu_pass(importance_of_crop, decorator=stand_in, device="cpu")  # "cpu" stands in for the lent GPU

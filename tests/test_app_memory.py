@@ -11,10 +11,11 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-import app  # noqa: E402
-from vit_inspect.model_cache import CacheKey, ModelCache  # noqa: E402
-from vit_inspect.pipeline import analyze_image  # noqa: E402
-from vit_inspect.session_store import module_nbytes  # noqa: E402
+from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
+from vit_inspect.ui.session_store import module_nbytes  # noqa: E402
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
@@ -23,13 +24,13 @@ pytestmark = [
 
 
 def test_an_evicted_session_is_told_to_rerun(tmp_path):
-    config = app.AppConfig(weights=str(WEIGHTS), device="cpu")
+    config = AppConfig(weights=str(WEIGHTS), device="cpu")
     cache = ModelCache(config.cache_size)
     handle = cache.get(CacheKey.of(config.model, config.weights, config.device))
     # the model plus room for one DeiT-Ti result (about 3.5 MB), not two
     one = analyze_image(handle, CHELSEA).nbytes()
-    config = app.AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=module_nbytes(handle.model) + int(1.5 * one))
-    demo = app.build_demo(config, cache)
+    config = AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=module_nbytes(handle.model) + int(1.5 * one))
+    demo = build_demo(config, cache)
     url = launch(demo)
     try:
         first, second = Client(url, verbose=False), Client(url, verbose=False)

@@ -21,21 +21,25 @@ from PIL import Image
 from conftest import REPO, tiny_handle
 
 gr = pytest.importorskip("gradio")
-import app  # noqa: E402
-from vit_inspect.geometry import InputGeometry  # noqa: E402
-from vit_inspect.images import ImageLimits  # noqa: E402
-from vit_inspect.model_cache import ModelCache  # noqa: E402
-from vit_inspect.pipeline import add_relevance, analyze_image  # noqa: E402
-from vit_inspect.session_store import DROPPED, SessionStore  # noqa: E402
-from vit_inspect.ui.compare import Compare  # noqa: E402
-from vit_inspect.ui.faithfulness import FaithfulnessTab  # noqa: E402
-from vit_inspect.ui.heads import HeadsTab  # noqa: E402
+from vit_inspect.core.geometry import InputGeometry  # noqa: E402
+from vit_inspect.core.images import ImageLimits  # noqa: E402
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+from vit_inspect.passes.pipeline import add_relevance, analyze_image  # noqa: E402
+from vit_inspect.ui.session_store import DROPPED, SessionStore  # noqa: E402
+from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
+from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
+from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402
-from vit_inspect.zerogpu import gpu_pass  # noqa: E402
+from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
+from vit_inspect.ui.common import upload_folders
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector, Session, results_nbytes
+from vit_inspect.ui.panels import draw_panels
+from vit_inspect.ui.view import READOUT, View
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
-CONTROLS = dict(layer=11, head=0, mean_heads=False, query=app.READOUT, row=0, col=0, head_fusion="mean",
+CONTROLS = dict(layer=11, head=0, mean_heads=False, query=READOUT, row=0, col=0, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=11, gradcam_layer=11)
 TABBY, TIGER = 281, 282
 
@@ -77,7 +81,7 @@ class Calls:
 @pytest.fixture
 def served(monkeypatch):
     """(Inspector on DeiT-Ti, its handle, call counts, a new session on chelsea.png from `analyze`)."""
-    inspector = app.Inspector(app.AppConfig(weights=str(WEIGHTS), device="cpu"), ModelCache(1))
+    inspector = Inspector(AppConfig(weights=str(WEIGHTS), device="cpu"), ModelCache(1))
     handle = inspector.handle(inspector.default_key)
     calls = Calls(handle, monkeypatch)
     session, *_ = inspector.analyze(data_url(CHELSEA), inspector.default_key, None, None, progress=progress,
@@ -104,7 +108,7 @@ def test_the_default_pass_is_one_forward_and_one_backward_without_relevance(serv
 @real
 def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     inspector, handle, calls, session = served
-    plain = app.draw_panels(("compare",), session, app.View.from_controls(session.result, **CONTROLS))[0]
+    plain = draw_panels(("compare",), session, View.from_controls(session.result, **CONTROLS))[0]
     calls.reset()
     ticked, figure = inspector.set_relevance(session, True, progress=progress, **CONTROLS)
     assert calls.forwards == 1 and ticked.relevance and computed(ticked)
@@ -113,7 +117,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     np.testing.assert_array_equal(ticked.result.attnlrp, one_pass.attnlrp)
     assert ticked.result.target == one_pass.target == 285
     assert figure.shape[0] > plain.shape[0] and figure.shape[1] == plain.shape[1]  # LeGrad and AttnLRP: a row more
-    assert inspector.store.held == ticked.slot.nbytes == app.results_nbytes(ticked.results)
+    assert inspector.store.held == ticked.slot.nbytes == results_nbytes(ticked.results)
     assert session.result.attnlrp is not None  # one slot per session: the stored pass now holds them
     calls.reset()
     inspector.set_relevance(ticked, True, progress=progress, **CONTROLS)
@@ -140,17 +144,17 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
 
 def drawn_all_maps(session, monkeypatch) -> dict:
     """The All maps figure's title and panel names, as `draw_panels` hands them to the plotting code."""
-    from vit_inspect import plotting
+    from vit_inspect.plots import maps as map_plots
 
     seen = {}
-    real_figure = plotting.maps_mosaic
+    real_figure = map_plots.maps_panel
 
     def recording(rgb, maps, **kwargs):
         seen.update(title=kwargs["title"], names=list(maps))
         return real_figure(rgb, maps, **kwargs)
 
-    monkeypatch.setattr(plotting, "maps_mosaic", recording)
-    app.draw_panels(("compare",), session, app.View.from_controls(session.result, **CONTROLS))
+    monkeypatch.setattr(map_plots, "maps_panel", recording)
+    draw_panels(("compare",), session, View.from_controls(session.result, **CONTROLS))
     return seen
 
 
@@ -210,11 +214,11 @@ def test_an_evicted_result_is_a_sentence_and_bad_values_are_refused(served):
 
 def tiny_inspector():
     handle = tiny_handle("cls")
-    inspector = app.Inspector(app.AppConfig(device="cpu"), ModelCache(loader=lambda *a, **k: handle))
+    inspector = Inspector(AppConfig(device="cpu"), ModelCache(loader=lambda *a, **k: handle))
     picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8))
     key = inspector.default_key
     result = inspector._pass(handle, picture, InputGeometry())
-    session = app.Session(model=key, source=picture, name="noise.png", target=(result.target, None),
+    session = Session(model=key, source=picture, name="noise.png", target=(result.target, None),
                           slot=inspector.store.put({(result.target, None): result}, result.nbytes()),
                           distance=None, labels=handle.labels, model_label="tiny")
     return inspector, handle, picture, session
@@ -248,7 +252,7 @@ def test_the_toggle_runs_under_the_zerogpu_wrapper(monkeypatch):
     inspector, handle, picture, session = tiny_inspector()
     stand_in = StandIn()
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=stand_in))
-    on_space = app.Inspector(app.AppConfig(device="cpu"), ModelCache(loader=lambda *a, **k: handle))
+    on_space = Inspector(AppConfig(device="cpu"), ModelCache(loader=lambda *a, **k: handle))
     assert on_space.run_relevance.__wrapped__ is add_relevance and getattr(on_space.run_relevance, "on_gpu", False)
     assert stand_in.decorated == ["on_gpu", "on_gpu"]  # the pass and the relevance pass
     inspector.run_relevance = gpu_pass(add_relevance, decorator=stand_in, device="cpu")  # cpu stands in for the GPU
@@ -269,8 +273,8 @@ def test_heads_and_compare_passes_leave_the_two_maps_out():
         return run
 
     with gr.Blocks():
-        tab = HeadsTab(inspector, (CHELSEA,), app.upload_folders, app.View.from_controls)
-    from vit_inspect.ablation import analyze_ablated
+        tab = HeadsTab(inspector, (CHELSEA,), upload_folders, View.from_controls)
+    from vit_inspect.studies.ablation import analyze_ablated
 
     tab.run_ablated = recording(analyze_ablated)
     controls = dict(CONTROLS, layer=1, last_layer=1, gradcam_layer=1)

@@ -21,6 +21,11 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
+from vit_inspect.ui.common import own_upload_folder, upload_folders
+from vit_inspect.ui.config import AppConfig, launch_limits
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import Inspector
+from vit_inspect.ui.request_guard import RequestGuard
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
@@ -162,11 +167,11 @@ def test_the_server_keeps_its_files_in_a_folder_of_its_own(monkeypatch, tmp_path
 
     def build(config, cache):
         seen["folder"] = os.environ.get("GRADIO_TEMP_DIR")
-        seen["gate"] = app.upload_folders()
+        seen["gate"] = upload_folders()
         raise Built
 
     monkeypatch.setattr("sys.argv", ["app.py"])
-    monkeypatch.setattr(app.Inspector, "handle", lambda self, key: None)  # no model needed here
+    monkeypatch.setattr(Inspector, "handle", lambda self, key: None)  # no model needed here
     monkeypatch.setattr(app, "build_demo", build)
     with pytest.raises(Built):
         app.main()
@@ -180,20 +185,20 @@ def test_the_server_keeps_its_files_in_a_folder_of_its_own(monkeypatch, tmp_path
 
     chosen = tmp_path / "operator"  # an operator's own choice is kept
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(chosen))
-    assert app.own_upload_folder() == str(chosen)
+    assert own_upload_folder() == str(chosen)
 
 
 def test_limits_and_loopback_defaults():
     config, args = app.parse_args([])
     assert args.host == "127.0.0.1" and not args.share
     assert config.limits.max_pixels == 40_000_000 and config.limits.max_bytes == 30 * 2**20
-    limits = app.launch_limits(config)
+    limits = launch_limits(config)
     (guard,) = limits.pop("app_kwargs")["middleware"]
     assert limits == {"max_file_size": "30mb", "state_session_capacity": 100}
-    assert guard.cls is app.RequestGuard and guard.kwargs == {"max_body": 40 * 2**20 + 2**20}  # 30 MiB x 4/3 + 1 MiB
+    assert guard.cls is RequestGuard and guard.kwargs == {"max_body": 40 * 2**20 + 2**20}  # 30 MiB x 4/3 + 1 MiB
     config, _ = app.parse_args(["--max-upload-mb", "2", "--max-image-pixels", "1000000", "--max-sessions", "7"])
     assert config.limits.max_bytes == 2 * 2**20 and config.limits.max_pixels == 1_000_000
-    limits = app.launch_limits(config)
+    limits = launch_limits(config)
     assert limits.pop("app_kwargs")["middleware"][0].kwargs == {"max_body": 3_844_779}  # ceil(2 MiB x 4/3) + 1 MiB
     assert limits == {"max_file_size": "2mb", "state_session_capacity": 7}
 
@@ -212,11 +217,11 @@ def test_unbounded_or_meaningless_limits_stop_the_launch_with_a_sentence(flags, 
 
 
 def test_pixel_limit_is_enforced_by_the_app(tmp_path):
-    config = app.AppConfig(weights=str(WEIGHTS), device="cpu", max_image_pixels=10_000)
+    config = AppConfig(weights=str(WEIGHTS), device="cpu", max_image_pixels=10_000)
     served = Server.__new__(Server)
-    from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui.model_cache import ModelCache
 
-    served.demo = app.build_demo(config, ModelCache(1))
+    served.demo = build_demo(config, ModelCache(1))
     from test_app import launch
 
     url = launch(served.demo)
@@ -240,14 +245,14 @@ def test_a_web_users_model_beyond_the_memory_budget_is_a_sentence(tmp_path, monk
     from transformers import ViTConfig
 
     from test_models import offline_hub_cache
-    from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui.model_cache import ModelCache
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     offline_hub_cache(tmp_path, "someone/large_vit", ViTConfig(
         hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096, num_labels=1000,
         architectures=["ViTForImageClassification"]))
-    inspector = app.Inspector(app.AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=2 ** 30), ModelCache(2))
+    inspector = Inspector(AppConfig(weights=str(WEIGHTS), device="cpu", memory_budget=2 ** 30), ModelCache(2))
     with pytest.raises(gr.Error) as refused:
         inspector.load_model(name, None, progress=lambda *args, **kwargs: None)
     assert refused.value.message.startswith(words) and "--memory-budget" in refused.value.message

@@ -9,8 +9,10 @@ import pytest
 
 from test_app import WEIGHTS, Client, launch, pytestmark  # noqa: F401  (weights check and filters)
 import app
-from vit_inspect.model_cache import ModelCache
-from vit_inspect.models import load_model
+from vit_inspect.ui.model_cache import ModelCache
+from vit_inspect.core.load import load_model
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
 
 
 def test_port_opens_before_the_default_model_is_loaded():
@@ -22,10 +24,10 @@ def test_port_opens_before_the_default_model_is_loaded():
         assert release.wait(120), "the test never released the loader"
         return load_model(*args, **kwargs)
 
-    config = app.AppConfig(weights=str(WEIGHTS), device="cpu")
+    config = AppConfig(weights=str(WEIGHTS), device="cpu")
     cache = ModelCache(config.cache_size, loader=slow_loader)
     threading.Thread(target=app.preload, args=(cache, config), daemon=True).start()  # what main() does
-    demo = app.build_demo(config, cache)
+    demo = build_demo(config, cache)
     try:
         url = launch(demo)
         assert httpx.get(url, timeout=10).status_code == 200  # the page is served while the model loads

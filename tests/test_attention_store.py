@@ -9,12 +9,12 @@ import torch
 from PIL import Image
 
 from conftest import TINY_TIMM, make_layout, tiny_handle, tiny_hf
-from vit_inspect import attention_store
+from vit_inspect.passes import attention_store
 from vit_inspect.analysis import attention_map, mean_attention_distance, prefix_shares, rollout
-from vit_inspect.attention_store import AttentionStore
-from vit_inspect.capture import capture_attention
-from vit_inspect.models import handle_from_hf
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.passes.attention_store import AttentionStore
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.passes.pipeline import analyze_image
 
 F16 = 2e-3  # float16 precision of a probability in [0, 1], with the rebuild's own rounding
 
@@ -126,7 +126,7 @@ def test_large_logits_keep_float32_queries():
     """qk-norm with a large gain: logits so large that float16 q, k cannot reproduce the probabilities to
     the tolerance; the store keeps q, k in float32 and the maps stay exact."""
     from timm.models.vision_transformer import VisionTransformer
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=1, num_classes=10,
@@ -172,7 +172,7 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     """Pending layers are checked as soon as they hold CHECK_BYTES: with a bound of two layers' bytes, a
     six-layer model is checked two layers at a time, and the store is still every layer's Q/K."""
     from timm.models.vision_transformer import VisionTransformer
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     flushed: list[tuple[list[int], int]] = []
     real_flush = attention_store.LayerStream._flush
@@ -205,7 +205,7 @@ def test_store_rows_by_hand():
     np.testing.assert_allclose(store.layer(0)[0, 1], [0.5, 0.5])  # row 1: logits (0, 0)
     layout = make_layout(True, 0, 0, grid_h=1, grid_w=1)
     # rollout over one layer, residual: row 0 of 0.5 A + 0.5 I, patch key = 0.5 * 1/(e+1)
-    from vit_inspect.attention_store import rollout as store_rollout
+    from vit_inspect.passes.attention_store import rollout as store_rollout
     np.testing.assert_allclose(store_rollout(store, layout), [[0.5 / (e + 1)]], rtol=1e-3)
     with pytest.raises(ValueError, match="out of range"):
         store.rows(1, [0])
@@ -230,20 +230,20 @@ def test_rollout_is_cached_per_option():
 def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, tmp_path):
     """A byte bound of one layer's maps for one image makes every forward a single image; the averages
     equal one big batch's, and only one layer's maps of one chunk are ever reduced at a time."""
-    from vit_inspect import jobs, pipeline
+    from vit_inspect.jobs import distance
 
     handle = tiny_handle("reg4")
     paths = []
     for i in range(5):
         paths.append(tmp_path / f"{i}.png")
         _image(i).save(paths[-1])
-    whole = pipeline.dataset_attention_distance(handle, paths, batch_size=8)
+    whole = distance.dataset_attention_distance(handle, paths, batch_size=8)
     shapes = []
-    real = jobs.distances_per_image  # the folder job's worker reduces each layer as it appears
-    monkeypatch.setattr(jobs, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
+    real = distance.distances_per_image  # the folder job's worker reduces each layer as it appears
+    monkeypatch.setattr(distance, "distances_per_image", lambda a, *r, **k: shapes.append(a.shape) or real(a, *r, **k))
     num_tokens = handle.layout().num_tokens
     one_map = handle.num_heads * num_tokens ** 2 * 4
-    chunked = pipeline.dataset_attention_distance(handle, paths, batch_size=8, max_map_bytes=2 * one_map)
+    chunked = distance.dataset_attention_distance(handle, paths, batch_size=8, max_map_bytes=2 * one_map)
     np.testing.assert_allclose(chunked.distances, whole.distances, rtol=1e-5)
     assert chunked.num_images == whole.num_images == 5
     assert len(shapes) == 3 * handle.depth  # chunks of 2, 2, 1 images, one reduction per layer
@@ -255,7 +255,7 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     streaming pass, equal the stacked functions on an independent dense pass; the pass never builds the
     (depth, heads, N, N) stack of the maps or of their gradients."""
     from vit_inspect.analysis.heads import first_order_importance, head_entropy, prefix_attention_share
-    from vit_inspect.capture import AttentionRecorder
+    from vit_inspect.passes.capture import AttentionRecorder
 
     handle = tiny_handle(tiny_kind)
     size = TINY_TIMM[tiny_kind][1]
@@ -287,7 +287,7 @@ def test_kept_maps_give_the_entropy_on_first_read(tiny_kind, monkeypatch):
     (relative) moves H_i = -sum_j a_ij ln a_ij by at most 2^-11 sum_j a_ij |ln a_ij + 1| <= 2^-11 (H_i + 1),
     to first order, plus 2^-25 per subnormal float16 entry times |ln a + 1| (at most 18)."""
     from vit_inspect.analysis.heads import head_entropy
-    from vit_inspect import head_pass
+    from vit_inspect.passes import head_pass
 
     monkeypatch.undo()  # this test is of the kept maps, not of the Q/K store
     handle = tiny_handle(tiny_kind)
@@ -343,8 +343,8 @@ def test_small_maps_are_kept_as_the_model_made_them(kind, monkeypatch, tmp_path)
     """Under the bound the pass records no Q/K, checks nothing and spills nothing (even where a spill folder
     is given and the model would spill): the store holds every layer's maps, each rounded once to float16
     (torch rounds to nearest even, as numpy does), and every view equals the first release's."""
-    from vit_inspect import pipeline
-    from vit_inspect.spill import SpillFolder
+    from vit_inspect.passes import pipeline
+    from vit_inspect.passes.spill import SpillFolder
 
     monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 4 * 2 ** 20)
     monkeypatch.setattr(pipeline, "worth_spilling", lambda *args: True)

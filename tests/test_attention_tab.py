@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vit_inspect.tokens import TokenLayout
-from vit_inspect.ui.attention import PICK_JS, map_geometry
+from vit_inspect.core.tokens import TokenLayout
+from vit_inspect.ui.tabs.attention import PICK_JS, map_geometry
 from vit_inspect.ui.clicks import CLICKABLE, MAP_ID
 from vit_inspect.ui.view import PATCH, READOUT
 

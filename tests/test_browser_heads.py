@@ -7,13 +7,13 @@ import re
 
 
 
-import app
 from test_browser import ARTIFACTS, image_src, open_tab, page, server, sync_api  # noqa: F401  (shared fixtures)
 from test_app import CHELSEA, pytestmark  # noqa: F401  (weights check and filters)
 from vit_inspect.analysis import class_name
-from vit_inspect.model_cache import CacheKey
-from vit_inspect.pipeline import analyze_image
-from vit_inspect.ui.heads import cell_at, heatmap
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.ui.tabs.heads import cell_at, heatmap
+from vit_inspect.ui.common import shown_model
 
 
 def test_heads_tab(server, page):
@@ -50,7 +50,7 @@ def test_heads_tab(server, page):
     natural = img.evaluate("e => [e.naturalWidth, e.naturalHeight]")
     shown = img.bounding_box()
     x, y = 0.35 * natural[0], 0.45 * natural[1]
-    what = f"{app.shown_model(handle)}, class {class_name(handle.labels, result.target)}"
+    what = f"{shown_model(handle)}, class {class_name(handle.labels, result.target)}"
     local, box = heatmap(result.heads.first_order, f"{what}\nfirst-order estimate Σ A·∂y/∂A per head",
                          "estimated logit drop (logits)", None)
     assert list(local.shape[1::-1]) == natural  # the same figure layout as the page's

@@ -12,13 +12,13 @@ import numpy as np
 from PIL import Image
 
 from test_browser import ARTIFACTS, CAT, image_src, open_tab, page, server, sync_api  # noqa: F401  (fixtures)
-from app import shown_model
+from vit_inspect.ui.common import shown_model
 from test_app import CHELSEA, REPO, pytestmark  # noqa: F401  (the same weights check and filters)
-from vit_inspect import plotting
-from vit_inspect.faithfulness_plot import method_colours
-from vit_inspect.model_cache import CacheKey
-from vit_inspect.pipeline import dataset_attention_distance
-from vit_inspect.ui.faithfulness import METHODS
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots.faithfulness import method_colours
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.ui.tabs.faithfulness import METHODS
 
 COFFEE = REPO / "assets" / "coffee.png"
 
@@ -60,7 +60,7 @@ def test_faithfulness_score_and_dataset_average_show_their_pictures(server, page
     expect(page.locator("#dataset-plot img")).to_be_visible()
     handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
     stats = dataset_attention_distance(handle, [CHELSEA, COFFEE])
-    expected = plotting.distance_scatter(stats.distances, image_width=224, selectable=False,
+    expected = distance_plots.attention_distance_panel(stats.distances, image_width=224, selectable=False,
                                          title=f"{shown_model(handle)} · mean over 2 images").background
     np.testing.assert_array_equal(shown_pixels(page, "dataset-plot"), expected)
     page.locator("#dataset-plot").screenshot(path=str(ARTIFACTS / "jobs_02_dataset_distance.png"))

@@ -22,15 +22,19 @@ from PIL import Image
 from test_browser import click_pixel, image_src, open_tab, page, sync_api  # noqa: F401  (shared fixtures)
 from test_app import CHELSEA, Server, pixels, pytestmark  # noqa: F401  (weights check and filters)
 
-import app
+from vit_inspect.ui import inspector
 from vit_inspect.analysis import class_name
-from vit_inspect.model_cache import CacheKey
-from vit_inspect.pipeline import analyze_image
-from vit_inspect.ui.heads import HeadsTab, cell_at, heatmap
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.ui.tabs.heads import HeadsTab, cell_at, heatmap
+from vit_inspect.ui.common import shown_model
+from vit_inspect.ui.inspector import FIRST_PANELS, Inspector
+from vit_inspect.ui.panels import draw_panels
+from vit_inspect.ui.view import PATCH, READOUT
 
 HELD = {"type_patch": threading.Event(), "pick_patch": threading.Event(),  # set: that handler may answer
         "pick_head": threading.Event()}
-INSPECTOR = ("type_patch", "pick_patch")  # app.Inspector's handlers; pick_head is HeadsTab.pick's handler
+INSPECTOR = ("type_patch", "pick_patch")  # Inspector's handlers; pick_head is HeadsTab.pick's handler
 
 
 def held(name: str, answer):
@@ -43,16 +47,16 @@ def held(name: str, answer):
 
 @pytest.fixture(scope="module")
 def server():
-    answers = {name: getattr(app.Inspector, name) for name in INSPECTOR}
+    answers = {name: getattr(Inspector, name) for name in INSPECTOR}
     pick_head = HeadsTab.pick
     for name in INSPECTOR:  # before the demo is built: its events hold the bound methods
-        setattr(app.Inspector, name, held(name, answers[name]))
+        setattr(Inspector, name, held(name, answers[name]))
     HeadsTab.pick = lambda tab, which: held("pick_head", pick_head(tab, which))
     try:
         served = Server()
     finally:
         for name, answer in answers.items():
-            setattr(app.Inspector, name, answer)
+            setattr(Inspector, name, answer)
         HeadsTab.pick = pick_head
     yield served
     for event in HELD.values():
@@ -87,8 +91,8 @@ def test_a_clicked_patch_is_the_query_of_a_redraw_sent_before_the_server_answers
     # what the map must show after the click and "mean of heads": drawn for another session through the API
     client = Client(server.url, verbose=False)
     client.predict(handle_file(str(CHELSEA)), api_name="/analyze")
-    clicked = pixels(client.predict(query=app.PATCH, row=2, col=6, mean_heads=True, api_name="/attention"))
-    readout = pixels(client.predict(query=app.READOUT, mean_heads=True, api_name="/attention"))
+    clicked = pixels(client.predict(query=PATCH, row=2, col=6, mean_heads=True, api_name="/attention"))
+    readout = pixels(client.predict(query=READOUT, mean_heads=True, api_name="/attention"))
     assert not np.array_equal(clicked, readout)
 
     expect = sync_api.expect
@@ -113,7 +117,7 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     # the cell under crop pixel (35 %, 45 %) of the first-order heatmap, from a figure drawn alike
     handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
     result = analyze_image(handle, CHELSEA)  # the page's pass: the same first-order values and class
-    what = f"{app.shown_model(handle)}, class {class_name(handle.labels, result.target)}"
+    what = f"{shown_model(handle)}, class {class_name(handle.labels, result.target)}"
     local, box = heatmap(result.heads.first_order, f"{what}\nfirst-order estimate Σ A·∂y/∂A per head",
                          "estimated logit drop (logits)", None)
     x, y = int(0.35 * local.shape[1]), int(0.45 * local.shape[0])
@@ -132,7 +136,7 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
     expect(page.locator("#predictions")).to_contain_text("cat")
     open_tab(page, "Attention")
-    expect(page.locator(f"#query input[value='{app.READOUT}']")).to_be_checked()
+    expect(page.locator(f"#query input[value='{READOUT}']")).to_be_checked()
     before = image_src(page, "attention-map")
     open_tab(page, "Heads")
     heatmap_img = page.locator("#first-order-map img")
@@ -155,8 +159,8 @@ def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypa
     """An upload made while "All maps" is open: the answer clears the figure and the event that follows it
     draws it there, without the tab being opened again; the figures of tabs not in view are not drawn."""
     drawn = []
-    draw = app.draw_panels
-    monkeypatch.setattr(app, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
+    draw = draw_panels
+    monkeypatch.setattr(inspector, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
     page.reload(wait_until="load")  # a new session (the module shares one page)
     page.wait_for_selector("#input-image")
     open_tab(page, "All maps")
@@ -164,4 +168,4 @@ def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypa
     sync_api.expect(page.locator("#predictions")).to_contain_text("cat")
     sync_api.expect(page.locator("#compare-maps img")).to_be_visible()
     assert drawn.count("compare") == 1 and "distance" not in drawn and "heads" not in drawn
-    assert set(drawn) == {*app.FIRST_PANELS, "compare"}
+    assert set(drawn) == {*FIRST_PANELS, "compare"}

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import TINY_TIMM, tiny_handle, tiny_hf
-from vit_inspect.capture import capture_attention
-from vit_inspect.errors import CaptureError
-from vit_inspect.models import handle_from_hf
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.errors import CaptureError
+from vit_inspect.core.hf_models import handle_from_hf
 
 
 def _forward(handle, batch=2, grad=False):

@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import save_file
 
 from conftest import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
-from vit_inspect.cli import main
+from vit_inspect.cli.main import main
 
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
@@ -87,11 +87,13 @@ def test_model_command_with_images(capsys, tmp_path, deit_args):
 
 
 def test_model_figures_name_the_model(tmp_path, deit_args, monkeypatch):
-    from vit_inspect import cli, model_plots, plotting
+    from vit_inspect.cli import main
+    from vit_inspect.plots import distance as distance_plots
+    from vit_inspect.plots import model as model_plots
 
     titles = []
     for module, name in ((model_plots, "filter_pca_figure"), (model_plots, "pos_similarity_figure"),
-                         (plotting, "attention_distance_figure")):
+                         (distance_plots, "attention_distance_figure")):
         real = getattr(module, name)
 
         def spy(*args, _real=real, **kwargs):
@@ -102,7 +104,7 @@ def test_model_figures_name_the_model(tmp_path, deit_args, monkeypatch):
     folder = tmp_path / "imgs"
     folder.mkdir()
     (folder / "chelsea.png").write_bytes((PHOTOS / "chelsea.png").read_bytes())
-    assert cli.main(["model", "--images", str(folder), "--out", str(tmp_path), *deit_args]) == 0
+    assert main.main(["model", "--images", str(folder), "--out", str(tmp_path), *deit_args]) == 0
     assert titles == ["deit_tiny_patch16_224\nRGB embedding filters (first 28 principal components)",
                       "deit_tiny_patch16_224: position embedding similarity, 14×14 grid",
                       "mean attention distance: deit_tiny_patch16_224, over 1 image"]
@@ -173,7 +175,7 @@ def test_input_size_with_squash_is_honoured(capsys, deit_args):
 def test_figure_stems_never_repeat():
     from pathlib import Path
 
-    from vit_inspect.cli import figure_stems
+    from vit_inspect.cli.common import figure_stems
 
     files = [Path("a/chelsea.png"), Path("b/chelsea.png"), Path("b/chelsea_2.jpg"), Path("c/chelsea.jpg"), Path("x.png")]
     # the third file's own stem is taken by the second's renaming, so it moves on to _2's next free number

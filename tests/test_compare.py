@@ -11,8 +11,8 @@ from vit_inspect.analysis.compare import (common_grid, map_agreement, matching_l
                                           spearman, top_overlap, top_patches)
 from vit_inspect.analysis.dino import feature_pca
 from vit_inspect.analysis.masks import mass_mask
-from vit_inspect.comparison import aligned_maps, agreement_record, compare_images, token_agreement
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.studies.comparison import aligned_maps, agreement_record, compare_images, token_agreement
+from vit_inspect.passes.pipeline import analyze_image
 
 
 # ------------------------------------------------------------------------------------ relative depth
@@ -206,7 +206,7 @@ def test_class_and_distillation_tokens_of_a_distilled_model():
 
 def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
     from timm.models.vision_transformer import VisionTransformer
-    from vit_inspect.models import handle_from_timm
+    from vit_inspect.core.timm_models import handle_from_timm
 
     image = Image.open(PHOTOS / "chelsea.png")
     handle = tiny_handle("cls")
@@ -229,8 +229,8 @@ def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
 # ------------------------------------------------------------------------------------ figures and CLI
 
 def test_figures_name_both_models_layers_and_carry_colour_bars():
-    from vit_inspect import compare_plots
-    from vit_inspect.comparison import last_layer_heads
+    from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.studies.comparison import last_layer_heads
 
     handle = tiny_handle("cls")
     pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
@@ -256,14 +256,15 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
 def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth_and_distance():
     """Every head a dot in its model's colour at x = (l + 1) / L plus the model's side offset (A left, B right),
     y linear from 0 (bottom) to 1.08 x the largest + 1 (top), under a one-line title; a legend line per model."""
-    from vit_inspect import compare_plots
-    from vit_inspect.compare_plots import COMPARE_PLOT_PIXELS, MODEL_COLORS, compare_distance_picture
-    from vit_inspect.plotting import CAPTION_LINE_PIXELS, _rgb
+    from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.plots.compare import COMPARE_PLOT_PIXELS, MODEL_COLORS, compare_distance_panel
+    from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS
+    from vit_inspect.plots.canvas import rgb_of
 
     a = np.array([[10.0, 20.0], [30.0, 40.0]])  # depth 2, heads 2
     b = np.array([[5.0], [15.0], [25.0], [35.0]])  # depth 4, heads 1
-    picture, (at_a, at_b) = compare_distance_picture([a, b], ["A: two", "B: four"], [32, 48], title="t")
-    untitled, (plain_a, _) = compare_distance_picture([a, b], ["A: two", "B: four"], [32, 48], title="")
+    picture, (at_a, at_b) = compare_distance_panel([a, b], ["A: two", "B: four"], [32, 48], title="t")
+    untitled, (plain_a, _) = compare_distance_panel([a, b], ["A: two", "B: four"], [32, 48], title="")
     band = CAPTION_LINE_PIXELS + 8
     np.testing.assert_array_equal(picture[band:], untitled)
     np.testing.assert_allclose(at_a[..., 1] - plain_a[..., 1], band)
@@ -276,49 +277,50 @@ def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth
     np.testing.assert_allclose(at_b[..., 1] - band, top + plot_h - 1 - b / highest * (plot_h - 1))
     for centres, colour in ((at_a, MODEL_COLORS[0]), (at_b, MODEL_COLORS[1])):
         for x, y in np.round(centres.reshape(-1, 2)).astype(int):
-            np.testing.assert_array_equal(picture[y, x], _rgb(colour))
+            np.testing.assert_array_equal(picture[y, x], rgb_of(colour))
     bottom = band + top + plot_h - 1
     for index, colour in enumerate(MODEL_COLORS):  # each legend line starts with its model's dot
-        np.testing.assert_array_equal(picture[bottom + 42 + 16 * index, left + 8], _rgb(colour))
+        np.testing.assert_array_equal(picture[bottom + 42 + 16 * index, left + 8], rgb_of(colour))
     long_name = "B: " + "a_very_long_model_name_" * 4
-    wider, _ = compare_distance_picture([a, b], ["A: two", long_name], [32, 48])
+    wider, _ = compare_distance_panel([a, b], ["A: two", long_name], [32, 48])
     assert wider.shape[1] > untitled.shape[1]  # the legend fits: the picture widens for it
     assert compare_plots.DEPTH_AXIS_END == 1.05
     with pytest.raises(ValueError, match="one name"):
-        compare_distance_picture([a, b], ["A"], [32, 48])
+        compare_distance_panel([a, b], ["A"], [32, 48])
     with pytest.raises(ValueError, match="finite"):
-        compare_distance_picture([a, b * np.nan], ["A", "B"], [32, 48])
+        compare_distance_panel([a, b * np.nan], ["A", "B"], [32, 48])
     with pytest.raises(ValueError, match="depth, heads"):
-        compare_distance_picture([a, np.zeros(3)], ["A", "B"], [32, 48])
+        compare_distance_panel([a, np.zeros(3)], ["A", "B"], [32, 48])
 
 
 def test_dino_heads_picture_scales_each_head_and_brightens_its_mass():
     """Each head min-max scaled on its own (so an affine change of one head's map draws the same picture), its
     overlay on 0..1 with the patches outside its mass set dimmed found once, the title naming the mass."""
-    from vit_inspect import compare_plots
-    from vit_inspect.comparison import last_layer_heads
-    from vit_inspect.plotting import _normalized, overlay
+    from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.studies.comparison import last_layer_heads
+    from vit_inspect.plots.canvas import normalized
+    from vit_inspect.plots.maps import overlay
 
     handle = tiny_handle("cls")
     pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
     maps, masks = last_layer_heads(pair.a, 0.6)
-    picture = compare_plots.dino_heads_picture(pair.a, maps, masks, "A: tiny", 0.6)
+    picture = compare_plots.dino_heads_panel(pair.a, maps, masks, "A: tiny", 0.6)
     for head in range(maps.shape[0]):
-        tile = overlay(pair.a.rgb, _normalized(maps[head], relu=False), vmin=0.0, vmax=1.0, mask=masks[head])
+        tile = overlay(pair.a.rgb, normalized(maps[head], relu=False), vmin=0.0, vmax=1.0, mask=masks[head])
         assert len(_found_at(picture, tile)) == 1, head
     assert masks[0].any() and not masks[0].all()  # some patches dimmed: the mask shows
     shifted = maps.copy()
     shifted[1] = 10.0 * shifted[1] + 3.0
-    np.testing.assert_array_equal(compare_plots.dino_heads_picture(pair.a, shifted, masks, "A: tiny", 0.6), picture)
-    assert not np.array_equal(compare_plots.dino_heads_picture(pair.a, maps, masks, "A: tiny", 0.9), picture)  # title
+    np.testing.assert_array_equal(compare_plots.dino_heads_panel(pair.a, shifted, masks, "A: tiny", 0.6), picture)
+    assert not np.array_equal(compare_plots.dino_heads_panel(pair.a, maps, masks, "A: tiny", 0.9), picture)  # title
     with pytest.raises(ValueError, match="one shape"):
-        compare_plots.dino_heads_picture(pair.a, maps, masks[:1], "A: tiny", 0.6)
+        compare_plots.dino_heads_panel(pair.a, maps, masks[:1], "A: tiny", 0.6)
 
 
 def test_feature_pca_picture_by_hand():
     """The crop under its title, its three components as rint(255 x) blocks of the crop's pixels below it (each
     patch 2 x 2 here), and a black-to-colour scale bar per channel."""
-    from vit_inspect import compare_plots
+    from vit_inspect.plots import compare as compare_plots
     from vit_inspect.analysis.dino import FeaturePCA
 
     rng = np.random.default_rng(0)
@@ -327,7 +329,7 @@ def test_feature_pca_picture_by_hand():
     colours[0, 0] = 0.0  # a removed background patch: black
     pca = FeaturePCA(rgb=(colours,), foreground=(colours.any(-1),), explained_variance_ratio=np.array([0.5, 0.3, 0.1]),
                      threshold=0.4)
-    picture = compare_plots.feature_pca_picture([crop], pca, ["img.png"], "A: tiny")
+    picture = compare_plots.feature_pca_panel([crop], pca, ["img.png"], "A: tiny")
 
     [(crop_y, crop_x)] = _found_at(picture, crop)
     expected = np.rint(np.repeat(np.repeat(colours, 2, axis=0), 2, axis=1) * 255.0).astype(np.uint8)
@@ -342,7 +344,7 @@ def test_feature_pca_picture_by_hand():
         np.testing.assert_array_equal(ramp[1], np.rint(np.array(colour) / (len(ramp) - 1)).astype(np.uint8))
         np.testing.assert_array_equal(ramp[len(ramp) // 2], np.rint(np.array(colour) * (len(ramp) // 2) / (len(ramp) - 1)))
     with pytest.raises(ValueError, match="1 crops, 1 PCA images and 2 titles"):
-        compare_plots.feature_pca_picture([crop], pca, ["a", "b"], "A: tiny")
+        compare_plots.feature_pca_panel([crop], pca, ["a", "b"], "A: tiny")
 
 
 def _found_at(picture: np.ndarray, block: np.ndarray) -> list[tuple[int, int]]:
@@ -353,13 +355,15 @@ def _found_at(picture: np.ndarray, block: np.ndarray) -> list[tuple[int, int]]:
 
 
 def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
-    from vit_inspect import compare_plots
-    from vit_inspect.plotting import MOSAIC_GAP, map_panel, map_range
+    from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.plots.maps import map_panel
+    from vit_inspect.plots.canvas import MOSAIC_GAP
+    from vit_inspect.plots.canvas import map_range
 
     handle = tiny_handle("cls")
     pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
     aligned = aligned_maps(pair, layer_a=0)
-    picture = compare_plots.aligned_maps_picture(pair, aligned, "A: tiny", "B: tiny wide")
+    picture = compare_plots.aligned_maps_panel(pair, aligned, "A: tiny", "B: tiny wide")
     attention = aligned[0]
     assert attention.kind == "attention" and attention.layer_b == 0
     panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 of 2 (rel. depth 0.50), class {result.target}",
@@ -374,7 +378,7 @@ def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
     assert len(_found_at(picture, relu_panel)) == 1
     assert picture.shape[0] > sum(max(p.shape[0] for p in panels) for _ in aligned)  # one row per kind, titled
     with pytest.raises(ValueError, match="no maps"):
-        compare_plots.aligned_maps_picture(pair, [], "A", "B")
+        compare_plots.aligned_maps_panel(pair, [], "A", "B")
 
 
 @pytest.mark.slow
@@ -382,7 +386,7 @@ def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
     import json
 
     from conftest import DEIT_WEIGHTS
-    from vit_inspect.cli import main
+    from vit_inspect.cli.main import main
 
     if not DEIT_WEIGHTS.is_file():
         pytest.skip("real DeiT-Ti weights not found")
@@ -407,7 +411,9 @@ def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
 
 
 def test_fig7_position_similarity_is_drawn_on_each_models_input_grid(monkeypatch):
-    from vit_inspect import compare_cli, model_plots
+    from vit_inspect.plots import model as model_plots
+    from vit_inspect.plots.compare import fig7_images
+    from vit_inspect.studies.model_report import pos_similarity_at
 
     handle = tiny_handle("cls")  # 8x8 patches, native 32x32: a 4x4 grid
     drawn = []
@@ -415,8 +421,8 @@ def test_fig7_position_similarity_is_drawn_on_each_models_input_grid(monkeypatch
     monkeypatch.setattr(model_plots, "pos_similarity_figure",
                         lambda similarity, title: drawn.append((similarity, title)) or real(similarity, title))
     labels = ["A: tiny (32×32)", "B: tiny (32×48)"]
-    compare_cli.fig7_images([handle, handle], labels, [None, (32, 48)])
+    fig7_images([handle, handle], labels, [None, (32, 48)])
     (native, title_a), (wide, title_b) = drawn
     assert native.shape == (4, 4, 4, 4) and title_a == "A: tiny (32×32): position embedding similarity, 4×4 grid"
     assert wide.shape == (4, 6, 4, 6) and title_b == "B: tiny (32×48): position embedding similarity, 4×6 grid"
-    np.testing.assert_array_equal(wide, compare_cli.pos_similarity_at(handle, (4, 6)))  # interpolated as the model does
+    np.testing.assert_array_equal(wide, pos_similarity_at(handle, (4, 6)))  # interpolated as the model does

@@ -13,10 +13,10 @@ from PIL import Image
 pytest.importorskip("gradio")
 
 from conftest import tiny_handle  # noqa: E402
-from vit_inspect.images import ImageLimits  # noqa: E402
-from vit_inspect.pipeline import analyze_image  # noqa: E402
-from vit_inspect.session_store import ResultDropped, SessionStore, Slot  # noqa: E402
-from vit_inspect.ui.compare import Compare  # noqa: E402
+from vit_inspect.core.images import ImageLimits  # noqa: E402
+from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
+from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot  # noqa: E402
+from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
 
 
 def _png() -> bytes:

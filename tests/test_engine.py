@@ -9,10 +9,11 @@ from PIL import Image
 
 from conftest import tiny_handle
 from vit_inspect.analysis import mean_attention_distance
-from vit_inspect.engine import EngineOptions, Sums, run_job
-from vit_inspect.errors import VitInspectError
-from vit_inspect.jobs import AttentionDistanceJob, AttentionDistanceWorker
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.jobs.engine import EngineOptions, Sums
+from vit_inspect.jobs.run import run_job
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.jobs.distance import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.passes.pipeline import analyze_image
 
 
 def _folder(tmp_path, count: int, bad: tuple[int, ...] = ()) -> list:
@@ -181,7 +182,7 @@ def test_no_readable_image_and_bad_options_are_one_sentence(tmp_path):
 def test_missing_ray_is_one_line_naming_the_install_command(monkeypatch):
     import builtins
 
-    from vit_inspect import ray_engine
+    from vit_inspect.jobs import ray_engine
 
     real_import = builtins.__import__
 
@@ -200,7 +201,7 @@ def test_missing_ray_is_one_line_naming_the_install_command(monkeypatch):
 def test_ray_placement_follows_the_cluster():
     """One GPU actor per GPU on a GPU cluster, one CPU actor otherwise; decode tasks in a pool of
     their own size (a pool the size of the actor pool would be fused into the actors)."""
-    from vit_inspect.ray_engine import _actor_resources, _decode_tasks
+    from vit_inspect.jobs.ray_engine import _actor_resources, _decode_tasks
 
     class Cluster:
         def __init__(self, **resources) -> None:
@@ -218,7 +219,7 @@ def test_ray_placement_follows_the_cluster():
 
 
 def test_a_model_file_reference_is_made_absolute_for_workers(tmp_path, monkeypatch):
-    from vit_inspect.jobs import absolute_model_file
+    from vit_inspect.jobs.workers import absolute_model_file
 
     monkeypatch.chdir(tmp_path)
     assert absolute_model_file("nets/vit.py:make") == f"{tmp_path / 'nets' / 'vit.py'}:make"

@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 from conftest import DEIT_WEIGHTS, IMAGENET, tiny_handle
-from vit_inspect.errors import VitInspectError
-from vit_inspect.evaluate import evaluate_folder, format_table, read_labels, select_files
-from vit_inspect.faithfulness import evaluate_image
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.jobs.evaluate import evaluate_folder, format_table, read_labels, select_files
+from vit_inspect.studies.faithfulness import evaluate_image
 
 
 def write_folder(tmp_path, count: int = 3):
@@ -56,7 +56,7 @@ def test_folder_loop_equals_per_image_results_and_the_table(tmp_path):
 def test_cli_writes_table_and_curves(tmp_path, capsys):
     if not DEIT_WEIGHTS.is_file():
         pytest.skip("real weights not available")
-    from vit_inspect.cli import main
+    from vit_inspect.cli.main import main
 
     code = main(["evaluate", str(IMAGENET), "--labels", str(IMAGENET / "labels.csv"), "--methods", "random,attnlrp",
                  "--limit", "1", "--every", "5", "--weights", str(DEIT_WEIGHTS), "--device", "cpu",
@@ -71,7 +71,8 @@ def test_cli_writes_table_and_curves(tmp_path, capsys):
 
 
 def test_table_says_when_there_is_no_standard_error():
-    from vit_inspect.evaluate import CURVES, format_table
+    from vit_inspect.analysis.faithfulness import CURVES
+    from vit_inspect.jobs.evaluate import format_table
 
     one = {c: (0.25, float("nan")) for c in CURVES}
     two = {c: (12.0, 0.5) for c in CURVES}

@@ -11,11 +11,12 @@ import pytest
 
 from conftest import DEIT_WEIGHTS, IMAGENET, tiny_handle
 from test_evaluate import write_folder
-from vit_inspect.engine import EngineOptions, Sums, run_job
-from vit_inspect.evaluate import evaluate_folder, read_labels, select_files
-from vit_inspect.faithfulness import FaithfulnessAccumulator, evaluate_image
-from vit_inspect.jobs import EvaluateJob, EvaluateWorker
-from vit_inspect.pipeline import find_images
+from vit_inspect.jobs.engine import EngineOptions, Sums
+from vit_inspect.jobs.run import run_job
+from vit_inspect.jobs.evaluate import evaluate_folder, read_labels, select_files
+from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image
+from vit_inspect.jobs.evaluate import EvaluateJob, EvaluateWorker
+from vit_inspect.core.images import find_images
 
 METHODS = ("random", "attention", "gradcam")
 
@@ -28,13 +29,13 @@ def test_accumulator_sums_round_trip_and_add_like_merge(tmp_path):
     a.add(results[0])
     for r in results[1:]:
         b.add(r)
-    sums = Sums.from_json(json.loads(json.dumps((a.to_sums() + b.to_sums()).to_json())))  # as a shard stores it
-    merged, back = a.merge(b), FaithfulnessAccumulator.from_sums(sums)
+    sums = Sums.from_json(json.loads(json.dumps((Sums(*a.state()) + Sums(*b.state())).to_json())))  # as a shard stores it
+    merged, back = a.merge(b), FaithfulnessAccumulator.from_state(sums.arrays, sums.count)
     assert back.images == merged.images == 3 and back.correct == merged.correct and back.count == merged.count
     assert back.table() == merged.table()
     hand = np.mean([r.curves["attention"].auc("ins") for r in results])  # the mean by hand
     assert back.table()["attention"]["ins"][0] == pytest.approx(hand, rel=1e-12)
-    assert FaithfulnessAccumulator.from_sums(Sums()).table() == {}
+    assert FaithfulnessAccumulator.from_state({}, 0).table() == {}
 
 
 def test_job_on_the_local_engine_equals_the_loop_skips_and_writes_curves(tmp_path):
@@ -84,8 +85,8 @@ def test_cli_local_and_ray_print_the_same_table(tmp_path, capsys):
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
     import ray
 
-    from vit_inspect.cli import main
-    from vit_inspect.ray_engine import start_ray
+    from vit_inspect.cli.main import main
+    from vit_inspect.jobs.ray_engine import start_ray
 
     folder = _shared_folder(tmp_path)
     started = start_ray(num_cpus=2)

@@ -9,7 +9,7 @@ import torch
 from conftest import DEIT_WEIGHTS, IMAGENET, SHARED, make_layout
 from vit_inspect.analysis.faithfulness import (DEL_INS_FRACTIONS, POS_NEG_FRACTIONS, Curves, PerturbationSettings,
                                                auc, compose, patch_counts, plan_perturbations, ranking)
-from vit_inspect.faithfulness import FaithfulnessAccumulator, ImageFaithfulness, score_maps
+from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, ImageFaithfulness, score_maps
 
 REFERENCE = SHARED / "reference" / "faithfulness_deit_tiny_20.npz"
 
@@ -134,8 +134,8 @@ def tie_free_points(relevance: np.ndarray, counts: np.ndarray, descending: bool)
 @pytest.mark.slow
 def test_reference_curves_are_reproduced_exactly_up_to_ties(deit, reference):
     """The shared reference curves (peer libraries, same model) for their own maps, on two of the 20 images."""
-    from vit_inspect.images import load_image
-    from vit_inspect.faithfulness import model_scorer
+    from vit_inspect.core.images import load_image
+    from vit_inspect.studies.faithfulness import model_scorer
 
     files = (SHARED / "reference" / "faithfulness_files.txt").read_text().split()
     methods = ("gradcam_relu", "attnlrp", "legrad_cls", "chefer", "attention")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import IMAGENET, REPO
-from vit_inspect.evaluate import read_labels, select_files
-from vit_inspect.faithfulness import FaithfulnessAccumulator, evaluate_image
+from vit_inspect.jobs.evaluate import read_labels, select_files
+from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from vit_inspect.analysis.gradcam import gradcam_from_tokens
 from conftest import make_layout
-from vit_inspect.tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 
 

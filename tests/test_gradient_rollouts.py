@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 from conftest import TINY_TIMM, tiny_handle
-from vit_inspect import attention_store
-from vit_inspect import gradient_rollouts as gr_module
+from vit_inspect.passes import attention_store
+from vit_inspect.passes import gradient_rollouts as gr_module
 from vit_inspect.analysis import gradient_fused_attention, gradient_rollout
-from vit_inspect.capture import capture_attention
-from vit_inspect.errors import VitInspectError
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.passes.pipeline import analyze_image
 
 F16 = 2e-3  # float16 precision, relative to the map's largest value
 
@@ -61,7 +61,7 @@ def test_kept_stack_equals_the_first_release(tiny_kind):
 @pytest.mark.parametrize("tiny_kind", ["cls", "reg4"])
 def test_per_option_maps_equal_the_first_release(tiny_kind, monkeypatch):
     """Past the threshold the rollout for every option of the app's grid is computed in the pass."""
-    monkeypatch.setattr("vit_inspect.pipeline.KEEP_FRACTION", 0.0)
+    monkeypatch.setattr("vit_inspect.passes.pipeline.KEEP_FRACTION", 0.0)
     handle = tiny_handle(tiny_kind)
     target, contrast = 2, 3
     result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1], target=target, contrast=contrast)

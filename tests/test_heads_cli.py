@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import DEIT_WEIGHTS, PHOTOS
-from vit_inspect.cli import main
+from vit_inspect.cli.main import main
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import pytest
 
 from conftest import PHOTOS, tiny_handle
 from hostile import corpus
-from vit_inspect.errors import ImageError
-from vit_inspect.images import ImageLimits, load_image
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.core.errors import ImageError
+from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.passes.pipeline import analyze_image
 
 CORPUS = corpus()
 
@@ -46,7 +46,7 @@ def test_limits_are_configurable():
 def test_extreme_aspect_ratio_stays_cheap():
     """A 10000x10 image is cropped before resizing: the crop is right and nothing huge is built."""
     from PIL import Image
-    from vit_inspect.images import Preprocess
+    from vit_inspect.core.images import Preprocess
 
     array = np.zeros((10, 10000, 3), np.uint8)
     array[:, 4998:5002] = 255  # a 4 px white stripe; the crop keeps the middle 8.75 source pixels

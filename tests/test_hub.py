@@ -9,14 +9,14 @@ import sys
 import pytest
 
 from conftest import REPO
-from vit_inspect import hub
+from vit_inspect.core import hub
 
 # Run in a fresh interpreter: huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE when imported.
 SCRIPT = """
 import json, time
 import timm  # imported before timing, as in a running server
-from vit_inspect.errors import VitInspectError
-from vit_inspect.models import load_model
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.load import load_model
 times, messages = [], []
 for _ in range(2):
     start = time.perf_counter()
@@ -71,7 +71,7 @@ def test_failures_expire(monkeypatch):
 def test_remembered_failures_are_bounded_and_keep_no_frames(monkeypatch):
     """At most MAX_FAILURES names, expired ones dropped first, then the oldest; each raise is a fresh copy
     (type, message, public sentence) whose traceback holds only its own raise, not every earlier one."""
-    from vit_inspect.errors import ModelNotFoundError
+    from vit_inspect.core.errors import ModelNotFoundError
 
     now = [0.0]
     monkeypatch.setattr(hub, "clock", lambda: now[0])

@@ -17,14 +17,14 @@ import torch
 
 from conftest import REPO
 from fake_hub import FakeHub
-from vit_inspect import hub
+from vit_inspect.core import hub
 
 MIB = 2 ** 20
 PATCH_KEY = "vit.embeddings.patch_embeddings.projection.weight"
 CLIENT = """
 import json, sys
-from vit_inspect.errors import VitInspectError
-from vit_inspect.models import load_model
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.load import load_model
 report = {}
 for repo, bound in json.loads(sys.argv[1]):
     try:
@@ -41,7 +41,7 @@ print(json.dumps(report))
 # there, under refs/main, as any earlier download of the repository leaves it.
 OFFLINE = """
 from huggingface_hub import hf_hub_download
-from vit_inspect import hub
+from vit_inspect.core import hub
 hf_hub_download("org/offline", "config.json")
 hub.probe_endpoint = lambda *args, **kwargs: False
 """

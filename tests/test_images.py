@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from conftest import PHOTOS, tiny_handle
-from vit_inspect.errors import ImageError
-from vit_inspect.images import ImageLimits, Preprocess, load_image, preview_rgb, thumbnail_size
+from vit_inspect.core.errors import ImageError
+from vit_inspect.core.images import ImageLimits, Preprocess, load_image, preview_rgb, thumbnail_size
 
 
 @pytest.mark.parametrize("photo", ["chelsea.png", "rocket.jpg", "astronaut.png"])
@@ -160,7 +160,7 @@ def test_high_bit_depths_are_scaled_by_hand_in_bands(monkeypatch):
     """16-bit: round(v * 255 / 65535) half up; 32-bit integers within 0..255 kept, beyond them scaled like
     16-bit and clipped; floats from [min, max] to 0..255, NaN black. Bands of 3 pixels (one row of a
     3-wide image) give the same pixels as one band."""
-    from vit_inspect import images
+    from vit_inspect.core import images
 
     def rgb(image):
         return np.asarray(load_image(image))[..., 0].tolist()
@@ -186,7 +186,7 @@ def test_a_float_image_is_scaled_without_a_full_size_float64_copy(monkeypatch):
     the 4 MB uint8 output and a few band-sized temporaries of 0.5 MB."""
     import tracemalloc
 
-    from vit_inspect import images
+    from vit_inspect.core import images
 
     monkeypatch.setattr(images, "BAND_PIXELS", 1 << 16)
     image = Image.fromarray(np.random.default_rng(0).normal(size=(2000, 2000)).astype(np.float32))

@@ -7,9 +7,9 @@ import pytest
 from PIL import Image
 
 from conftest import tiny_handle
-from vit_inspect.errors import VitInspectError
-from vit_inspect.geometry import MAX_PASS_MAP_BYTES, InputGeometry, check_input_size
-from vit_inspect.pipeline import analyze_image, model_input
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.geometry import MAX_PASS_MAP_BYTES, InputGeometry, check_input_size
+from vit_inspect.passes.pipeline import analyze_image, model_input
 
 
 @pytest.mark.parametrize("size, words", [

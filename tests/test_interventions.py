@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import sharpen_attention, tiny_handle, tiny_hf
-from vit_inspect.capture import capture_attention
-from vit_inspect.errors import InterventionError
-from vit_inspect.interventions import ablate_heads, head_mask, mean_head_outputs, parse_heads
-from vit_inspect.models import handle_from_hf, handle_from_timm
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.errors import InterventionError
+from vit_inspect.passes.interventions import ablate_heads, head_mask, mean_head_outputs, parse_heads
+from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.core.timm_models import handle_from_timm
 
 
 def _x(handle, batch=2, seed=0):

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from vit_inspect.errors import ModelNotFoundError
-from vit_inspect.model_cache import CacheKey, ModelCache
+from vit_inspect.core.errors import ModelNotFoundError
+from vit_inspect.ui.model_cache import CacheKey, ModelCache
 
 
 class FakeLoader:

@@ -14,8 +14,13 @@ from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
-from vit_inspect.cli import main as cli_main  # noqa: E402
-from vit_inspect.model_cache import ModelCache  # noqa: E402
+from vit_inspect.cli.main import main as cli_main  # noqa: E402
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+import gradio as gr
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import Inspector
+from vit_inspect.ui.model_cache import CacheKey
 
 TOY = f"{REPO / 'examples' / 'toy_vit.py'}:build"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -35,7 +40,7 @@ def served():
     """The app started as `python app.py --model-file examples/toy_vit.py:build --device cpu` would start it."""
     config, _ = app.parse_args(["--model-file", TOY, "--device", "cpu"])
     cache = ModelCache(config.cache_size)
-    demo = app.build_demo(config, cache)
+    demo = build_demo(config, cache)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     yield config, cache, f"http://127.0.0.1:{port}/"
@@ -82,12 +87,12 @@ def test_an_app_without_model_file_refuses_python_files_and_loads_nothing(marker
     def no_loading(*args, **kwargs):
         raise AssertionError(f"a model was loaded for {args} {kwargs}")
 
-    inspector = app.Inspector(app.AppConfig(device="cpu"), ModelCache(loader=no_loading))
+    inspector = Inspector(AppConfig(device="cpu"), ModelCache(loader=no_loading))
     for name in (f"{module}:build", str(module), "examples/toy_vit.py:build"):
-        with pytest.raises(app.gr.Error, match=REFUSED):
+        with pytest.raises(gr.Error, match=REFUSED):
             inspector.load_model(name, None)
     assert not marker.exists()
-    assert app.CacheKey.of("deit_tiny_patch16_224") == inspector.default_key  # the default is untouched
+    assert CacheKey.of("deit_tiny_patch16_224") == inspector.default_key  # the default is untouched
 
 
 def test_bad_model_file_flag_is_a_command_line_error(capsys):

@@ -1,13 +1,13 @@
-"""The pictures of a model's own parameters (`vit_inspect.model_plots`): filter components and position-embedding
+"""The pictures of a model's own parameters (`vit_inspect.plots.model`): filter components and position-embedding
 similarity, as matplotlib figures and as PIL pictures."""
 import matplotlib
 import numpy as np
 import pytest
 
 from vit_inspect.analysis.filters import FilterPCA
-from vit_inspect.model_plots import (FILTER_TILE_PIXELS, SIMILARITY_PIXELS, filter_pca_figure, filter_pca_panel,
-                                     pos_similarity_figure, similarity_mosaic, similarity_panel)
-from vit_inspect.plotting import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
+from vit_inspect.plots.model import (FILTER_TILE_PIXELS, SIMILARITY_PIXELS, filter_pca_figure, filter_pca_panel,
+                                     pos_similarity_figure, similarity_mosaic, pos_similarity_panel)
+from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
 
 GRID_H, GRID_W = 2, 3
 
@@ -108,7 +108,7 @@ def test_similarity_panel_cells_colour_bar_and_refusal():
     similarity = rng.uniform(-1, 1, size=(GRID_H, GRID_W, GRID_H, GRID_W))
     similarity[0, 0, 0, 0], similarity[1, 2, 1, 2] = 1.0, -1.0
 
-    panel = similarity_panel(similarity, title="")
+    panel = pos_similarity_panel(similarity, title="")
 
     mosaic = similarity_mosaic(similarity)  # (5, 11)
     scale = round(SIMILARITY_PIXELS / max(mosaic.shape))
@@ -131,8 +131,8 @@ def test_similarity_panel_cells_colour_bar_and_refusal():
     np.testing.assert_array_equal(panel[y0 + body_h - 2, bar_x],
                                   (np.asarray(viridis(1 / (body_h - 1))[:3]) * 255).astype(np.uint8))
     assert (panel[y0 + body_h + 3:y0 + body_h + 34, x0:x0 + mosaic.shape[1] * scale] < 128).any()  # numbers, label
-    titled_panel = similarity_panel(similarity, title="model X")
+    titled_panel = pos_similarity_panel(similarity, title="model X")
     assert titled_panel.shape[0] == panel.shape[0] + CAPTION_LINE_PIXELS + 8
     np.testing.assert_array_equal(titled_panel[CAPTION_LINE_PIXELS + 8:], panel)
     with pytest.raises(ValueError, match="grid_h, grid_w, grid_h, grid_w"):
-        similarity_panel(np.zeros((2, 3, 3, 2)))
+        pos_similarity_panel(np.zeros((2, 3, 3, 2)))

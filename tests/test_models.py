@@ -10,8 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import EXPECTED_PREFIX, TINY_TIMM, make_tiny_timm, tiny_handle, tiny_hf
-from vit_inspect.errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
-from vit_inspect.models import handle_from_hf, load_model, read_state_dict
+from vit_inspect.core.errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.core.load import load_model
+from vit_inspect.core.weights import read_state_dict
 
 
 def test_tiny_timm_geometry(tiny_kind):
@@ -85,7 +87,7 @@ def test_explicit_safetensors_file_loads_exactly(tmp_path):
     source = make_tiny_timm("cls", seed=1)
     path = tmp_path / "w.safetensors"
     save_file(source.state_dict(), str(path))
-    from vit_inspect.models import apply_state_dict
+    from vit_inspect.core.weights import apply_state_dict
 
     target = make_tiny_timm("cls", seed=2)
     apply_state_dict(target, read_state_dict(path), "w.safetensors")
@@ -103,7 +105,7 @@ def test_nested_pth_state_dict_is_unwrapped(tmp_path):
 
 
 def test_key_mismatch_is_listed_readably(tmp_path):
-    from vit_inspect.models import apply_state_dict
+    from vit_inspect.core.weights import apply_state_dict
 
     state = make_tiny_timm("cls").state_dict()
     state.pop("head.weight")
@@ -115,7 +117,7 @@ def test_key_mismatch_is_listed_readably(tmp_path):
 
 
 def test_wrong_architecture_reports_shapes(tmp_path):
-    from vit_inspect.models import apply_state_dict
+    from vit_inspect.core.weights import apply_state_dict
 
     state = make_tiny_timm("patch16").state_dict()
     with pytest.raises(WeightsError, match="wrong shape"):
@@ -165,25 +167,25 @@ def _header_file(path: Path, header: bytes, length: int | None = None) -> Path:
 def test_a_safetensors_header_is_bounded_before_any_tensor_is_read(tmp_path, monkeypatch):
     import safetensors.torch
 
-    from vit_inspect import models
+    from vit_inspect.core import weights
 
     def never(*args, **kwargs):
         raise AssertionError("the tensors were read")
 
     four = tmp_path / "four.safetensors"
     save_file({f"t{i}": torch.full((2,), float(i)) for i in range(4)}, str(four), metadata={"by": "hand"})
-    assert models.check_safetensors_header(four) == 4  # "__metadata__" is not a tensor
-    monkeypatch.setattr(models, "MAX_TENSORS", 4)
+    assert weights.check_safetensors_header(four) == 4  # "__metadata__" is not a tensor
+    monkeypatch.setattr(weights, "MAX_TENSORS", 4)
     assert sorted(read_state_dict(four)) == ["t0", "t1", "t2", "t3"]
-    monkeypatch.setattr(models, "MAX_TENSORS", 3)
+    monkeypatch.setattr(weights, "MAX_TENSORS", 3)
     monkeypatch.setattr(safetensors.torch, "load_file", never)
     with pytest.raises(WeightsError, match=r"'four.safetensors' lists 4 tensors, more than the 3"):
         read_state_dict(four)
-    monkeypatch.setattr(models, "MAX_TENSORS", 10_000)
+    monkeypatch.setattr(weights, "MAX_TENSORS", 10_000)
 
     # the length is checked before the header is read: exactly the bound is read (and parsed), one more is not
     at_bound = b"{}" + b" " * (2 ** 20 - 2)  # JSON padded with spaces, as the format allows
-    assert models.check_safetensors_header(_header_file(tmp_path / "a.safetensors", at_bound)) == 0
+    assert weights.check_safetensors_header(_header_file(tmp_path / "a.safetensors", at_bound)) == 0
     with pytest.raises(WeightsError, match=r"1,048,577-byte safetensors header, more than the 1,048,576"):
         read_state_dict(_header_file(tmp_path / "b.safetensors", at_bound + b" "))
     for name, data in [("short", b"\x02\x00\x00"), ("list", (2).to_bytes(8, "little") + b"[]"),
@@ -202,7 +204,7 @@ def test_a_safetensors_file_of_many_tiny_tensors_is_refused_at_the_default_bound
     with pytest.raises(WeightsError, match=r"lists 10,001 tensors, more than the 10,000"):
         load_model("deit_tiny_patch16_224", weights=many, device="cpu")
     from conftest import DEIT_WEIGHTS
-    from vit_inspect.models import check_safetensors_header
+    from vit_inspect.core.weights import check_safetensors_header
     if DEIT_WEIGHTS.is_file():  # the real file, far inside both bounds
         assert check_safetensors_header(DEIT_WEIGHTS) == 152
         assert int.from_bytes(DEIT_WEIGHTS.read_bytes()[:8], "little") == 14_160
@@ -252,7 +254,7 @@ def test_unreachable_hub_id_is_a_clear_error():
 
 
 def test_device_resolution():
-    from vit_inspect.models import resolve_device
+    from vit_inspect.core.handle import resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
@@ -284,7 +286,7 @@ def test_a_model_beyond_the_bound_or_unfit_weights_are_refused_before_anything_i
     import timm
     from safetensors.torch import save_file
 
-    from vit_inspect.errors import ModelTooLargeError, WeightsError
+    from vit_inspect.core.errors import ModelTooLargeError, WeightsError
 
     built = []
     real = timm.create_model
@@ -316,7 +318,7 @@ def test_a_hugging_face_model_beyond_the_bound_is_refused_from_its_config(tmp_pa
     here the cache holds no weights at all, so reaching for them would be a WeightsError."""
     from transformers import ViTConfig
 
-    from vit_inspect.errors import ModelTooLargeError
+    from vit_inspect.core.errors import ModelTooLargeError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
@@ -360,7 +362,7 @@ def test_hf_preprocessing_read_without_autoimageprocessor_matches_it(tmp_path, s
 
     from transformers import AutoImageProcessor, ViTConfig, ViTModel
 
-    from vit_inspect.models import _hf_preprocess, _hf_processor
+    from vit_inspect.core.hf_models import _hf_preprocess, _hf_processor
 
     config = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
                        patch_size=8)

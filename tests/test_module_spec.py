@@ -12,9 +12,11 @@ import torch
 from PIL import Image
 
 from conftest import REPO
-from vit_inspect import (ModuleSpec, analyze_image, capture_attention, gradcam_from_tokens, handle_from_module,
-                         load_model, load_model_file, model_report, rollout)
-from vit_inspect.errors import ModelNotFoundError, UnsupportedModelError, WeightsError
+from vit_inspect import ModuleSpec, analyze_image, handle_from_module, load_model, model_report
+from vit_inspect.analysis import gradcam_from_tokens, rollout
+from vit_inspect.core.module_spec import load_model_file
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.errors import ModelNotFoundError, UnsupportedModelError, WeightsError
 
 TOY_FILE = REPO / "examples" / "toy_vit.py"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -201,7 +203,7 @@ def test_load_model_file_imports_the_operators_file_and_loads_its_weights(tmp_pa
 
 
 def test_missing_weights_of_a_model_file_point_to_its_training_before_anything_is_built(tmp_path):
-    from vit_inspect.errors import WeightsNotFoundError
+    from vit_inspect.core.errors import WeightsNotFoundError
 
     absent = tmp_path / "checkpoints" / "toy_vit_cifar10.safetensors"
     with pytest.raises(WeightsNotFoundError) as info:

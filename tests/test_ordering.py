@@ -10,16 +10,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import app
+from vit_inspect.ui import inspector
 from conftest import tiny_handle
-from vit_inspect import plotting
-from vit_inspect.geometry import InputGeometry
-from vit_inspect.model_cache import ModelCache
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.core.geometry import InputGeometry
+from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import Inspector, Session
+from vit_inspect.ui.panels import IMAGE_PANELS
+from vit_inspect.ui.view import PATCH, READOUT
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning:gradio.queueing")  # Gradio's own pandas deprecations
 
-CONTROLS = dict(layer=1, head=0, mean_heads=False, query=app.READOUT, row=0, col=0, head_fusion="mean",
+CONTROLS = dict(layer=1, head=0, mean_heads=False, query=READOUT, row=0, col=0, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=1, gradcam_layer=1)
 
 
@@ -84,14 +89,14 @@ def test_a_long_session_id_is_kept_as_a_digest():
 @pytest.fixture(scope="module")
 def served():
     handle = tiny_handle("cls")
-    inspector = app.Inspector(app.AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: handle))
+    inspector = Inspector(AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: handle))
     png = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(png, "PNG")
     result = inspector._pass(handle, png.getvalue(), InputGeometry())
-    session = app.Session(model=inspector.default_key, source=png.getvalue(), name="noise.png",
+    session = Session(model=inspector.default_key, source=png.getvalue(), name="noise.png",
                           slot=inspector.store.put({(result.target, None): result}, result.nbytes()),
                           target=(result.target, None),
-                          distance=plotting.distance_scatter(result.mean_distance, image_width=32, title="t"),
+                          distance=distance_plots.attention_distance_panel(result.mean_distance, image_width=32, title="t"),
                           labels=handle.labels, model_label="tiny", geometry=InputGeometry())
     return inspector, session
 
@@ -113,7 +118,7 @@ class Held:
 def overtaken(monkeypatch, older, newer):
     """Run `older` until it draws, run `newer` to the end, then let `older` finish: (older's, newer's)."""
     held = Held()
-    monkeypatch.setattr(app, "draw_panels", held)
+    monkeypatch.setattr(inspector, "draw_panels", held)
     out = {}
     thread = threading.Thread(target=lambda: out.setdefault("older", older()))
     thread.start()
@@ -141,12 +146,12 @@ def test_a_slider_redraw_overtaken_by_a_typed_patch_leaves_the_patch(served, mon
     draw = inspector.redraw("attention")
     older, newer = overtaken(monkeypatch, lambda: draw(session, request("s1"), **CONTROLS),
                              lambda: inspector.type_patch(session, request("s1"), **(CONTROLS | dict(row=1, col=2))))
-    assert is_skip(older) and newer == (app.PATCH, "attention at layer 1, (1, 2)")
+    assert is_skip(older) and newer == (PATCH, "attention at layer 1, (1, 2)")
     # and the other way round: the typed patch's draw overtaken by a slider's redraw keeps its query switch only
     older, newer = overtaken(monkeypatch,
                              lambda: inspector.type_patch(session, request("s1"), **(CONTROLS | dict(row=1, col=2))),
-                             lambda: draw(session, request("s1"), **(CONTROLS | dict(query=app.PATCH, row=1, col=3))))
-    assert older[0] == app.PATCH and is_skip(older[1]) and newer == "attention at layer 1, (1, 3)"
+                             lambda: draw(session, request("s1"), **(CONTROLS | dict(query=PATCH, row=1, col=3))))
+    assert older[0] == PATCH and is_skip(older[1]) and newer == "attention at layer 1, (1, 3)"
 
 
 def test_a_click_overtaken_by_a_newer_draw_changes_nothing(served, monkeypatch):
@@ -158,7 +163,7 @@ def test_a_click_overtaken_by_a_newer_draw_changes_nothing(served, monkeypatch):
     assert all(is_skip(value) for value in older) and len(older) == 4
     older, newer = overtaken(monkeypatch, lambda: draw(session, request("s1"), **CONTROLS),
                              lambda: inspector.pick_patch(click, session, request("s1"), **CONTROLS))
-    assert is_skip(older) and newer == (0, 2, app.PATCH, "attention at layer 1, (0, 2)")
+    assert is_skip(older) and newer == (0, 2, PATCH, "attention at layer 1, (0, 2)")
 
 
 def test_direct_calls_are_never_skipped(served, monkeypatch):
@@ -196,15 +201,15 @@ def test_the_served_app_orders_each_web_session_by_its_id(monkeypatch, tmp_path)
             begun.append((session, panel))
             return super().begin(session, panel)
 
-    monkeypatch.setattr(app, "DrawOrder", Recording)
+    monkeypatch.setattr(inspector, "DrawOrder", Recording)
     handle = tiny_handle("cls")
-    demo = app.build_demo(app.AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: handle))
+    demo = build_demo(AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: handle))
     try:
         client = gradio_client.Client(launch(demo), verbose=False)
         photo = tmp_path / "noise.png"
         Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(photo)
         client.predict(gradio_client.handle_file(str(photo)), api_name="/analyze")
-        assert set(begun) == {(client.session_hash, name) for name in app.IMAGE_PANELS}
+        assert set(begun) == {(client.session_hash, name) for name in IMAGE_PANELS}
         begun.clear()
         client.predict(layer=0, api_name="/attention")
         client.predict(row=1, col=1, api_name="/type_patch")

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from vit_inspect.ui.clicks import CLICK_JS, CLICKABLE, HEATMAP_IDS, MAP_ID
-from vit_inspect.ui.heads import HeadsState, cell_at, cell_geometry, heatmap, pick_cell_js
+from vit_inspect.ui.tabs.heads import HeadsState, cell_at, cell_geometry, heatmap, pick_cell_js
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ import pytest
 from matplotlib import font_manager
 from PIL import ImageFont
 
-from vit_inspect import plotting
+from vit_inspect.plots import canvas
+from vit_inspect.plots import maps as map_plots
 
 
 RGB = np.full((32, 48, 3), 128, np.uint8)
@@ -15,48 +16,48 @@ GRID = np.array([[0.0, 0.5, 1.0], [0.25, 0.75, 0.5]])  # (2, 3) map over a 32x48
 
 
 def test_map_panel_keeps_the_crop_pixels_and_adds_a_bar_and_caption():
-    panel = plotting.map_panel(RGB, GRID, "model · attention\nclass 83%", "attention weight", marker=(1, 2))
-    assert panel.shape == (32 + 2 * plotting.CAPTION_LINE_PIXELS + 8, 48 + plotting.COLORBAR_PIXELS, 3)
-    np.testing.assert_array_equal(panel[:32, :48], plotting.overlay(RGB, GRID, marker=(1, 2)))  # clicks map 1:1
+    panel = map_plots.map_panel(RGB, GRID, "model · attention\nclass 83%", "attention weight", marker=(1, 2))
+    assert panel.shape == (32 + 2 * map_plots.CAPTION_LINE_PIXELS + 8, 48 + map_plots.COLORBAR_PIXELS, 3)
+    np.testing.assert_array_equal(panel[:32, :48], map_plots.overlay(RGB, GRID, marker=(1, 2)))  # clicks map 1:1
     bar = panel[7:25, 48 + 8 + 5]  # the middle column of the colour bar inside its outline, top to bottom
     top, bottom = bar[0].astype(int), bar[-1].astype(int)
     assert top.sum() > bottom.sum()  # inferno: bright at the top (high values), dark at the bottom
 
 
 def test_fixed_range_clips_and_shared_range_keeps_maps_comparable():
-    own = plotting.overlay(RGB, GRID * 0.1)
-    shared = plotting.overlay(RGB, GRID * 0.1, vmin=0.0, vmax=1.0)
+    own = map_plots.overlay(RGB, GRID * 0.1)
+    shared = map_plots.overlay(RGB, GRID * 0.1, vmin=0.0, vmax=1.0)
     assert not np.array_equal(own, shared)  # 0..0.1 on a 0..1 scale stays dark
-    np.testing.assert_array_equal(plotting.overlay(RGB, GRID, vmin=0.0, vmax=1.0), plotting.overlay(RGB, GRID))
-    assert plotting.map_range(np.array([[-1.0, 2.0]]), relu=True) == (0.0, 2.0)
+    np.testing.assert_array_equal(map_plots.overlay(RGB, GRID, vmin=0.0, vmax=1.0), map_plots.overlay(RGB, GRID))
+    assert canvas.map_range(np.array([[-1.0, 2.0]]), relu=True) == (0.0, 2.0)
 
 
 def test_mask_darkens_outside_patches_only():
     mask = np.array([[False, False, True], [False, False, False]])
-    masked = plotting.overlay(RGB, GRID, mask=mask).astype(int)
-    plain = plotting.overlay(RGB, GRID).astype(int)
+    masked = map_plots.overlay(RGB, GRID, mask=mask).astype(int)
+    plain = map_plots.overlay(RGB, GRID).astype(int)
     np.testing.assert_array_equal(masked[:16, 32:], plain[:16, 32:])  # patch (0, 2) kept
     assert (masked[16:, :] <= plain[16:, :]).all() and masked[16:, :].sum() < 0.5 * plain[16:, :].sum()
 
 
 def test_outline_region_marks_the_seen_box():
     preview = np.full((50, 100, 3), 200, np.uint8)
-    out = plotting.outline_region(preview, (50.0, 0.0, 150.0, 100.0), (200, 100))  # right half of a 200x100 upload
+    out = map_plots.outline_region(preview, (50.0, 0.0, 150.0, 100.0), (200, 100))  # right half of a 200x100 upload
     assert out[25, 10].max() < 100  # outside: dimmed
     np.testing.assert_array_equal(out[25, 50], [200, 200, 200])  # inside: as uploaded
-    assert tuple(out[25, 25]) == plotting.OUTLINE_COLOR  # the box's left edge, at x = 50 / 2
+    assert tuple(out[25, 25]) == map_plots.OUTLINE_COLOR  # the box's left edge, at x = 50 / 2
 
 
 def _blend_per_pixel(rgb, grid_map, cmap, alpha, relu=False, vmin=None, vmax=None, mask=None):
     """`overlay` written out pixel by pixel with matplotlib's colormap call (the first release's code):
     what the lookup tables must reproduce byte for byte."""
     height, width = rgb.shape[:2]
-    upsampled = plotting._upsample(plotting._normalized(grid_map, relu, vmin, vmax), height, width)
+    upsampled = canvas.upsample(canvas.normalized(grid_map, relu, vmin, vmax), height, width)
     blended = (1.0 - alpha) * (rgb / 255.0) + alpha * matplotlib.colormaps[cmap](upsampled)[..., :3]
     if mask is not None:
         rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
         cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
-        blended = np.where(mask[rows][:, cols][..., None], blended, plotting.MASK_DIM * blended)
+        blended = np.where(mask[rows][:, cols][..., None], blended, canvas.MASK_DIM * blended)
     return np.clip(np.rint(blended * 255.0), 0, 255).astype(np.uint8)
 
 
@@ -69,31 +70,32 @@ def test_overlay_reads_the_per_pixel_blend_from_its_tables(cmap, alpha):
     grid[2, 3] = np.nan  # matplotlib's "bad" colour
     mask = rng.random((5, 7)) > 0.5
     for kwargs in ({}, {"relu": True}, {"vmin": -0.5, "vmax": 0.7}, {"mask": mask}):
-        np.testing.assert_array_equal(plotting.overlay(rgb, grid, cmap, alpha, **kwargs),
+        np.testing.assert_array_equal(map_plots.overlay(rgb, grid, cmap, alpha, **kwargs),
                                       _blend_per_pixel(rgb, grid, cmap, alpha, **kwargs))
     # matplotlib's index rule at the edges: exactly 1 is the last colour, not "over"
-    index = plotting._color_index(np.array([0.0, 0.5, 1.0, np.nan, -0.1, 1.5], np.float32), 256)
+    index = canvas.color_index(np.array([0.0, 0.5, 1.0, np.nan, -0.1, 1.5], np.float32), 256)
     assert index.tolist() == [0, 128, 255, 258, 256, 257]
 
 
 def test_panel_text_masks_are_kept_and_draw_the_same_pixels(monkeypatch):
     caption = "model · attention, layer 3, head 1\nclass 83%, discard 0.90 per row"
-    font = plotting._font(11)
+    font = canvas.font_of(11)
     font._masks.clear()
-    first = plotting.map_panel(RGB, GRID, caption, "attention weight")
+    first = map_plots.map_panel(RGB, GRID, caption, "attention weight")
     kept = len(font._masks)
     assert kept == 4  # the caption's two lines, wrapped to 26 characters (the 10 px font draws ticks and unit)
-    again = plotting.map_panel(RGB, GRID, caption, "attention weight")
+    again = map_plots.map_panel(RGB, GRID, caption, "attention weight")
     assert len(font._masks) == kept  # drawn from the kept masks
     np.testing.assert_array_equal(again, first)
     plain = {size: ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size) for size in (10, 11)}
-    monkeypatch.setattr(plotting, "_font", plain.__getitem__)
-    np.testing.assert_array_equal(plotting.map_panel(RGB, GRID, caption, "attention weight"), first)
+    for module in (canvas, map_plots):  # the caption's font, and the colour bar's
+        monkeypatch.setattr(module, "font_of", plain.__getitem__)
+    np.testing.assert_array_equal(map_plots.map_panel(RGB, GRID, caption, "attention weight"), first)
 
 
 def test_kept_text_masks_are_bounded(monkeypatch):
-    monkeypatch.setattr(plotting, "TEXT_MASKS", 3)
-    font = plotting._RememberingFont(font_manager.findfont("DejaVu Sans"), 12)
+    monkeypatch.setattr(canvas, "TEXT_MASKS", 3)
+    font = canvas._RememberingFont(font_manager.findfont("DejaVu Sans"), 12)
     for word in ("a", "b", "c", "d", "b"):
         font.getmask2(word, "L")
     assert [key[0] for key in font._masks] == ["c", "d", "b"]  # "a" dropped first, "b" used last

@@ -6,10 +6,12 @@ import matplotlib
 import numpy as np
 import pytest
 
-from vit_inspect.plotting import (
-    CAPTION_LINE_PIXELS, COLORBAR_PIXELS, HEAD_TILE_PIXELS, MARKER_COLOR, MOSAIC_GAP, attention_distance_figure,
-    LENS_PLOT_PIXELS, NOT_FINITE_COLOR, figure_to_png, figure_to_rgb, heads_mosaic, heatmap_panel, lens_panel,
-    map_panel, map_range, maps_figure, maps_mosaic, overlay)
+from vit_inspect.plots.maps import (HEAD_TILE_PIXELS, MARKER_COLOR, heads_panel, map_panel, maps_figure, maps_panel,
+                                    overlay)
+from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
+from vit_inspect.plots.distance import attention_distance_figure
+from vit_inspect.plots.heads import LENS_PLOT_PIXELS, NOT_FINITE_COLOR, head_heatmap_panel, lens_panel
+from vit_inspect.plots.canvas import figure_to_png, figure_to_rgb, map_range
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -100,7 +102,7 @@ def test_maps_figure_shows_each_overlay_with_its_title():
 def test_maps_mosaic_lays_out_one_map_panel_per_map_under_the_title():
     maps = {"rollout": one_hot_map(0, 1), "grad-cam": np.array([[-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
             "third": np.arange(6.0).reshape(GRID_H, GRID_W)}
-    shown = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+    shown = maps_panel(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
                         ranges={"third": (0.0, 10.0)}, title="model M · class 5", columns=2)
     first = map_panel(GRAY, maps["rollout"], "rollout", "fraction", *map_range(maps["rollout"], False), marker=(0, 0))
     second = map_panel(GRAY, maps["grad-cam"], "grad-cam", "value", *map_range(maps["grad-cam"], True), relu=True,
@@ -116,23 +118,23 @@ def test_maps_mosaic_lays_out_one_map_panel_per_map_under_the_title():
     np.testing.assert_array_equal(shown[top + row_h + MOSAIC_GAP:, :third.shape[1]], third)
     assert (shown[top:, first.shape[1]:right] == 255).all() and (shown[top + row_h + MOSAIC_GAP:, third.shape[1]:] == 255).all()
     assert (shown[:title_h] < 100).sum() > 40  # the title's black text
-    untitled = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+    untitled = maps_panel(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
                            ranges={"third": (0.0, 10.0)}, columns=2)
     np.testing.assert_array_equal(untitled, shown[title_h:])
-    one_row = maps_mosaic(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
+    one_row = maps_panel(GRAY, maps, relu_names=("grad-cam",), marker=(0, 0), units={"rollout": "fraction"},
                           ranges={"third": (0.0, 10.0)})  # four columns by default: one row
     assert one_row.shape[1] == 3 * first.shape[1] + 2 * MOSAIC_GAP
     with pytest.raises(ValueError, match="no maps"):
-        maps_mosaic(GRAY, {})
+        maps_panel(GRAY, {})
     with pytest.raises(ValueError, match="columns"):
-        maps_mosaic(GRAY, maps, columns=0)
+        maps_panel(GRAY, maps, columns=0)
 
 
 def test_heads_mosaic_lays_out_every_head_on_one_colour_range_with_one_colour_bar():
     maps = np.stack([one_hot_map(0, 0), one_hot_map(1, 2), 0.5 * one_hot_map(0, 1)])  # (3, 2, 3), range 0..1
     masks = np.zeros((3, GRID_H, GRID_W), dtype=bool)
     masks[1, 1, 2] = True
-    shown = heads_mosaic(GRAY, maps, ["h0", "h1", "h2"], "weight", title="layer 4", masks=masks, columns=2)
+    shown = heads_panel(GRAY, maps, ["h0", "h1", "h2"], "weight", title="layer 4", masks=masks, columns=2)
     title_h, head_h = CAPTION_LINE_PIXELS + 8, CAPTION_LINE_PIXELS + 4  # one line each
     tile_h = head_h + GRAY.shape[0]  # a 30 x 45 crop is not scaled
     grid_w = 2 * GRAY.shape[1] + MOSAIC_GAP
@@ -146,18 +148,18 @@ def test_heads_mosaic_lays_out_every_head_on_one_colour_range_with_one_colour_ba
     assert tuple(bar[0]) != tuple(bar[-1]) and (bar[-1] < 20).all()  # inferno: bright at the top, black at 0
     assert (shown[:title_h] < 100).sum() > 20
     large = np.zeros((2 * HEAD_TILE_PIXELS, 3 * HEAD_TILE_PIXELS, 3), dtype=np.uint8)  # scaled to fit a tile
-    wide = heads_mosaic(large, maps, ["a", "b", "c"], "weight", columns=3)
+    wide = heads_panel(large, maps, ["a", "b", "c"], "weight", columns=3)
     assert wide.shape[1] == 3 * HEAD_TILE_PIXELS + 2 * MOSAIC_GAP + COLORBAR_PIXELS
     assert wide.shape[0] == head_h + round(HEAD_TILE_PIXELS * 2 / 3)
     scaled = np.zeros((round(HEAD_TILE_PIXELS * 2 / 3), HEAD_TILE_PIXELS, 3), dtype=np.uint8)  # the photo, scaled
     np.testing.assert_array_equal(wide[head_h:, :HEAD_TILE_PIXELS], overlay(scaled, maps[0], vmin=0.0, vmax=1.0))
     with pytest.raises(ValueError, match="3 maps but 2 titles"):
-        heads_mosaic(GRAY, maps, ["a", "b"], "weight")
+        heads_panel(GRAY, maps, ["a", "b"], "weight")
 
 
 def test_heatmap_panel_colours_each_cell_on_a_scale_centred_on_zero_and_gives_the_cells_box():
     values = np.array([[1.0, -3.0], [0.5, 0.0], [0.0, 2.0]])  # (3 layers, 2 heads), max |value| 3
-    image, box = heatmap_panel(values, "drop (tiny, class 3)", "logits", selected=(1, 0))
+    image, box = head_heatmap_panel(values, "drop (tiny, class 3)", "logits", selected=(1, 0))
     x0, y0, x1, y1 = box
     assert (x1 - x0, y1 - y0) == (2 * 80, 3 * 34)  # cells of 130 x 133 wanted, clipped to 80 x 34
     colours = matplotlib.colormaps["RdBu_r"]
@@ -173,16 +175,16 @@ def test_heatmap_panel_colours_each_cell_on_a_scale_centred_on_zero_and_gives_th
     ramp = colours(np.linspace(1.0, 0.0, int(y1 - y0)))[:, :3]  # its rows, the outline drawn over the first and last
     np.testing.assert_array_equal(bar, (ramp[1:-1] * 255).astype(np.uint8))
     assert (image[:int(y0)] < 100).sum() > 20  # the title
-    plain, plain_box = heatmap_panel(values, "", "logits")
+    plain, plain_box = head_heatmap_panel(values, "", "logits")
     assert plain_box[1] == y0 - CAPTION_LINE_PIXELS - 8 and plain.shape[0] == image.shape[0] - CAPTION_LINE_PIXELS - 8
-    flat, flat_box = heatmap_panel(np.full((2, 2), 7.0), "t", "nats", diverging=False)  # no range: the low end
+    flat, flat_box = head_heatmap_panel(np.full((2, 2), 7.0), "t", "nats", diverging=False)  # no range: the low end
     np.testing.assert_array_equal(flat[int(flat_box[1]) + 5, int(flat_box[0]) + 5],
                                   (np.array(matplotlib.colormaps["viridis"](0.0)[:3]) * 255).astype(np.uint8))
-    tall, tall_box = heatmap_panel(np.zeros((40, 16)), "t", "nats")  # DINOv2-g: cells of 16 x 10 pixels
+    tall, tall_box = head_heatmap_panel(np.zeros((40, 16)), "t", "nats")  # DINOv2-g: cells of 16 x 10 pixels
     assert (tall_box[2] - tall_box[0], tall_box[3] - tall_box[1]) == (16 * 16, 40 * 10)
     with pytest.raises(ValueError, match="depth, heads"):
-        heatmap_panel(np.zeros(3), "t", "u")
-    gaps, gaps_box = heatmap_panel(np.array([[np.nan, 1.0], [-np.inf, -0.5]]), "t", "u")  # grey, out of the range
+        head_heatmap_panel(np.zeros(3), "t", "u")
+    gaps, gaps_box = head_heatmap_panel(np.array([[np.nan, 1.0], [-np.inf, -0.5]]), "t", "u")  # grey, out of the range
     corner = [(int(gaps_box[1]) + 17 + 34 * layer, int(gaps_box[0]) + 40 + 80 * head)
               for layer in (0, 1) for head in (0, 1)]  # cell centres: (0, 0), (0, 1), (1, 0), (1, 1)
     np.testing.assert_array_equal([gaps[y, x] for y, x in corner[::2]], [NOT_FINITE_COLOR, NOT_FINITE_COLOR])
@@ -249,19 +251,19 @@ def test_figure_rendering():
 
 
 def test_plotting_does_not_import_pyplot():
-    code = "import sys, vit_inspect.plotting; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
+    code = "import sys, vit_inspect.plots.canvas; assert 'matplotlib.pyplot' not in sys.modules, 'pyplot imported'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
 def test_distance_scatter_once_renders_on_its_first_draw_and_keeps_it(monkeypatch):
-    from vit_inspect import plotting
+    from vit_inspect.plots import distance as distance_plots
 
     distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])
     rendered = []
-    render = plotting.distance_scatter
-    monkeypatch.setattr(plotting, "distance_scatter", lambda *a, **k: rendered.append(a) or render(*a, **k))
-    once = plotting.DistanceScatterOnce(distances, image_width=224, title="t")
+    render = distance_plots.attention_distance_panel
+    monkeypatch.setattr(distance_plots, "attention_distance_panel", lambda *a, **k: rendered.append(a) or render(*a, **k))
+    once = distance_plots.DistanceScatterOnce(distances, image_width=224, title="t")
     distances[0, 0] = 99.0  # the holder keeps its own copy
     assert rendered == []  # nothing rendered for a new image until a panel needs it
     first, again = once.draw((1, 2)), once.draw((0, None))
@@ -272,11 +274,11 @@ def test_distance_scatter_once_renders_on_its_first_draw_and_keeps_it(monkeypatc
 
 
 def test_distance_scatter_paints_highlight_where_the_dot_is():
-    from vit_inspect.plotting import HIGHLIGHT_COLOR, HEAD_COLOR, distance_scatter
+    from vit_inspect.plots.distance import HIGHLIGHT_COLOR, HEAD_COLOR, attention_distance_panel
     import matplotlib.colors
 
     distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])  # (depth 2, heads 3)
-    scatter = distance_scatter(distances, image_width=224, title="t")
+    scatter = attention_distance_panel(distances, image_width=224, title="t")
     head_rgb = np.array(matplotlib.colors.to_rgb(HEAD_COLOR)) * 255
     red = np.array(matplotlib.colors.to_rgb(HIGHLIGHT_COLOR)) * 255
     # every head's dot is where the background says it is, in the head colour
@@ -304,11 +306,12 @@ def test_distance_scatter_paints_highlight_where_the_dot_is():
 
 
 def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title():
-    from vit_inspect.plotting import SCATTER_PLOT_PIXELS, distance_scatter
+    from vit_inspect.plots.distance import attention_distance_panel
+    from vit_inspect.plots.canvas import SCATTER_PLOT_PIXELS
 
     distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])
-    scatter = distance_scatter(distances, image_width=224, title="t")
-    untitled = distance_scatter(distances, image_width=224)
+    scatter = attention_distance_panel(distances, image_width=224, title="t")
+    untitled = attention_distance_panel(distances, image_width=224)
     np.testing.assert_allclose(scatter.points[..., 1] - untitled.points[..., 1], CAPTION_LINE_PIXELS + 8)
     np.testing.assert_array_equal(scatter.background[CAPTION_LINE_PIXELS + 8:], untitled.background)
     plot_h = SCATTER_PLOT_PIXELS[1]
@@ -316,17 +319,17 @@ def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title()
     rows = untitled.points[..., 1]
     np.testing.assert_allclose(rows, 8 + plot_h - 1 - distances / highest * (plot_h - 1))  # linear, 0 at the bottom
     np.testing.assert_allclose(untitled.points[:, :, 0], [[58 + 95] * 3, [58 + 285] * 3])  # layer centres, 190 px apart
-    assert distance_scatter(distances).background.shape[1] == untitled.background.shape[1] - 60  # no fraction axis
-    fixed = distance_scatter(distances, image_width=224, selectable=False)  # nothing to select (a dataset's mean)
+    assert attention_distance_panel(distances).background.shape[1] == untitled.background.shape[1] - 60  # no fraction axis
+    fixed = attention_distance_panel(distances, image_width=224, selectable=False)  # nothing to select (a dataset's mean)
     assert fixed.legend is None
     np.testing.assert_array_equal(fixed.points, untitled.points)
     differ = np.argwhere(np.any(fixed.background != untitled.background, axis=-1))
     assert len(differ) and differ[:, 0].min() >= 8 + plot_h + 28  # only the legend, under the axes, lost an entry
     assert differ[:, 1].min() >= 58 + 78 - 6  # the selected entry; the head entry stays
     with pytest.raises(ValueError, match="depth, heads"):
-        distance_scatter(np.zeros(3))
+        attention_distance_panel(np.zeros(3))
     with pytest.raises(ValueError, match="finite"):
-        distance_scatter(np.array([[np.nan, 1.0]]))
+        attention_distance_panel(np.array([[np.nan, 1.0]]))
 
 
 # ------------------------------------------------------------------------------------------------ PNG
@@ -351,7 +354,7 @@ def test_png_bytes_by_hand():
     after it) and their bytes (each minus the byte above, modulo 256), and every chunk's CRC-32."""
     import zlib
 
-    from vit_inspect.plotting import PNG_LEVEL, encode_png
+    from vit_inspect.plots.canvas import PNG_LEVEL, encode_png
 
     data = encode_png(np.array([[10, 250], [5, 3]], dtype=np.uint8))
     chunks = _png_chunks(data)
@@ -367,7 +370,7 @@ def test_png_bytes_by_hand():
 def test_png_round_trips_through_pil_exactly(shape):
     from PIL import Image
 
-    from vit_inspect.plotting import encode_png
+    from vit_inspect.plots.canvas import encode_png
 
     rng = np.random.default_rng(sum(shape))
     picture = rng.integers(0, 256, shape).astype(np.uint8)
@@ -384,7 +387,8 @@ def test_png_round_trips_through_pil_exactly(shape):
 def test_png_of_a_map_panel_is_small_and_exact():
     from PIL import Image
 
-    from vit_inspect.plotting import encode_png, map_panel
+    from vit_inspect.plots.canvas import encode_png
+    from vit_inspect.plots.maps import map_panel
 
     rgb = np.random.default_rng(1).integers(0, 256, (224, 224, 3)).astype(np.uint8) // 2 + 60
     grid = np.add.outer(np.arange(14.0), np.arange(14.0))
@@ -397,7 +401,7 @@ def test_png_of_a_map_panel_is_small_and_exact():
 @pytest.mark.parametrize("bad", [np.zeros((4, 4), np.float32), np.zeros((4, 4, 2), np.uint8),
                                  np.zeros((0, 4, 3), np.uint8), np.zeros((2, 2, 2, 3), np.uint8)])
 def test_png_refuses_what_it_cannot_write(bad):
-    from vit_inspect.plotting import encode_png
+    from vit_inspect.plots.canvas import encode_png
 
     with pytest.raises(ValueError, match="uint8 picture"):
         encode_png(bad)
@@ -409,7 +413,7 @@ def test_png_is_drawn_by_chromium_to_the_same_pixels():
 
     from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
 
-    from vit_inspect.plotting import encode_png
+    from vit_inspect.plots.canvas import encode_png
 
     rng = np.random.default_rng(7)
     pictures = [rng.integers(0, 256, (29, 41, 3)).astype(np.uint8), rng.integers(0, 256, (13, 9)).astype(np.uint8)]

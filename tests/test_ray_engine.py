@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import DEIT_WEIGHTS, IMAGENET
-from vit_inspect.cli import main
-from vit_inspect.engine import EngineOptions, Sums, run_job
-from vit_inspect.jobs import AttentionDistanceJob
-from vit_inspect.pipeline import find_images
+from vit_inspect.cli.main import main
+from vit_inspect.jobs.engine import EngineOptions, Sums
+from vit_inspect.jobs.run import run_job
+from vit_inspect.jobs.distance import AttentionDistanceJob
+from vit_inspect.core.images import find_images
 
 ray = pytest.importorskip("ray", reason="Ray Data is an optional extra: pip install -r requirements-ray.txt")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 def local_ray():
     if not DEIT_WEIGHTS.is_file():
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    from vit_inspect.ray_engine import start_ray
+    from vit_inspect.jobs.ray_engine import start_ray
 
     started = start_ray(num_cpus=2)
     yield

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import IMAGENET
-from vit_inspect.pipeline import analyze_image, dataset_attention_distance, model_report
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.studies.model_report import model_report
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,8 @@ def test_deit_tiny_keeps_its_own_maps(deit):
     import torch
 
     from conftest import PHOTOS
-    from vit_inspect.capture import capture_attention
-    from vit_inspect.images import load_image
+    from vit_inspect.passes.capture import capture_attention
+    from vit_inspect.core.images import load_image
 
     picture = load_image(PHOTOS / "chelsea.png")
     store = analyze_image(deit, picture, relevance=False).attention_store

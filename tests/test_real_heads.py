@@ -7,12 +7,13 @@ import torch
 
 from bench.facts_heads import layer_vs_head_kl  # the same measurement as the README's fact
 from conftest import IMAGENET, PHOTOS
-from vit_inspect.ablation import head_importance
+from vit_inspect.studies.ablation import head_importance
 from vit_inspect.analysis.heads import head_entropy, spearman
-from vit_inspect.capture import capture_attention
-from vit_inspect.images import load_image
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.images import load_image
 from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
-from vit_inspect.pipeline import analyze_image, find_images
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.core.images import find_images
 
 pytestmark = pytest.mark.slow
 RHO_FLOOR = 0.5  # measured: mean 0.735 over 8 ImageNet samples (python -m bench.facts_heads)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import IMAGENET, PHOTOS
-from vit_inspect.capture import capture_attention
-from vit_inspect.images import load_image
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.images import load_image
 
 CAT_CLASSES = {"Egyptian cat", "tabby", "tiger cat"}
 

@@ -9,9 +9,9 @@ from torch import nn
 
 from conftest import IMAGENET, SHARED, make_layout, tiny_handle, tiny_hf
 from vit_inspect.analysis import legrad_map, patch_relevance
-from vit_inspect.capture import capture_attention
-from vit_inspect.pipeline import analyze_image
-from vit_inspect.relevance import LRPRules, gamma_rule, relevance_rules
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.passes.relevance import LRPRules, gamma_rule, relevance_rules
 
 REFERENCE = SHARED / "reference" / "faithfulness_deit_tiny_20.npz"
 
@@ -153,7 +153,7 @@ def test_maps_in_the_pass_for_every_layout(kind):
 
 
 def test_hf_model_gets_both_maps():
-    from vit_inspect.models import handle_from_hf
+    from vit_inspect.core.hf_models import handle_from_hf
 
     handle = handle_from_hf(tiny_hf(), device="cpu")
     result = analyze_image(handle, torch_image(handle))
@@ -189,7 +189,7 @@ def test_legrad_and_attnlrp_equal_the_reference_maps_on_20_images(deit):
 
 
 def test_hf_distilled_model_without_a_single_head_still_gets_the_other_maps():
-    from vit_inspect.models import handle_from_hf
+    from vit_inspect.core.hf_models import handle_from_hf
 
     handle = handle_from_hf(tiny_hf(distilled=True), device="cpu")
     result = analyze_image(handle, torch_image(handle))

@@ -13,6 +13,7 @@ import pytest
 import app
 from test_app import free_port
 from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, body_limit, refusal
+from vit_inspect.ui.config import launch_limits
 
 
 def test_refusal_by_hand():
@@ -57,7 +58,7 @@ def served():
     config, _ = app.parse_args(["--max-upload-mb", "1"])
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True,
-                **app.launch_limits(config))
+                **launch_limits(config))
     yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{files.server_address[1]}", fetched
     demo.close()
     files.shutdown()

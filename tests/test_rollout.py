@@ -4,7 +4,7 @@ import pytest
 from vit_inspect.analysis.attention_maps import attention_map, readout
 from vit_inspect.analysis.rollout import rollout, rollout_matrix
 from conftest import make_layout
-from vit_inspect.tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 
 

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from conftest import tiny_handle
-from vit_inspect.errors import VitInspectError
-from vit_inspect.pipeline import analyze_image
-from vit_inspect.session_store import DROPPED, ResultDropped, ResultTooLarge, SessionStore, module_nbytes
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.ui.session_store import DROPPED, ResultDropped, ResultTooLarge, SessionStore, module_nbytes
 
 MB = 2 ** 20
 
@@ -31,7 +31,7 @@ def test_least_recently_used_is_dropped_first():
 
 
 def test_an_eviction_hands_freed_memory_back(monkeypatch):
-    from vit_inspect import session_store
+    from vit_inspect.ui import session_store
 
     assert session_store.release_freed_memory() is (session_store._malloc_trim() is not None)  # glibc: True
     calls = []

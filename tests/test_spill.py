@@ -1,4 +1,4 @@
-"""Attention maps spilled to local disk (vit_inspect.spill): the folder's byte budget, the files' lifetime,
+"""Attention maps spilled to local disk (vit_inspect.passes.spill): the folder's byte budget, the files' lifetime,
 and redraws that read the model's own float16 maps instead of rebuilding them from q and k."""
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit_inspect import pipeline
+from vit_inspect.passes import pipeline
 from vit_inspect.analysis import rollout as reference_rollout
-from vit_inspect.attention_store import TOLERANCE, attention_map, rollout
-from vit_inspect.capture import capture_attention
-from vit_inspect.images import load_image
-from vit_inspect.models import load_model
-from vit_inspect.pipeline import analyze_image, readout_query
-from vit_inspect.spill import SPILL_MIN_SHARE, SpillFolder, worth_spilling
+from vit_inspect.passes.attention_store import TOLERANCE, attention_map, rollout
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.images import load_image
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.pipeline import analyze_image, readout_query
+from vit_inspect.passes.spill import SPILL_MIN_SHARE, SpillFolder, worth_spilling
 
 from conftest import REPO
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector
 
 SHAPE = (2, 1, 4, 4)  # (depth, heads, N, N): 64 bytes of float16
 LARGE = (448, 448)  # DeiT-Ti at 448 px: N = 785, 3 x 785 >= 0.015 x 192^2, so it spills
@@ -196,12 +198,12 @@ def test_no_spill_where_rebuilding_is_cheap_or_maps_are_kept(tiny, picture, tmp_
 
 def test_the_app_spills_under_its_own_budget(monkeypatch):
     import app
-    from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui.model_cache import ModelCache
 
-    assert app.AppConfig().spill_budget == 4 * 2 ** 30
+    assert AppConfig().spill_budget == 4 * 2 ** 30
     assert app.parse_args(["--spill-budget", "0.5"])[0].spill_budget == 2 ** 29
     assert app.parse_args(["--spill-budget", "-3"])[0].spill_budget == 0
-    off = app.Inspector(app.AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: None))
+    off = Inspector(AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: None))
     assert off.spill is None
-    on = app.Inspector(app.AppConfig(spill_budget=2 ** 20), ModelCache(loader=lambda *a, **k: None))
+    on = Inspector(AppConfig(spill_budget=2 ** 20), ModelCache(loader=lambda *a, **k: None))
     assert on.spill.budget == 2 ** 20 and on.spill.path.is_dir()

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import TINY_TIMM, make_layout, sharpen_attention, tiny_handle
-from vit_inspect import attention_store
+from vit_inspect.passes import attention_store
 from vit_inspect.analysis import rollout as reference_rollout
-from vit_inspect.attention_store import AttentionStore, rollout
-from vit_inspect.pipeline import analyze_image
+from vit_inspect.passes.attention_store import AttentionStore, rollout
+from vit_inspect.passes.pipeline import analyze_image
 
 DISCARDS = [(0.0, "row"), (0.5, "row"), (0.9, "row"), (0.9, "matrix"), (0.3, "matrix")]
 
@@ -75,7 +75,7 @@ def test_rows_do_not_depend_on_which_rows_come_with_them():
 def test_stored_maps_fuse_heads_exactly_by_torch_and_by_numpy():
     """Kept float16 maps: a few rows are fused by numpy, many by torch (`TORCH_ROWS`); both give the exact
     float64 head mean, max and min of the float16 values (the definition, in float64 here)."""
-    from vit_inspect.attention_store import TORCH_ROWS, _fused_stored_rows
+    from vit_inspect.passes.attention_store import TORCH_ROWS, _fused_stored_rows
 
     rng = np.random.default_rng(3)
     for heads in (3, 12):

@@ -15,8 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_inspect.errors import ImageError, InputError, ModelNotFoundError, WeightsError, WeightsNotFoundError
-from vit_inspect.images import ALLOWED_FORMATS, load_image
+from vit_inspect.core.errors import ImageError, InputError, ModelNotFoundError, WeightsError, WeightsNotFoundError
+from vit_inspect.core.images import ALLOWED_FORMATS, load_image
 from vit_inspect.ui import untrusted
 from vit_inspect.ui.untrusted import (NOT_AVAILABLE, client_file, client_path, data_url_bytes, finite_float,
                                       finite_int, redact_paths, safe_name)
@@ -203,7 +203,7 @@ def test_a_null_byte_in_a_path_is_a_sentence():
 def test_weights_with_nan_or_inf_are_refused(tmp_path):
     from safetensors.torch import save_file
     from conftest import make_tiny_timm
-    from vit_inspect.models import apply_state_dict, read_state_dict
+    from vit_inspect.core.weights import apply_state_dict, read_state_dict
 
     state = {k: v.clone().contiguous() for k, v in make_tiny_timm("cls").state_dict().items()}
     good = tmp_path / "good.safetensors"
@@ -236,7 +236,7 @@ def refuse_real_builds(monkeypatch) -> list:
 
 def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
     from safetensors.torch import save_file
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     path = tmp_path / "nan.safetensors"
     save_file({"patch_embed.proj.weight": torch.full((4, 3, 16, 16), float("nan"))}, str(path))
@@ -248,7 +248,7 @@ def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", ["vit_base_patch16_224", "deit_small_patch16_224"])
 def test_missing_hub_weights_offline_build_no_model_and_hide_server_paths(monkeypatch, tmp_path, name):
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty_hub_cache"))
@@ -262,7 +262,7 @@ def test_missing_hub_weights_offline_build_no_model_and_hide_server_paths(monkey
 
 
 def test_an_unknown_pretrained_tag_is_a_sentence():
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     with pytest.raises(ModelNotFoundError, match="'deit_tiny_patch16_224' has no pretrained tag 'no_such_tag'; "
                                                  "its tags are: fb_in1k"):
@@ -270,7 +270,7 @@ def test_an_unknown_pretrained_tag_is_a_sentence():
 
 
 def test_a_local_hf_folder_is_named_by_its_base_name_in_public(tmp_path):
-    from vit_inspect.models import load_model
+    from vit_inspect.core.load import load_model
 
     folder = tmp_path / "my_model"
     folder.mkdir()

@@ -12,8 +12,10 @@ import torch
 from PIL import Image
 
 from conftest import tiny_handle
-from vit_inspect.pipeline import analyze_image
-from vit_inspect.zerogpu import gpu_pass, spaces_gpu
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.ui.zerogpu import gpu_pass, spaces_gpu
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector
 
 
 class StandIn:
@@ -94,13 +96,12 @@ def test_the_model_goes_back_after_a_failing_pass():
 
 
 def test_the_app_routes_its_passes_through_gpu_pass(monkeypatch):
-    import app
 
     stand_in = StandIn()
     monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=stand_in))
-    from vit_inspect.model_cache import ModelCache
+    from vit_inspect.ui.model_cache import ModelCache
 
-    inspector = app.Inspector(app.AppConfig(), ModelCache(loader=lambda *a, **k: tiny_handle("cls")))
+    inspector = Inspector(AppConfig(), ModelCache(loader=lambda *a, **k: tiny_handle("cls")))
     assert getattr(inspector.run_pass, "on_gpu", False) and getattr(inspector.run_relevance, "on_gpu", False)
     assert inspector.spill is None  # a ZeroGPU worker's pass writes no spill files the app would read
     assert stand_in.decorated == ["on_gpu", "on_gpu"]  # the pass and LeGrad/AttnLRP on demand (All maps toggle)

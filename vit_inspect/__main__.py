@@ -1,6 +1,6 @@
 """`python -m vit_inspect` runs the command line."""
 import sys
 
-from .cli import main
+from vit_inspect.cli.main import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ import functools
 
 import numpy as np
 
-from ..tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 
 def _as_batch(attention: np.ndarray) -> np.ndarray:

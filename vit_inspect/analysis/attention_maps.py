@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 Query = str | tuple[int, int] | None  # None: default; "class"/"distillation" token; "mean" of patch rows; (row, col)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokens import TokenLayout
-from .attention_maps import Query, readout
+from vit_inspect.analysis.attention_maps import Query, readout
+from vit_inspect.core.tokens import TokenLayout
 
 
 def chefer_matrix(attention: np.ndarray, attention_grad: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ shared by every method, so that no method profits from the row-major order.
 
 Everything here is pure: a plan of perturbed inputs is built from maps, the inputs are composed from the
 clean image and the replacement images chunk by chunk (`compose`), and a caller-supplied batched model
-call turns them into probabilities. `vit_inspect.faithfulness` is the one place that batches the model.
+call turns them into probabilities. `vit_inspect.studies.faithfulness` is the one place that batches the model.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 POS_NEG_FRACTIONS = np.round(np.arange(10) / 10, 1)  # k = 0, .1, ..., .9 (Chefer et al.)
 DEL_INS_FRACTIONS = np.round(np.arange(11) / 10, 1)  # k = 0, .1, ..., 1 (Petsiuk et al.)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 
 def gradcam_from_tokens(activations: np.ndarray, gradients: np.ndarray, layout: TokenLayout) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..tokens import TokenLayout
-from .entropy import attention_entropy
+from vit_inspect.analysis.entropy import attention_entropy
+from vit_inspect.core.tokens import TokenLayout
 
 
 def head_entropy(attention: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tokens import TokenLayout
+from vit_inspect.core.tokens import TokenLayout
 
 
 def legrad_map(layer_grads: np.ndarray, layout: TokenLayout) -> np.ndarray:

@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 
-from ..tokens import TokenLayout
-from .attention_maps import Query, readout
+from vit_inspect.analysis.attention_maps import Query, readout
+from vit_inspect.core.tokens import TokenLayout
 
 HEAD_FUSIONS = {"mean": np.mean, "max": np.max, "min": np.min}
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis import class_name, search_classes
-from ..errors import InputError
+from vit_inspect.analysis import class_name, search_classes
+from vit_inspect.core.errors import InputError
 
 CLASS_CHOICES = 30  # classes listed in the target picker: the top 5, then search results
 

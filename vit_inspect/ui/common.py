@@ -17,12 +17,12 @@ from gradio import processing_utils
 from gradio import utils as gradio_utils
 from gradio.data_classes import ImageData
 
-from ..errors import VitInspectError
-from ..images import DEFAULT_MAX_BYTES
-from ..models import ViTHandle
-from ..pipeline import ImageAnalysis
-from ..plotting import encode_png
-from .untrusted import client_file, redact_paths
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.images import DEFAULT_MAX_BYTES
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.plots.canvas import encode_png
+from vit_inspect.ui.untrusted import client_file, redact_paths
 
 log = logging.getLogger("vit_inspect.app")
 
@@ -125,7 +125,7 @@ def upload_source(payload: object, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[
     return client_file(payload, upload_folders(), max_bytes)
 
 
-def model_label(name: str) -> str:
+def public_name(name: str) -> str:
     """A model name as web users see it: a folder on this server (only the operator's --model can be
     one) by its base name, anything else (timm name, hub id) as it is."""
     return Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
@@ -138,13 +138,13 @@ def names_python_file(name: str) -> bool:
 
 def weights_label(handle: ViTHandle) -> str:
     """Where the weights came from, without revealing server folders."""
-    return model_label(handle.weights)
+    return public_name(handle.weights)
 
 
 def describe(handle: ViTHandle) -> str:
     layout = handle.layout()
     prefix = ", ".join(layout.prefix_names()) or "none"
-    return (f"**Model** `{model_label(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
+    return (f"**Model** `{public_name(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
             f"{handle.depth} layers × {handle.num_heads} heads · "
             f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
             f"prefix tokens: {prefix}"
@@ -169,7 +169,7 @@ def prediction_labels(handle: ViTHandle, result: ImageAnalysis) -> dict | None:
 
 def shown_model(handle: ViTHandle) -> str:
     """Model and weights as every caption names them, without server folders."""
-    return f"{model_label(handle.name)} ({weights_label(handle)})"
+    return f"{public_name(handle.name)} ({weights_label(handle)})"
 
 
 def download_folder() -> Path:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import plotting
-from ..analysis import mass_mask
-from ..pipeline import ImageAnalysis
-from .relevance import present, relevance_words
+from vit_inspect.analysis import mass_mask
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.plots import canvas
+from vit_inspect.plots import maps as map_plots
+from vit_inspect.ui.relevance import present, relevance_words
 
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
 IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")  # per-image outputs
@@ -44,7 +45,7 @@ def colour_range(result: ImageAnalysis, view, name: str, grid_map: np.ndarray) -
         return (0.0, top), "colour shared over all layers and heads"
     if view.scale == "shared" and name == "gradcam":
         return (0.0, float(np.maximum(result.gradcam, 0).max())), "colour shared over all blocks"
-    return plotting.map_range(grid_map, relu=name == "gradcam"), "colour: this map's own range"
+    return canvas.map_range(grid_map, relu=name == "gradcam"), "colour: this map's own range"
 
 
 def share_text(shares: dict[str, float]) -> str:
@@ -77,7 +78,7 @@ def heads_figure(session, view) -> np.ndarray:
     masks = None if view.threshold is None else mass_mask(maps, view.threshold)
     mask_words = "" if masks is None else f" · bright: the patches holding {view.threshold:.0%} of each head's attention"
     title = (f"{session.model_label} · layer {view.layer}, every head, from {view.query_text()}{mask_words}\n{words}")
-    return plotting.heads_mosaic(result.rgb, maps, titles, UNITS["heads"], title=title, vmin=low, vmax=high,
+    return map_plots.heads_panel(result.rgb, maps, titles, UNITS["heads"], title=title, vmin=low, vmax=high,
                                  masks=masks)  # PIL tiles: ≈ 30x faster than a matplotlib figure
 
 
@@ -109,7 +110,7 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
             words = relevance_words(session)
             title += f"\n{words}" if words else ""
-            drawn.append(plotting.maps_mosaic(  # PIL panels: ≈ 40x faster than a matplotlib figure
+            drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
                 ranges={titles[k]: r for k, r in ranges.items()}, title=title))
@@ -117,7 +118,7 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             drawn.append(None)
         else:
             (low, high), words = colour_range(result, view, name, grid_map(name))
-            drawn.append(plotting.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
+            drawn.append(map_plots.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
                                             UNITS[name], vmin=low, vmax=high, relu=name == "gradcam",
                                             marker=view.patch if name == "attention" else None))
     return drawn

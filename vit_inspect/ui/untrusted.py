@@ -18,7 +18,7 @@ import os
 import re
 from typing import Iterable
 
-from ..errors import InputError
+from vit_inspect.core.errors import InputError
 
 NOT_AVAILABLE = "This file is not available to this app; please upload it again."
 NO_DATA = "The image arrived without its data; please upload it again."

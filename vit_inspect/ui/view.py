@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError
-from ..pipeline import ImageAnalysis
-from .untrusted import finite_float, finite_int, flag
+from vit_inspect.core.errors import InputError
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.ui.untrusted import finite_float, finite_int, flag
 
 HEAD_FUSIONS = ("mean", "max", "min")
 READOUT, PATCH = "class / readout token", "clicked patch"  # choices of the attention query

@@ -1,0 +1,2 @@
+"""The command line, `vit-inspect` (or `python -m vit_inspect`): one module per command.
+"""

@@ -1,0 +1,77 @@
+"""What every command shares: model and engine options, progress lines and PNG files."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vit_inspect.core.handle import DEFAULT_MODEL
+from vit_inspect.jobs.engine import ENGINES, EngineOptions
+from vit_inspect.plots import canvas
+
+
+def model_options(p: argparse.ArgumentParser,
+                  out_help: str = "folder for the PNG figures (and the shards of a folder-level job)") -> None:
+    """Flags shared by every single-model command: which model, its weights, the device, the output folder."""
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
+    p.add_argument("--weights", help="weights file (.safetensors preferred, .pth read with weights_only)")
+    p.add_argument("--model-file", metavar="FILE.py:FUNCTION",
+                   help="a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
+                        "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
+    p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--out", help=out_help)
+
+
+def engine_flags(p: argparse.ArgumentParser, batch_size: bool = True) -> None:
+    """Flags shared by every folder-level command: engine choice, batching, shards, Ray placement."""
+    p.add_argument("--engine", choices=ENGINES, default="local",
+                   help="local: in-process loop (default); ray: Ray Data, model replicas as actors")
+    if batch_size:
+        p.add_argument("--batch-size", type=int, default=16, help="images per model call (default 16)")
+    p.add_argument("--shard-size", type=int, default=256,
+                   help="files per shard; with --out each finished shard is saved and a rerun skips it (default 256)")
+    p.add_argument("--ray-address", help="join this Ray cluster (e.g. auto, ray://head:10001); "
+                                         "default: start a local Ray on this machine")
+    p.add_argument("--concurrency", type=int, help="model actors under Ray (default: one per GPU, else 1)")
+    p.add_argument("--num-gpus", type=float, help="GPUs per actor under Ray (default: 1 when the cluster has GPUs)")
+
+
+def engine_options(args: argparse.Namespace, batch_size: int | None = None) -> EngineOptions:
+    """The engine flags of a folder-level command (see `engine_flags`); `batch_size`: images per worker
+    call when the command's own --batch-size means something else."""
+    return EngineOptions(batch_size=batch_size or args.batch_size, shard_size=args.shard_size, out=args.out,
+                         ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
+
+
+def save_png(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG file; the figure is cleared afterwards, written or not."""
+    try:
+        path.write_bytes(canvas.figure_to_png(fig))
+    finally:
+        fig.clear()
+
+
+def figure_stems(files: list[Path]) -> list[str]:
+    """One name per image for its figures: the file's stem, and for a stem already taken (two folders'
+    chelsea.png) the stem with the first free ``_2``, ``_3``, ... so that no figure overwrites another."""
+    taken: set[str] = set()
+    stems = []
+    for path in files:
+        stem, number = path.stem, 1
+        while stem in taken:
+            number += 1
+            stem = f"{path.stem}_{number}"
+        taken.add(stem)
+        stems.append(stem)
+    return stems
+
+
+def progress_line(template: str = "{done}/{total} images"):
+    """A progress callback (done, total) that rewrites one line on stderr, ending it when done == total."""
+    def progress(done: int, total: int) -> None:
+        print("\r" + template.format(done=done, total=total), end="" if done < total else "\n", file=sys.stderr,
+              flush=True)
+    return progress
+
+
+progress = progress_line()  # "3/10 images"

@@ -1,0 +1,93 @@
+"""`vit-inspect evaluate FOLDER --labels labels.csv`: faithfulness of every method over a folder.
+
+Each image goes through `faithfulness.evaluate_image` (a pure per-image function, so a folder engine
+can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). The command runs
+`jobs.EvaluateJob` on the engine interface (`--engine local`, the default, or `--engine ray`), prints the
+table of mean AUC ± standard error, and writes per-image curves (`curves.npz`, gathered from the files
+the workers write under `OUT/evaluate/curves/`), the table (`table.json`, `table.csv`) and the per-image
+AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards already done.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from vit_inspect.analysis.faithfulness import CURVES, PerturbationSettings
+from vit_inspect.cli.common import engine_flags, engine_options, model_options, progress
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.load import load_model
+from vit_inspect.jobs.evaluate import format_table, gather_curves, read_labels, select_files
+from vit_inspect.jobs.run import run_job
+from vit_inspect.studies.faithfulness import DEFAULT_BATCH_SIZE, METHODS
+
+
+def add_parser(sub) -> None:
+    evaluate = sub.add_parser("evaluate", help="faithfulness (pos/neg perturbation, deletion/insertion) of each "
+                                               "map over a labelled folder")
+    evaluate.add_argument("folder", metavar="FOLDER")
+    evaluate.add_argument("--labels", required=True, help="CSV with 'filename' and 'class_index' columns")
+    evaluate.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    evaluate.add_argument("--limit", type=int, help="at most N images")
+    evaluate.add_argument("--every", type=int, default=1, help="every K-th labelled file of the sorted folder")
+    evaluate.add_argument("--removal", choices=("mean", "blur"), default="mean",
+                          help="removed patches become the mean colour (0 after normalisation) or the blurred image")
+    evaluate.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                          help=f"perturbed inputs per forward, one image at a time (default {DEFAULT_BATCH_SIZE})")
+    evaluate.add_argument("--images-per-batch", type=int, default=4,
+                          help="images the engine hands a worker at once (default 4)")
+    engine_flags(evaluate, batch_size=False)
+    model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
+                                     "(and the shards of a folder-level job)")
+    evaluate.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from vit_inspect.jobs.evaluate import EvaluateJob, EvaluateWorker
+
+    methods = tuple(args.methods.split(",")) if args.methods else tuple(METHODS)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
+    if args.batch_size < 1 or args.images_per_batch < 1:
+        raise VitInspectError("--batch-size and --images-per-batch must be at least 1.")
+    labels = read_labels(args.labels)
+    files = select_files(args.folder, labels, args.every, args.limit)
+    if not files:
+        raise VitInspectError("No labelled images found: file names in the folder must match the labels file.")
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    settings = PerturbationSettings(removal=args.removal)
+    out = Path(args.out) if args.out else None
+    curves_dir = out / "evaluate" / "curves" if out else None
+    job = EvaluateJob.for_handle(handle, {p.name: labels[p.name] for p in files}, methods, device=args.device,
+                                 model_file=args.model_file, curves_dir=curves_dir, settings=settings,
+                                 batch_size=args.batch_size)
+    worker = EvaluateWorker(handle, job) if args.engine == "local" else None
+    result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
+                        progress=progress, worker=worker)
+    for name, reason in result.skipped:
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    accumulator = result.accumulator
+    table = accumulator.table()
+    print(format_table(table, accumulator.images, accumulator.correct), flush=True)
+    if out:
+        curves, rows = gather_curves(curves_dir, files, {name for name, _ in result.skipped})
+        np.savez_compressed(out / "curves.npz", **curves)
+        record = {"model": handle.name, "weights": Path(handle.weights).name, "images": accumulator.images,
+                  "clean_top1": accumulator.correct / accumulator.images, "settings": vars(settings),
+                  "engine": args.engine, "skipped": [name for name, _ in result.skipped],
+                  "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()}}
+        (out / "table.json").write_text(json.dumps(record, indent=1))
+        with (out / "table.csv").open("w", newline="") as handle_csv:
+            writer = csv.writer(handle_csv)
+            writer.writerow(["method"] + [f"{c}_{s}" for c in CURVES for s in ("mean", "se")])
+            for name, t in table.items():
+                writer.writerow([name] + [round(x, 6) for c in CURVES for x in t[c]])
+        with (out / "per_image.csv").open("w", newline="") as handle_csv:
+            writer = csv.DictWriter(handle_csv, fieldnames=["image", "label", "target", "method", *CURVES])
+            writer.writeheader()
+            writer.writerows(rows)

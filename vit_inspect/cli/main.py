@@ -1,0 +1,37 @@
+"""The command line, `vit-inspect` (or `python -m vit_inspect`): one subcommand per module of this package.
+
+`analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
+prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
+likewise print JSON. Progress goes to stderr; an error is one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vit_inspect.cli import analyze, compare, evaluate, heads, model
+from vit_inspect.core.errors import VitInspectError
+
+COMMANDS = (analyze, model, heads, evaluate, compare)  # each adds its subcommand with `add_parser(sub)`
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vit-inspect", description="Look inside Vision Transformers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (VitInspectError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Folder-level jobs for `engine.run_job`: picklable specs that load their model once per worker.
+
+`AttentionDistanceJob`: the ViT paper's Fig. 7 (right) mean attention distance averaged over a
+folder (`vit-inspect model --images`).
+`EvaluateJob`: faithfulness (perturbation and deletion/insertion AUCs) of every method over a labelled
+folder (`vit-inspect evaluate`), as the running sums of a `FaithfulnessAccumulator`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.module_spec import parse_model_file
+
+
+def model_source(handle: ViTHandle) -> tuple[str, str | None]:
+    """(model, weights) that load the same model as `handle` in another process: absolute paths,
+    because a worker's working directory (and on a cluster, its machine) is not the caller's."""
+    model = str(Path(handle.name).resolve()) if Path(handle.name).is_dir() else handle.name
+    weights = str(Path(handle.weights).resolve()) if Path(handle.weights).is_file() else None
+    return model, weights
+
+
+def absolute_model_file(model_file: str | None) -> str | None:
+    """A `--model-file` reference with its file made absolute, for workers in other folders."""
+    if model_file is None:
+        return None
+    path, function = parse_model_file(model_file)
+    return f"{path.resolve()}:{function}"
+
+

@@ -1,0 +1,67 @@
+"""JSON records of a pass's result, shared by the command line and the app's downloads."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from vit_inspect.analysis.logit_lens import lens_ranks, lens_topk, settled_depth
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.passes.result import ImageAnalysis
+
+
+def rounded(array: np.ndarray | None, digits: int = 6) -> list | None:
+    """An array as nested lists of floats rounded to ``digits`` decimals (JSON); None stays None."""
+    return None if array is None else np.round(np.asarray(array, dtype=np.float64), digits).tolist()
+
+
+def class_record(handle: ViTHandle, index: int | None) -> dict | None:
+    """{"index", "label"} of a class, None for none."""
+    return None if index is None else {"index": int(index), "label": handle.label(int(index))}
+
+
+def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dict:
+    """The JSON object `analyze` prints for one image. `target` is the class the gradient maps explain
+    (`contrast`: the class it is compared with, gradients of logit target - logit contrast)."""
+    layout = result.layout
+    gradcam = None if result.gradcam is None else result.gradcam[-1]
+    return {
+        "image": image,
+        "model": handle.name,
+        "weights": Path(handle.weights).name if Path(handle.weights).is_absolute() else handle.weights,
+        "input_geometry": result.geometry,
+        "target": class_record(handle, result.target),
+        "contrast": class_record(handle, result.contrast),
+        "input_size": list(layout.input_size),
+        "patch_size": [layout.patch_h, layout.patch_w],
+        "grid": [layout.grid_h, layout.grid_w],
+        "num_prefix_tokens": layout.num_prefix_tokens,
+        "topk": handle.top_labels(result.probs, 5) if result.probs.size else [],
+        "mean_attention_distance": rounded(result.mean_distance, 3),
+        "rollout": rounded(result.rollout()),
+        "gradcam": rounded(gradcam),
+        "chefer": rounded(result.chefer),
+        "legrad": rounded(result.legrad),
+        "attnlrp": rounded(result.attnlrp),
+    }
+
+
+def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
+    """Per readout: for every block, the top-k classes and the rank and probability of the final class."""
+    heads = result.heads
+    if not heads.lens:
+        return {"note": heads.lens_note}
+    final = int(np.argmax(heads.logits))
+    record: dict = {"final_class": final, "final_label": handle.label(final)}
+    for name, logits in heads.lens.items():
+        indices, probs = lens_topk(logits, k)
+        ranks = lens_ranks(logits, final)
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        final_prob = shifted[:, final] / shifted.sum(-1)
+        record[name] = {
+            "settled_after_blocks": settled_depth(ranks),
+            "layers": [{"block": layer, "rank": int(ranks[layer]), "prob": round(float(final_prob[layer]), 5),
+                        "top": [{"index": int(i), "label": handle.label(int(i)), "prob": round(float(p), 5)}
+                                for i, p in zip(indices[layer], probs[layer])]}
+                       for layer in range(len(logits))]}
+    return record

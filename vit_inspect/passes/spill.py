@@ -1,0 +1,267 @@
+"""Attention maps spilled to memory-mapped files on local disk, under a byte budget.
+
+The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
+(`attention_store`). Where heads x tokens are many for the width, rebuilding is dear: a first rollout
+redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
+entries per head, about 0.45 of a forward pass; DeiT-Ti's, at 224 px, 0.3 with 2 threads (`worth_spilling`;
+maps that small are now kept in memory instead, `attention_store.keeps_maps`, and never reach a spill).
+For such models the pass also writes each layer's
+probabilities, as the model produced them, in float16, to a file of a private folder, and redraws read
+rows from it (the operating system keeps recent files in its page cache): the first release's numbers,
+at the cost of disk, not memory.
+
+A spill is an accelerator only: the queries and keys stay in the store, and a store whose spill was
+dropped (the folder's byte budget, LRU; the result being dropped; a pickled copy) rebuilds rows as before,
+equal to the spilled ones within the store's tolerance. Paths are never chosen by a client: the folder
+is made by `tempfile.mkdtemp` (mode 0700), its files are numbered, and it is removed when the process
+exits or the folder is closed.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import weakref
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("vit_inspect.passes.spill")
+
+# Spill when heads * N >= SPILL_MIN_SHARE * D^2. A first rollout redraw rebuilds heads x N^2 entries per
+# layer (q.k^T and softmax) where a forward does about N x D^2 multiply-adds per layer (the projections and
+# the MLP), so the redraw's share of a forward follows heads * N / D^2. Measured on the CPU (BENCHMARKS.md,
+# issue 14), the slowest first redraw rebuilt from q and k costs: ViT-B/16 at 224 (share 0.004) 0.05 of a
+# forward, ViT-B/16 at 384 (0.012) 0.14, DeiT-Ti at 224 (0.016) 0.22 with 1 thread and 0.31 with 2,
+# DINOv2-L/14 at 518 (0.021) 0.23 with 1 thread, DINOv2-S/14 at 518 (0.056) 0.46. From 0.015 on it passes
+# the 0.25 aimed at with 2 threads, so those models spill.
+SPILL_MIN_SHARE = 0.015
+DEFAULT_SPILL_BUDGET = 4 * 2 ** 30  # bytes of local disk the app's spills may take (DINOv2-S/14 at 518: 272 MB each)
+
+
+def worth_spilling(num_tokens: int, embed_dim: int, num_heads: int) -> bool:
+    """Whether a model's maps should be spilled: heads * N >= SPILL_MIN_SHARE * D^2 (see the constant)."""
+    return num_heads * num_tokens >= SPILL_MIN_SHARE * embed_dim ** 2
+
+
+class Spill:
+    """One image's (depth, heads, N, N) float16 attention probabilities in a file of a `SpillFolder`.
+
+    `layer(i)` gives layer i's (heads, N, N) maps, or None once the spill was dropped (by the folder's
+    budget, or explicitly); a caller then rebuilds from the store's queries and keys. `complete` is False
+    until `finish`: a pass that fails half-way leaves no half-written spill in use."""
+
+    def __init__(self, folder: "SpillFolder", key: int, path: Path, shape: tuple[int, ...]):
+        self.key, self.path, self.shape = key, path, shape
+        self.nbytes = math.prod(shape) * 2
+        self._layer_bytes = self.nbytes // shape[0]
+        # written with pwrite (half the time of filling a fresh mapping page by page), read through a mapping
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(self._fd, self.nbytes)
+        except OSError:
+            self._close_fd()
+            raise
+        self._served = False  # finished and not dropped: `layer` maps the file
+        self._written: set[int] = set()
+        self.complete = False
+        self._dropped = False  # set by the folder from any thread; only the writing thread closes the file
+        self._folder = weakref.ref(folder)
+
+    def write(self, layer: int, maps: np.ndarray) -> None:
+        """Store layer ``layer``'s (heads, N, N) probabilities (rounded to float16 here if they are not).
+        A failed write (a full disk) drops the spill; the pass goes on."""
+        if self._dropped:
+            self._close_fd()
+        if self._fd is None or self.complete or not 0 <= layer < self.shape[0]:
+            return
+        data = memoryview(np.ascontiguousarray(maps, dtype=np.float16).reshape(self.shape[1:])).cast("B")
+        done, offset = 0, layer * self._layer_bytes
+        try:
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], offset + done)
+        except OSError as exc:
+            log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
+            self.discard()
+            return
+        self._written.add(layer)
+
+    def _close_fd(self) -> None:
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def discard(self) -> None:
+        """Drop this spill now (its folder removes the file); called by the thread that writes it."""
+        folder = self._folder()
+        if folder is not None:
+            folder.drop(self)
+        self._forget()
+        self._close_fd()
+
+    def finish(self) -> bool:
+        """Serve the spill if every layer was written (read-only from now on) and say so; otherwise drop it."""
+        if self._dropped or self._fd is None or len(self._written) != self.shape[0]:
+            self.discard()
+            return False
+        self._close_fd()
+        self._served = self.complete = True
+        return True
+
+    def layer(self, layer: int) -> np.ndarray | None:
+        """(heads, N, N) float16 maps of one layer, or None when the spill is gone or unfinished."""
+        return self.rows(layer, np.arange(self.shape[2]))
+
+    def rows(self, layer: int, index) -> np.ndarray | None:
+        """(heads, len(index), N) float16 query rows ``index`` of one layer, read from the file into memory
+        of their own (runs of consecutive rows in one read per head), or None when the spill is gone or
+        unfinished. Nothing stays mapped: the pages read stay in the page cache, not in this process's
+        resident memory (a mapping kept for the spill's life held every page ever read, up to the whole
+        file per result, DINOv2-L/14 at 518: 1.45 GB)."""
+        if not (self._served and self.complete) or not 0 <= layer < self.shape[0]:
+            return None
+        folder = self._folder()
+        if folder is not None:
+            folder._touch(self.key)
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        heads, tokens, width = self.shape[1:]
+        row_bytes = width * 2
+        out = np.empty((heads, len(index), width), dtype=np.float16)
+        if len(index) == 0:
+            return out
+        if index.min() < 0 or index.max() >= tokens:
+            raise IndexError(f"rows {index.min()}..{index.max()} outside 0..{tokens - 1}")
+        cut = np.flatnonzero(np.diff(index) != 1) + 1  # runs of consecutive rows
+        starts, ends = np.concatenate([[0], cut]), np.concatenate([cut, [len(index)]])
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:  # dropped meanwhile: the file went
+            return None
+        try:
+            for head in range(heads):
+                base = layer * self._layer_bytes + head * tokens * row_bytes
+                for start, end in zip(starts.tolist(), ends.tolist()):
+                    _read_exactly(fd, memoryview(out[head, start:end]).cast("B"), base + int(index[start]) * row_bytes)
+        except OSError as exc:  # a truncated or vanished file: rebuild instead
+            log.warning("Could not read spilled attention maps (%s); redraws rebuild them instead.", exc)
+            return None
+        finally:
+            os.close(fd)
+        return out
+
+    @property
+    def alive(self) -> bool:
+        """Whether `layer` serves maps: finished and not dropped."""
+        return self._served and self.complete
+
+    def _forget(self) -> None:
+        """Stop serving (the folder unlinks the file; an open mapping stays readable until released). The
+        file descriptor stays with the writing thread: closing it here could let a write that is under way
+        land in whatever file reuses its number."""
+        self._dropped = True
+        self._served = False
+        self.complete = False
+
+    def __del__(self) -> None:
+        self._close_fd()
+
+    def __reduce__(self):
+        raise TypeError("a Spill is a local file and does not pickle; pickle the store, which drops it")
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int) -> None:
+    """Fill ``into`` from ``fd`` at ``offset`` (os.preadv may return fewer bytes than asked)."""
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done)
+        if got == 0:
+            raise OSError(f"the spill file ends before byte {offset + len(into)}")
+        done += got
+
+
+class SpillFolder:
+    """A private folder of `Spill` files whose sizes add up to at most ``budget`` bytes.
+
+    `reserve` makes room by dropping the least recently read spills; a request larger than the whole
+    budget gets None. A spill's file is removed when it is dropped, when its `Spill` is garbage-collected
+    (its result left the session store), and with the folder (`close`, or when the process exits)."""
+
+    def __init__(self, budget: int, root: str | Path | None = None):
+        if budget < 0:
+            raise ValueError(f"the spill budget must be at least 0 bytes, not {budget}")
+        self.budget = int(budget)
+        self.path = Path(tempfile.mkdtemp(prefix="vit_inspect_spill_", dir=root))  # mode 0700
+        self._spills: OrderedDict[int, tuple[weakref.ref, int]] = OrderedDict()  # key -> (spill, bytes), LRU first
+        self._used = 0
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+        atexit.register(self._cleanup)
+
+    @property
+    def used(self) -> int:
+        """Bytes of the spills alive now."""
+        with self._lock:
+            return self._used
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spills)
+
+    def reserve(self, shape: tuple[int, ...]) -> Spill | None:
+        """A new spill of float16 ``shape``, after dropping least recently read spills as needed; None if
+        it alone exceeds the budget or the file cannot be made (a full disk: the pass goes on without)."""
+        nbytes = math.prod(shape) * 2
+        if nbytes > self.budget or not self.path.is_dir():
+            return None
+        with self._lock:
+            while self._spills and self._used + nbytes > self.budget:
+                self._drop_locked(next(iter(self._spills)))
+            key = next(self._keys)
+            try:
+                spill = Spill(self, key, self.path / f"{key}.f16", shape)
+            except OSError as exc:  # no space left, a read-only or vanished folder
+                log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
+                return None
+            self._spills[key] = (weakref.ref(spill), nbytes)
+            self._used += nbytes
+        weakref.finalize(spill, self._release, key)
+        return spill
+
+    def drop(self, spill: Spill) -> None:
+        """Drop ``spill`` now: its file goes, readers rebuild from queries and keys."""
+        with self._lock:
+            self._drop_locked(spill.key)
+
+    def close(self) -> None:
+        """Drop every spill and remove the folder."""
+        with self._lock:
+            for key in list(self._spills):
+                self._drop_locked(key)
+        self._cleanup()
+
+    def _touch(self, key: int) -> None:
+        with self._lock:
+            if key in self._spills:
+                self._spills.move_to_end(key)
+
+    def _release(self, key: int) -> None:  # the Spill was garbage-collected
+        with self._lock:
+            self._drop_locked(key)
+
+    def _drop_locked(self, key: int) -> None:
+        found = self._spills.pop(key, None)
+        if found is None:
+            return
+        ref, nbytes = found
+        self._used -= nbytes
+        spill = ref()
+        if spill is not None:
+            spill._forget()
+        (self.path / f"{key}.f16").unlink(missing_ok=True)

@@ -1,0 +1,157 @@
+"""Two models on one image (or the two readout tokens of one distilled model), aligned and scored.
+
+`compare_images` runs one pass per model on the same decoded image and keeps where each model's crop
+lies in it, so that `aligned_maps` can put the maps of both on common ground (`analysis.compare`).
+Everything after the two passes reads the cached `ImageAnalysis` results only.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+from vit_inspect.analysis.compare import Agreement, Box, map_agreement, matching_layer, relative_depth
+from vit_inspect.analysis.dino import DINO_MASS
+from vit_inspect.analysis.masks import mass_mask
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.passes.result import ImageAnalysis
+
+MAP_KINDS = ("attention", "rollout", "gradcam", "relevance")  # per-image maps compared across models
+MAP_TITLES = {"attention": "raw attention (mean of heads)", "rollout": "attention rollout (mean fusion)",
+              "gradcam": "Grad-CAM", "relevance": "gradient-weighted attention (Chefer et al. 2021)"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One image through two models: both cached passes and where each crop lies in the image."""
+
+    a: ImageAnalysis
+    b: ImageAnalysis
+    box_a: Box  # (left, top, right, bottom) of model A's crop in original-image pixels
+    box_b: Box
+    image_size: tuple[int, int]  # (width, height) of the original image
+
+    def nbytes(self) -> int:
+        """Memory held: the sum of both passes."""
+        return self.a.nbytes() + self.b.nbytes()
+
+
+def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
+                   input_size_a: tuple[int, int] | None = None, input_size_b: tuple[int, int] | None = None,
+                   limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image) -> Comparison:
+    """One `analyze_image` pass per model (forward + backward each) on the same decoded image; ``run_pass``
+    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`)."""
+    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+    result_a = run_pass(handle_a, picture, input_size=input_size_a)
+    result_b = run_pass(handle_b, picture, input_size=input_size_b)
+    return Comparison(a=result_a, b=result_b, image_size=picture.size,
+                      box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
+                      box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))
+
+
+def result_map(result: ImageAnalysis, kind: str, layer: int, query=None) -> np.ndarray | None:
+    """A raw (grid_h, grid_w) map of one of MAP_KINDS; `layer` is used by attention and Grad-CAM.
+    None for Grad-CAM and relevance of a model without a head."""
+    if kind == "attention":
+        return result.attention_map(layer, None, query)
+    if kind == "rollout":
+        return result.rollout(query=query)
+    if kind not in MAP_KINDS:
+        raise ValueError(f"unknown map kind {kind!r}; one of {MAP_KINDS}")
+    if result.gradcam is None:
+        return None
+    return result.gradcam[layer] if kind == "gradcam" else result.chefer
+
+
+@dataclass(frozen=True)
+class AlignedMap:
+    """One map kind of both models at aligned depths, with their agreement."""
+
+    kind: str
+    layer_a: int  # model A's layer (attention, Grad-CAM); the last layer for depth-free maps
+    layer_b: int  # model B's layer at the same relative depth (`matching_layer`)
+    map_a: np.ndarray  # (grid_h, grid_w) raw, model A's grid
+    map_b: np.ndarray  # (grid_h, grid_w) raw, model B's grid
+    agreement: Agreement
+
+    def depth_note(self, depth_a: int, depth_b: int) -> str:
+        """How the two layers were aligned, for titles and tables."""
+        if self.kind in ("rollout", "relevance"):
+            return "all layers"
+        return (f"layer {self.layer_a} of {depth_a} (relative depth {relative_depth(self.layer_a, depth_a):.2f}) ↔ "
+                f"layer {self.layer_b} of {depth_b} (relative depth {relative_depth(self.layer_b, depth_b):.2f})")
+
+
+def aligned_maps(comparison: Comparison, layer_a: int | None = None, kinds=MAP_KINDS,
+                 fraction: float = 0.1) -> list[AlignedMap]:
+    """Every map kind both models have, model B's layer aligned to model A's `layer_a` (default: the last)
+    by relative depth, with `map_agreement` over the image region both crops cover."""
+    a, b = comparison.a, comparison.b
+    layer_a = a.depth - 1 if layer_a is None else layer_a
+    layer_b = matching_layer(layer_a, a.depth, b.depth)
+    aligned = []
+    for kind in kinds:
+        map_a, map_b = result_map(a, kind, layer_a), result_map(b, kind, layer_b)
+        if map_a is None or map_b is None:
+            continue
+        aligned.append(AlignedMap(kind=kind, layer_a=layer_a, layer_b=layer_b, map_a=map_a, map_b=map_b,
+                                  agreement=map_agreement(map_a, map_b, comparison.box_a, comparison.box_b, fraction)))
+    return aligned
+
+
+def token_agreement(result: ImageAnalysis, fraction: float = 0.1) -> dict[str, Agreement]:
+    """Class token vs distillation token of a distilled DeiT (Touvron et al. 2021), on one pass.
+
+    Per layer the raw attention (mean of heads) read from each token, and the rollout read from each;
+    keys "layer 0" ... "layer L-1" and "rollout". Grad-CAM and gradient-weighted attention depend on the
+    target logit, not on a readout token, so they have no per-token version here.
+    """
+    if not result.layout.num_dist_tokens or not result.layout.has_class_token:
+        raise ValueError(f"{result.model_name} has no class and distillation token pair to compare")
+    scores = {f"layer {layer}": map_agreement(result.attention_map(layer, None, "class"),
+                                              result.attention_map(layer, None, "distillation"), fraction=fraction)
+              for layer in range(result.depth)}
+    scores["rollout"] = map_agreement(result.rollout(query="class"), result.rollout(query="distillation"),
+                                      fraction=fraction)
+    return scores
+
+
+def agreement_record(comparison: Comparison, aligned: list[AlignedMap]) -> dict:
+    """The JSON object of agreement numbers `vit-inspect compare` writes."""
+    a, b = comparison.a, comparison.b
+    record = {
+        "model_a": a.model_name, "model_b": b.model_name,
+        "input_size_a": list(a.layout.input_size), "input_size_b": list(b.layout.input_size),
+        "depth_a": a.depth, "depth_b": b.depth,
+        "crop_box_a": [round(v, 3) for v in comparison.box_a], "crop_box_b": [round(v, 3) for v in comparison.box_b],
+        "layer_mapping": "model B layer = ceil((layer_a + 1) * depth_b / depth_a) - 1 (same relative depth (l+1)/L)",
+        "resampling": "both maps bilinearly resampled to the finer grid over the image region both crops cover",
+        "maps": {m.kind: {"layer_a": m.layer_a, "layer_b": m.layer_b, **m.agreement.as_dict()} for m in aligned},
+        "attention_by_layer": [
+            {"layer_a": la, "layer_b": lb, **map_agreement(a.attention_map(la), b.attention_map(lb), comparison.box_a,
+                                                          comparison.box_b).as_dict()}
+            for la, lb in ((la, matching_layer(la, a.depth, b.depth)) for la in range(a.depth))],
+    }
+    for name, result in (("a", a), ("b", b)):
+        if result.layout.num_dist_tokens and result.layout.has_class_token:
+            record[f"class_vs_distillation_{name}"] = {k: v.as_dict() for k, v in token_agreement(result).items()}
+    return record
+
+
+def last_layer_heads(result: ImageAnalysis, fraction: float = DINO_MASS) -> tuple[np.ndarray, np.ndarray]:
+    """DINO's view (Caron et al. 2021, Fig. 3): (maps, masks), both (heads, grid_h, grid_w): the readout
+    token's last-layer attention of every head, and `analysis.mass_mask` of each at `fraction`."""
+    maps = np.stack([result.attention_map(result.depth - 1, head) for head in range(result.num_heads)])
+    return maps, mass_mask(maps, fraction)
+
+
+def comparison_label(handle: ViTHandle, letter: str, input_size: tuple[int, int] | None, name: str | None = None) -> str:
+    """'A: name (H×W)': names both models apart even when they are the same weights at two input sizes.
+    `name` replaces the handle's (the app shows a server folder by its base name)."""
+    height, width = input_size or handle.input_size
+    return f"{letter}: {handle.name if name is None else name} ({height}×{width})"

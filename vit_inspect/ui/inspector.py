@@ -1,0 +1,403 @@
+"""The app's event handlers: UI values in, library calls, UI values out. A session's
+results live in the byte-bounded store; models in the shared cache."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from vit_inspect.analysis import class_name, search_classes
+from vit_inspect.core.errors import InputError, VitInspectError
+from vit_inspect.core.geometry import InputGeometry
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.passes.pipeline import add_relevance, analyze_image
+from vit_inspect.passes.records import analysis_record, class_record
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.spill import SpillFolder
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots import maps as map_plots
+from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
+from vit_inspect.ui.common import (describe, download_folder, geometry_updates, names_python_file, prediction_labels,
+                                   public_message, public_name, shown_model, shows_errors, upload_folders,
+                                   upload_source, weights_label)
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.model_cache import CacheKey, ModelCache
+from vit_inspect.ui.ordering import DrawOrder, session_hash
+from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
+from vit_inspect.ui.relevance import computed, with_relevance
+from vit_inspect.ui.session_store import SessionStore, Slot, module_nbytes
+from vit_inspect.ui.tabs.attention import map_geometry
+from vit_inspect.ui.tabs.model import ModelTab
+from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+from vit_inspect.ui.view import PATCH, View
+from vit_inspect.ui.zerogpu import gpu_pass
+
+log = logging.getLogger("vit_inspect.app")
+
+GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
+MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
+MAX_DATASET_IMAGES = 64  # images per attention-distance average
+CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
+
+# A new image's answer carries its maps; these figures (PIL pictures of 3-20 ms for DeiT-Ti; once about 1 s
+# of matplotlib, 7x its pass) are drawn by events that follow it, so predictions and maps show as soon as the
+# pass is done, and only if the page shows their tab then (else the tab draws its figure when it opens):
+# panel -> its tab
+LATER_PANELS = {"distance": "Attention distance", "compare": "All maps", "heads": "All heads"}
+FIRST_TAB = "Predictions"  # the tab a page opens on
+FIRST_PANELS = tuple(name for name in IMAGE_PANELS if name not in LATER_PANELS)
+
+
+@dataclass(frozen=True)
+class Session:
+    """One user's image and its passes, held in gr.State: never seen by another session."""
+
+    model: CacheKey  # the model the passes ran on
+    source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
+    name: str  # the upload's file name, for the downloads
+    slot: Slot  # its results in the server's byte-bounded store: {(target, contrast): ImageAnalysis}, one pass per pair
+    target: tuple[int | None, int | None]  # the pass shown now
+    distance: distance_plots.DistanceScatterOnce  # this image's attention-distance scatter, rendered on first use
+    labels: tuple[str, ...] = ()  # the model's class names
+    model_label: str = ""  # model name and weights, for every caption
+    geometry: InputGeometry = InputGeometry()  # how the upload became the input
+    relevance: bool = False  # passes also compute LeGrad and AttnLRP (the All maps toggle; off: the gradient floor)
+    relevance_for: frozenset = frozenset()  # the (target, contrast) passes whose LeGrad and AttnLRP were computed
+
+    @property
+    def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
+        """One pass per (target, contrast) pair (target None: a model without a head); ResultDropped if evicted."""
+        return self.slot.get()
+
+    @property
+    def result(self) -> ImageAnalysis:
+        return self.results[self.target]
+
+    def class_text(self, index: int | None) -> str:
+        return "" if index is None else class_name(self.labels, index)
+
+
+def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:
+    """Bytes held by a session's results, the attention store they share counted once."""
+    stores = {id(r.attention_store): r.attention_store.nbytes() for r in results.values()}
+    return sum(r.nbytes() - r.attention_store.nbytes() for r in results.values()) + sum(stores.values())
+
+
+class Inspector:
+    """The event handlers: UI values in, library calls, UI values out. Holds models, never user data."""
+
+    def __init__(self, config: AppConfig, cache: ModelCache):
+        self.config = config
+        self.cache = cache
+        # session results, bounded in bytes together with the loaded models' weights
+        self.store = SessionStore(config.memory_budget,
+                                  reserved=lambda: sum(module_nbytes(h.model) for h in cache.handles()))
+        self.default_key = CacheKey.of(config.model, config.weights, config.device)
+        self.run_pass = gpu_pass(analyze_image)  # on a ZeroGPU Space: under spaces.GPU, model on the GPU
+        # maps of many-token models on local disk for fast redraws; not from a ZeroGPU worker's pass
+        self.spill = (SpillFolder(config.spill_budget)
+                      if config.spill_budget > 0 and not getattr(self.run_pass, "on_gpu", False) else None)
+        self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
+        self.default_label = public_name(config.model)  # the operator's model as the dropdown shows it
+        self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
+        self.order = DrawOrder()  # a panel shows the newest of a session's overlapping draws
+
+    def handle(self, key: CacheKey) -> ViTHandle:
+        # Only the operator's own model (from the command line) may be a folder or a Python file on this server.
+        own = key == self.default_key
+        operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
+        bound = {} if own else {"max_model_bytes": self.config.memory_budget}  # a web user's model fits the budget
+        return self.cache.get(key, allow_local_dirs=own, **operator_file, **bound)
+
+    def startup(self, progress=gr.Progress()):
+        """Page load: the default model (the server loads it in the background; this waits for it with a
+        progress bar), or in its place how to get its weights."""
+        progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
+        try:
+            handle = self.handle(self.default_key)
+        except VitInspectError as exc:
+            log.warning("the default model could not be loaded: %s", exc)
+            return (f"⚠️ **The model could not be loaded.** {public_message(exc)}\n\nYou can still use the app: open "
+                    "**Change model** below the image, upload a `.safetensors` weights file, type its timm "
+                    "architecture name (e.g. `deit_tiny_patch16_224`) and press **Load model**.",
+                    gr.update(open=True), *[gr.skip()] * 7)
+        return describe(handle), gr.update(), *geometry_updates(handle)
+
+    @shows_errors
+    def load_model(self, name: object, weights: object, progress=gr.Progress()):
+        """Another model: everything shown for the previous one is cleared (the image is rerun through
+        `key.change`). On failure the picker goes back to the model in use (the event's .failure)."""
+        name = text(name, "The model name")
+        if not name:
+            raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
+        upload = client_file(weights, upload_folders(), max_bytes=2**40)  # the file is already on disk
+        weights = None if upload is None else upload[0]
+        if weights and Path(weights).suffix.lower() != ".safetensors":
+            raise InputError("Only .safetensors weights files can be uploaded here.")
+        if weights and "/" in name:
+            raise InputError("An uploaded weights file goes with a timm architecture name (such as "
+                             "'deit_tiny_patch16_224'), not with a Hugging Face id.")
+        if name == self.default_label and weights is None:
+            key = self.default_key  # the operator's model, which the page names by its base name only
+        elif names_python_file(name):
+            raise InputError("Models defined in Python files cannot be loaded from this page; whoever runs the "
+                             "server chooses one when starting it (python app.py --model-file FILE.py:FUNCTION).")
+        else:
+            key = CacheKey.of(name, weights, self.config.device)
+        progress(0, desc=f"Loading {name}")
+        handle = self.handle(key)
+        return (key, describe(handle), gr.update(open=False), *geometry_updates(handle),
+                *[None] * 3, None, "", None, None)
+
+    @staticmethod
+    def picker_name(key: CacheKey) -> str:
+        """The model in use, put back in the picker after a failed load."""
+        return key.name
+
+    def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None,
+              relevance: bool = False) -> ImageAnalysis:
+        return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
+                             geometry=geometry, relevance=relevance, spill=self.spill)
+
+    def with_relevance(self, session: Session, progress=None) -> Session:
+        """The session with LeGrad and AttnLRP for the pass it shows (one more forward, at most)."""
+        if progress is not None and not computed(session):
+            progress(0.2, desc="Adding AttnLRP and LeGrad (one more forward and backward pass)")
+        return with_relevance(session, self.handle(session.model), self.run_relevance, self.config.limits,
+                              results_nbytes)
+
+    @shows_errors
+    def set_relevance(self, session: Session | None, wanted: object, progress=gr.Progress(), **controls):
+        """The All maps toggle: ticked, LeGrad and AttnLRP are added to the pass shown and computed by the
+        session's later passes; unticked, later passes leave them out (maps already computed stay)."""
+        wanted = flag(wanted, "The AttnLRP and LeGrad choice")
+        if session is None:
+            return gr.skip(), gr.skip()
+        view = View.from_controls(session.result, **controls)
+        session = replace(session, relevance=wanted)
+        if wanted:
+            session = self.with_relevance(session, progress)
+        return session, draw_panels(("compare",), session, view)[0]
+
+    @staticmethod
+    def geometry_of(mode: object, size: object) -> InputGeometry:
+        """The input geometry from the raw radio and number values."""
+        side = finite_int(size, "The shorter side", 16, 1024, default=224, clamp=False)
+        return InputGeometry(GEOMETRIES[mode] if isinstance(mode, str) and mode in GEOMETRIES else "crop", side)
+
+    @shows_errors
+    def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
+                progress=gr.Progress(), request: gr.Request = None, **controls):
+        relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
+        upload = upload_source(image, self.config.limits.max_bytes)
+        if upload is None:
+            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None
+        source, name = upload
+        geometry = self.geometry_of(geometry_mode, shorter_side)
+        view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
+        progress(0.1, desc="Loading the model")
+        handle = self.handle(key)
+        progress(0.4, desc="Running the model (one forward and one backward pass"
+                           + (", plus AttnLRP and LeGrad)" if relevance else ")"))
+        result = self._pass(handle, source, geometry, relevance=relevance)
+        progress(0.8, desc="Drawing")
+        scatter = distance_plots.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
+                                               title=f"{public_name(handle.name)} · this image")
+        slot = self.store.put({(result.target, None): result}, result.nbytes())
+        session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
+                          relevance=relevance,
+                          relevance_for=frozenset({(result.target, None)} if relevance else ()))
+        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
+                            interactive=True) if result.probs.size else gr.update(choices=[], value=None))
+        try:
+            view = View.from_controls(result, **controls)
+        except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
+            view = View.from_controls(result, **view_controls)
+        drawn = dict(zip(FIRST_PANELS, draw_panels(FIRST_PANELS, session, view)))
+        panels = [drawn.get(name) for name in IMAGE_PANELS]  # LATER_PANELS: cleared now, drawn by the next events
+        self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
+        seen = map_plots.outline_region(result.preview, result.seen_box, result.source_size)
+        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result)
+
+    def redraw(self, name: str):
+        """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
+        @shows_errors
+        def handler(session: Session | None, request: gr.Request = None, **controls):
+            if session is None:
+                return gr.skip()
+            picture, newest = self._draw_newest(request, name, session, View.from_controls(session.result, **controls))
+            return picture if newest else gr.skip()
+        return handler
+
+    def redraw_if_shown(self, name: str, tab: str | None):
+        """`redraw(name)` when the page shows ``tab`` (the browser's own record of its open tab, a client's
+        word: it only decides whether to draw now); otherwise nothing, and the tab draws when it opens.
+        ``tab`` None: a panel no tab opening redraws (the attention map), drawn whatever is shown."""
+        draw = self.redraw(name)
+
+        def handler(session: Session | None, shown: object, request: gr.Request = None, **controls):
+            return draw(session, request=request, **controls) if tab is None or shown == tab else gr.skip()
+        return handler
+
+    def _draw_newest(self, request, name: str, session: Session, view: View) -> tuple:
+        """(one panel drawn for `view`, whether no later draw of that panel for this web session began meanwhile)."""
+        ticket = self.order.begin(session_hash(request), name)
+        picture = draw_panels((name,), session, view)[0]
+        return picture, self.order.is_latest(session_hash(request), name, ticket)
+
+    @shows_errors
+    def pick_patch(self, evt: gr.SelectData, session: Session | None, request: gr.Request = None, **controls):
+        """A click on the attention map (x, y in the crop's pixels) makes that patch the query; a click
+        on the colour bar or the caption beside the map does nothing."""
+        if session is None or evt.index is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
+            raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
+        height, width = session.result.layout.input_size
+        x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6)
+        y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6)
+        if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        row, col = session.result.layout.patch_at(y, x)
+        view = View.from_controls(session.result, **(controls | dict(query=PATCH, row=row, col=col)))
+        picture, newest = self._draw_newest(request, "attention", session, view)
+        return (row, col, PATCH, picture) if newest else (gr.skip(), gr.skip(), gr.skip(), gr.skip())
+
+    @shows_errors
+    def type_patch(self, session: Session | None, request: gr.Request = None, **controls):
+        """Typing a patch row or column makes that patch the query (the browser ticks it at once)."""
+        if session is None:
+            return PATCH, gr.skip()
+        view = View.from_controls(session.result, **(controls | dict(query=PATCH)))
+        picture, newest = self._draw_newest(request, "attention", session, view)
+        return PATCH, picture if newest else gr.skip()
+
+    def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
+        """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
+        num_classes = session.result.probs.size
+        if not num_classes:
+            raise InputError("This model has no classification head, so there is no class to explain.")
+        for index in (target, contrast):
+            if index is not None and not 0 <= index < num_classes:
+                raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
+        if contrast == target:
+            raise InputError("The class to compare with is the class itself; choose another one.")
+        results = dict(session.results)
+        done = set(session.relevance_for)  # passes whose LeGrad and AttnLRP were computed
+        if (target, contrast) not in results:
+            progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
+            fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast,
+                               relevance=session.relevance)
+            # same image, same model: the attention is the same, so every target shares one copy
+            results[(target, contrast)] = replace(fresh, attention_store=session.result.attention_store)
+            if session.relevance:
+                done.add((target, contrast))
+            while len(results) > MAX_TARGETS_PER_SESSION:
+                results.pop(next(iter(results)))
+        session.slot.set(results, results_nbytes(results))
+        session = replace(session, target=(target, contrast), relevance_for=frozenset(done & results.keys()))
+        return self.with_relevance(session, progress) if session.relevance else session
+
+    def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
+                   request: gr.Request = None, **controls):
+        """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
+        choice is a warning and leaves every panel as it was."""
+        try:
+            target = text(target, "The class to explain", max_chars=40)
+            if session is None or not target:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            if not target.isdigit():
+                raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
+                                 "in the search box.")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
+                     request: gr.Request = None, **controls):
+        """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
+        list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
+        every panel as it was."""
+        try:
+            wanted = text(wanted, "The class search", 100)
+            if session is None or not wanted:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            index = find_class(session.labels, session.result.probs, wanted, "class to explain")
+            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
+                                  "comparison")
+            found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
+            return self._show_class(session, index, contrast, found, progress, controls, request)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+
+    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls,
+                    request=None):
+        session = self._switch(session, index, contrast, progress)
+        view = View.from_controls(session.result, **controls)
+        choices = class_choices(session.labels, session.result.probs, found)
+        panels = draw_panels(CLASS_PANELS, session, view)
+        self.order.supersede(session_hash(request), CLASS_PANELS)  # redraws in flight drew the previous class
+        return session, gr.update(choices=choices, value=str(index)), *panels
+
+    @shows_errors
+    def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
+        uploads = client_files(files, upload_folders(), self.config.limits.max_bytes, MAX_DATASET_IMAGES)
+        if not uploads:
+            raise InputError("Upload a few images first (they are averaged; the more, the steadier).")
+        if any(isinstance(source, bytes) for source, _ in uploads):
+            raise InputError("Upload the images to average as files.")
+        files = [source for source, _ in uploads]
+        progress(0, desc="Loading the model")
+        handle = self.handle(key)
+        stats = dataset_attention_distance(
+            handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
+        image = distance_plots.attention_distance_panel(  # PIL: 2 ms, against 150 ms for a matplotlib figure (bench_upload 6l)
+            stats.distances, image_width=handle.input_size[1],
+            title=f"{shown_model(handle)} · mean over {stats.num_images} images", selectable=False).background
+        note = f"Averaged over {stats.num_images} image(s)."
+        if stats.skipped:
+            note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
+        return image, note
+
+    @shows_errors
+    def downloads(self, session: Session | None, **controls) -> list[str]:
+        """The current image's figures as PNG (each captioned with its model, class and settings), its
+        numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
+        if session is None:
+            raise InputError("Analyse an image first; the downloads are its figures and numbers.")
+        result = session.result
+        view = View.from_controls(result, **controls)
+        handle = self.handle(session.model)
+        folder = download_folder()
+        stem = Path(session.name).stem or "image"
+        paths = []
+        for name, image in zip(IMAGE_PANELS, draw_panels(IMAGE_PANELS, session, view)):
+            if image is not None:
+                paths.append(folder / f"{stem}_{name}.png")
+                Image.fromarray(image).save(paths[-1])
+        settings = {"model": public_name(handle.name), "weights": weights_label(handle),
+                    "input_geometry": session.geometry.describe(result.layout.input_size),
+                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast),
+                    "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
+        settings |= view.record()
+        record = analysis_record(handle, result, session.name) | {"model": settings["model"], "settings": settings}
+        paths.append(folder / f"{stem}.json")
+        paths[-1].write_text(json.dumps(record, indent=1))
+        arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
+                  "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
+                  "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
+        arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
+        paths.append(folder / f"{stem}.npz")
+        np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
+        return [str(p) for p in paths]

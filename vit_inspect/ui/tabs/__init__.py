@@ -1,0 +1,2 @@
+"""The app's tabs, one module per tab.
+"""

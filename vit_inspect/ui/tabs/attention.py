@@ -1,0 +1,98 @@
+"""The Attention tab: one layer's attention from a query token, the query being the token the head reads
+or a patch chosen by a click on the map or by typing its row and column.
+
+The browser knows the chosen patch before the server answers. A redraw reads the query controls when the
+page sends it, so a slider moved while a click or a typed patch is on its way to the server would
+otherwise draw the previous query, and, begun later, keep the panel (`ordering.DrawOrder`). So:
+
+- typing a row or column ticks "clicked patch" in the browser at once;
+- a click is turned into a patch in the browser too (`clicks.CLICK_JS` records the pixel exactly as
+  Gradio's select event computes it; `PICK_JS` divides it by the patch size of the input shown,
+  `map_geometry`), and row, column and "clicked patch" are set at once. The server's `pick_patch`
+  computes the same patch from the same pixel (`TokenLayout.patch_at`) and draws it.
+
+Only the browser's own controls change there: no server call, and nothing a client sends is trusted more
+than before (the server clamps row and column as for any client, `View.from_controls`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import gradio as gr
+
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.ui.clicks import MAP_ID, clicked_pixel
+from vit_inspect.ui.common import OutputImage
+from vit_inspect.ui.view import PATCH, READOUT
+
+# On the map's select event: the remembered pixel -> (row, col, "clicked patch") with the patch grid of the
+# input shown; a click beside the crop (colour bar, caption) or before any image leaves the controls as
+# they are. Floor division and clamping as `TokenLayout.patch_at`.
+PICK_JS = """(geometry, row, col, query) => {
+  %(clicked)s
+  if (!click || !geometry || !geometry.input) return [row, col, query];
+  const [height, width] = geometry.input, [patchH, patchW] = geometry.patch, [gridH, gridW] = geometry.grid;
+  if (!(click.x >= 0 && click.x < width && click.y >= 0 && click.y < height)) return [row, col, query];
+  return [Math.min(Math.floor(click.y / patchH), gridH - 1), Math.min(Math.floor(click.x / patchW), gridW - 1),
+          %(patch)s];
+}""" % {"patch": json.dumps(PATCH), "clicked": clicked_pixel(MAP_ID)}
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """The Attention tab's components (``geometry`` is hidden: the patch grid of the input shown, for the browser)."""
+
+    panel: gr.Image
+    layer: gr.Slider
+    head: gr.Slider
+    mean_heads: gr.Checkbox
+    query: gr.Radio
+    row: gr.Number
+    col: gr.Number
+    geometry: gr.JSON
+
+
+def attention_tab_layout(map_out: dict) -> AttentionView:
+    """The tab's map and controls, inside the caller's ``gr.Tab`` (``map_out``: the app's map image options)."""
+    with gr.Row():
+        panel = OutputImage(label="Attention map: click a patch to query from it", elem_id=MAP_ID, **map_out)
+        with gr.Column():
+            layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
+            head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
+            mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)", elem_id="mean-heads")
+            query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
+                             info="Whose attention: the token the classifier reads, or a "
+                                  "patch (click the map, or type its row and column).")
+            with gr.Row():
+                row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13, elem_id="patch-row")
+                col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13, elem_id="patch-col")
+    geometry = gr.JSON(None, visible=False, elem_id="attention-geometry")
+    return AttentionView(panel, layer, head, mean_heads, query, row, col, geometry)
+
+
+def map_geometry(result: ImageAnalysis) -> dict:
+    """What the browser needs to turn a clicked pixel of the map into a patch: the input's (height, width),
+    the patch's (height, width) in input pixels and the grid's (rows, columns)."""
+    layout = result.layout
+    return {"input": list(layout.input_size), "patch": [layout.patch_h, layout.patch_w],
+            "grid": [layout.grid_h, layout.grid_w]}
+
+
+def wire_attention_tab(view: AttentionView, session: gr.State, controls: dict,
+                       pick_patch: Callable, type_patch: Callable, concurrency_limit: int, raw: dict) -> None:
+    """The tab's own events: a click or a typed patch sets the query in the browser at once and draws it on the
+    server (``pick_patch``, ``type_patch``); "mean of heads" greys out the head slider. Its slider redraws are
+    wired with the other panels' (app.py)."""
+    gr.on([view.panel.select], None, inputs=[view.geometry, view.row, view.col, view.query],
+          outputs=[view.row, view.col, view.query], js=PICK_JS, queue=False)
+    gr.on([view.panel.select], pick_patch, inputs=[session], inputs_kwargs=controls,
+          outputs=[view.row, view.col, view.query, view.panel], api_name="pick_patch", show_progress="hidden",
+          concurrency_limit=concurrency_limit, **raw)
+    gr.on([view.row.input, view.col.input], None, outputs=[view.query], js=f"() => {json.dumps(PATCH)}", queue=False)
+    gr.on([view.row.input, view.col.input], type_patch, inputs=[session], inputs_kwargs=controls,
+          outputs=[view.query, view.panel], api_name="type_patch", show_progress="hidden",
+          trigger_mode="always_last", concurrency_limit=concurrency_limit, **raw)
+    gr.on([view.mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[view.mean_heads],
+          outputs=[view.head], api_name="head_enabled", show_progress="hidden")

@@ -1,0 +1,297 @@
+"""The app's "Compare" tab: the same image through a second model, aligned views and agreement numbers.
+
+Gradio lives here and in app.py only (the library never imports it). `compare_tab(app, image, key,
+models)` is called inside app.py's `gr.Tabs()`; `app` is its `Inspector` (model cache, limits, and the
+validated `load_model`). Both passes run on the model-pass queue through the app's pass (`app.run_pass`, under
+ZeroGPU when available, without LeGrad and AttnLRP, which this tab does not show); the comparison lives in the app's byte-bounded session store (`app.store`) and
+gr.State holds only its slot, so sliders redraw from there and an evicted comparison says so.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import gradio as gr
+import numpy as np
+from gradio import utils as gradio_utils
+
+from vit_inspect.analysis.compare import matching_layer, relative_depth
+from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
+from vit_inspect.core.errors import InputError, VitInspectError
+from vit_inspect.core.geometry import parse_size
+from vit_inspect.core.images import load_image
+from vit_inspect.plots import compare as compare_plots
+from vit_inspect.plots import model as model_plots
+from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
+                                            last_layer_heads, token_agreement)
+from vit_inspect.studies.model_report import model_report
+from vit_inspect.ui.common import OutputImage, public_name
+from vit_inspect.ui.session_store import Slot
+from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
+
+MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
+MAX_PATCHES = 1024  # patches of B's input at most (32x32): attention memory grows with its square
+TABLE_HEADERS = ["map", "layers compared", "Spearman rank correlation", "top-10 % overlap", "common grid"]
+
+
+@dataclass(frozen=True)
+class CompareSession:
+    """One user's comparison, held in the app's session store: both passes (memory is their sum) and the PCA
+    inputs."""
+
+    comparison: Comparison
+    labels: tuple[str, str]  # "A: name (H×W)", "B: name (H×W)"
+    features: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: (grid_h, grid_w, D) per image
+    crops: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: the crop of each PCA image
+    names: tuple[str, ...]  # file names of the PCA images
+
+    def nbytes(self) -> int:
+        """Bytes held: both passes, the PCA features and crops."""
+        return self.comparison.nbytes() + sum(a.nbytes for group in (*self.features, *self.crops) for a in group)
+
+
+def _rho(value: float) -> str:
+    return "n/a (constant map)" if np.isnan(value) else f"{value:.3f}"
+
+
+def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
+    """The agreement table: every map kind at model A's `layer` and its aligned layer, then the
+    class-vs-distillation rows of a distilled model."""
+    comparison = state.comparison
+    rows = []
+    for item in aligned_maps(comparison, layer_a=layer):
+        score = item.agreement
+        rows.append([MAP_TITLES[item.kind], item.depth_note(comparison.a.depth, comparison.b.depth),
+                     _rho(score.spearman), f"{score.top_overlap:.2f}", f"{score.grid[0]}×{score.grid[1]}"])
+    for label, result in zip(state.labels, (comparison.a, comparison.b)):
+        if result.layout.num_dist_tokens and result.layout.has_class_token:
+            for name, score in token_agreement(result).items():
+                kind = "rollout" if name == "rollout" else "attention (mean of heads)"
+                rows.append([f"{label[:1]}: class vs distillation token, {kind}", name, _rho(score.spearman),
+                             f"{score.top_overlap:.2f}", f"{score.grid[0]}×{score.grid[1]}"])
+    return rows
+
+
+def mapping_note(state: CompareSession, layer: int) -> str:
+    a, b = state.comparison.a, state.comparison.b
+    other = matching_layer(layer, a.depth, b.depth)
+    return (f"**Relative depth** (l+1)/L: A's layer {layer} of {a.depth} ({relative_depth(layer, a.depth):.2f}) ↔ "
+            f"B's layer {other} of {b.depth} ({relative_depth(other, b.depth):.2f}). B's layer = "
+            f"ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at or beyond A's relative depth. Agreement is "
+            "measured over the part of the photo both crops cover, both maps resampled bilinearly to the finer grid.")
+
+
+def layer_views(state: CompareSession, layer: int) -> tuple[np.ndarray, list[list[str]], str]:
+    """(aligned maps figure, agreement table, mapping note) at model A's `layer`."""
+    aligned = aligned_maps(state.comparison, layer_a=layer)
+    figure = compare_plots.aligned_maps_panel(state.comparison, aligned, *state.labels)  # PIL: ≈ 30x faster than a figure
+    return figure, agreement_rows(state, layer), mapping_note(state, layer)
+
+
+def dino_views(state: CompareSession, mass: float) -> list[np.ndarray]:
+    """Both models' last-layer heads with the masks holding `mass` of the attention."""
+    images = []
+    for result, label in zip((state.comparison.a, state.comparison.b), state.labels):
+        maps, masks = last_layer_heads(result, mass)
+        images.append(compare_plots.dino_heads_panel(result, maps, masks, label, mass))  # PIL: see its docstring
+    return images
+
+
+def pca_views(state: CompareSession, remove_background: bool, threshold: float) -> list[np.ndarray]:
+    """Each model's feature PCA of the session's images (fitted jointly over them)."""
+    try:
+        fits = [feature_pca(state.features[index], threshold if remove_background else None) for index in range(2)]
+    except ValueError as exc:  # e.g. fewer than two foreground patches at this threshold
+        raise InputError(f"{str(exc).capitalize()}.") from None
+    return [compare_plots.feature_pca_panel(list(state.crops[index]), fits[index], list(state.names), state.labels[index])
+            for index in range(2)]
+
+
+def _mass(value: object) -> float:
+    return finite_float(value, "The share of attention mass", 0.05, 1.0, default=DINO_MASS, clamp=False)
+
+
+def _background(remove: object, threshold: object) -> tuple[bool, float]:
+    return (flag(remove, "Remove the background"),
+            finite_float(threshold, "The background threshold", 0.0, 1.0, default=BACKGROUND_THRESHOLD))
+
+
+class Compare:
+    """The tab's handlers: UI values in, library calls, UI values out."""
+
+    def __init__(self, app, upload_source):
+        self.app = app  # app.py's Inspector: model cache, limits, validated model loading
+        self.upload_source = upload_source  # app.py's reading of a raw gr.Image value
+
+    def load_second(self, name: str | None, weights: str | None, progress=gr.Progress()):
+        key, described = self.app.load_model(name, weights, progress)[:2]  # the first model's checks and messages
+        return key, described.replace("**Model**", "**Model B**", 1)
+
+    def run(self, image: dict | None, key_a, key_b, size_b: str | None, mass, remove_background, threshold,
+            progress=gr.Progress()):
+        upload = self.upload_source(image, self.app.config.limits.max_bytes)
+        if upload is None:
+            raise InputError("Upload an image first (left), then press Compare.")
+        if key_b is None:
+            raise InputError("Load model B first (above).")
+        source, name = upload
+        mass, (remove_background, threshold) = _mass(mass), _background(remove_background, threshold)
+        try:
+            size = parse_size(text(size_b, "B's input size", 20) or None)
+        except VitInspectError:
+            raise InputError("B's input size must look like 224x320 (height × width in pixels).") from None
+        picture = load_image(source, self.app.config.limits)
+        progress(0.1, desc="Loading both models")
+        handle_a, handle_b = self.app.handle(key_a), self.app.handle(key_b)
+        if size is not None:
+            ph, pw = handle_b.patch_size
+            if size[0] < ph or size[1] < pw:
+                raise InputError(f"B's input {size[0]}×{size[1]} is smaller than one {ph}×{pw} patch.")
+            if handle_b.layout(size).num_patches > MAX_PATCHES:
+                raise InputError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
+                                 "choose a smaller input size for B.")
+        progress(0.3, desc="One pass per model (forward and backward)")
+        comparison = compare_images(handle_a, handle_b, picture, None, size,  # no LeGrad/AttnLRP shown here
+                                    run_pass=functools.partial(self.app.run_pass, relevance=False))
+        labels = (comparison_label(handle_a, "A", None, public_name(handle_a.name)),  # a server folder by its base name
+                  comparison_label(handle_b, "B", size, public_name(handle_b.name)))
+        state = CompareSession(comparison=comparison, labels=labels,
+                               features=((comparison.a.patch_features.astype(np.float32),),
+                                         (comparison.b.patch_features.astype(np.float32),)),
+                               crops=((comparison.a.rgb,), (comparison.b.rgb,)), names=(name,))
+        progress(0.7, desc="Drawing")
+        layer = comparison.a.depth - 1
+        figure, rows, note = layer_views(state, layer)
+        results = (comparison.a, comparison.b)
+        distance, _ = compare_plots.compare_distance_panel(
+            [r.mean_distance for r in results], list(labels), [r.layout.input_size[1] for r in results],
+            title=f"mean attention distance: {name}")
+        top = [{f"{t['label']} (#{t['index']})": t["prob"] for t in h.top_labels(r.probs, 5)} if r.probs.size else None
+               for h, r in ((handle_a, comparison.a), (handle_b, comparison.b))]
+        reports = [model_report(h) for h in (handle_a, handle_b)]
+        filters = compare_plots.side_by_side([model_plots.filter_pca_panel(r.filter_pca, label)
+                                              for r, label in zip(reports, labels)])
+        similarity = [model_plots.pos_similarity_panel(r.pos_similarity, f"{label}: position embedding similarity")
+                      for r, label in zip(reports, labels) if r.pos_similarity is not None]
+        heads = dino_views(state, mass)
+        pca = pca_views(state, remove_background, threshold)
+        slot = self.app.store.put(state, state.nbytes())
+        return (slot, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
+                compare_plots.side_by_side(similarity) if similarity else None, *heads, *pca)
+
+    def relayer(self, slot: Slot | None, layer):
+        if slot is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        state = slot.get()
+        last = state.comparison.a.depth - 1
+        return layer_views(state, finite_int(layer, "A's layer", 0, last, default=last))
+
+    def remask(self, slot: Slot | None, mass):
+        if slot is None:
+            return gr.skip(), gr.skip()
+        return dino_views(slot.get(), _mass(mass))
+
+    def repca(self, slot: Slot | None, remove_background, threshold):
+        if slot is None:
+            return gr.skip(), gr.skip()
+        return pca_views(slot.get(), *_background(remove_background, threshold))
+
+    def joint_pca(self, slot: Slot | None, files: list[str] | None, key_a, key_b, remove_background,
+                  threshold, progress=gr.Progress()):
+        """Add the uploaded images to both models' feature PCA (one forward pass each, no gradients)."""
+        if slot is None:
+            raise InputError("Press Compare first; the joint PCA adds images to that comparison.")
+        state = slot.get()
+        background = _background(remove_background, threshold)
+        if isinstance(files, (list, tuple)) and len(files) > MAX_PCA_IMAGES - 1:
+            raise InputError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
+        uploads = client_files(files, [gradio_utils.get_upload_folder()], self.app.config.limits.max_bytes,
+                               MAX_PCA_IMAGES - 1)
+        if not uploads:
+            raise InputError(f"Upload between 1 and {MAX_PCA_IMAGES - 1} more images for a joint PCA.")
+        handles = (self.app.handle(key_a), self.app.handle(key_b))
+        sizes = (state.comparison.a.layout.input_size, state.comparison.b.layout.input_size)
+        features, crops = [list(f[:1]) for f in state.features], [list(c[:1]) for c in state.crops]
+        names = [state.names[0]]
+        for done, (source, file_name) in enumerate(uploads, 1):
+            progress((done, len(uploads)), unit="images")
+            picture = load_image(source, self.app.config.limits)
+            for index in range(2):
+                result = self.app.run_pass(handles[index], picture, input_size=sizes[index], gradients=False)
+                features[index].append(result.patch_features.astype(np.float32))
+                crops[index].append(result.rgb)
+            names.append(file_name)
+        state = replace(state, features=tuple(map(tuple, features)), crops=tuple(map(tuple, crops)), names=tuple(names))
+        slot.set(state, state.nbytes())
+        return slot, *pca_views(state, *background)
+
+
+def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict, upload_source, shows_errors) -> None:
+    """Lay out the Compare tab and wire its events; call inside app.py's `gr.Tabs()`.
+
+    `app` is the Inspector, `upload_source` and `shows_errors` app.py's upload reader and error decorator
+    (every handler's library exceptions become one sentence), `model_pass` the model queue's settings.
+    """
+    handlers = Compare(app, upload_source)
+    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
+    with gr.Tab("Compare"):
+        gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
+                    "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
+                    "memory budget).")
+        key_b = gr.State(None)
+        state = gr.State(None, time_to_live=app.config.session_ttl_s)
+        with gr.Row():
+            name_b = gr.Dropdown(list(models), value=None, label="Model B", allow_custom_value=True, scale=2,
+                                 info="Curated list, any timm ViT name, or a Hugging Face id.", elem_id="compare-model")
+            weights_b = gr.File(label="Own weights for B (.safetensors, with a timm name)", file_types=[".safetensors"],
+                                type="filepath", height=100, scale=2, elem_id="compare-weights")
+            size_b = gr.Textbox(label="B's input size (H×W, blank: its own)", placeholder="e.g. 224x320", scale=1,
+                                elem_id="compare-size")
+        with gr.Row():
+            load_b = gr.Button("Load model B", elem_id="compare-load")
+            run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+        status_b = gr.Markdown("No model B yet.", elem_id="compare-status")
+        with gr.Row():
+            top_a = gr.Label(num_top_classes=5, label="A: top-5", elem_id="compare-top-a")
+            top_b = gr.Label(num_top_classes=5, label="B: top-5", elem_id="compare-top-b")
+        layer = gr.Slider(0, 11, value=11, step=1, label="A's layer (B's follows at the same relative depth)",
+                          elem_id="compare-layer")
+        note = gr.Markdown(elem_id="compare-note")
+        table = gr.Dataframe(headers=TABLE_HEADERS, label="Agreement between the maps", interactive=False,
+                             elem_id="compare-table")
+        maps = OutputImage(label="Aligned maps", elem_id="compare-maps-ab", **figure_out)
+        distance = OutputImage(label="Mean attention distance against relative depth (ViT Fig. 7 right, both models)",
+                            elem_id="compare-distance", **figure_out)
+        filters = OutputImage(label="Patch-embedding filters (ViT Fig. 7 left), A | B", **figure_out)
+        similarity = OutputImage(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
+        mass = gr.Slider(0.1, 1.0, value=DINO_MASS, step=0.05, label="DINO masks: share of attention mass kept",
+                         elem_id="compare-mass")
+        with gr.Row():
+            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a", **figure_out)
+            heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
+        with gr.Row():
+            remove_background = gr.Checkbox(False, label="Feature PCA: remove the background (first component)")
+            threshold = gr.Slider(0.0, 1.0, value=BACKGROUND_THRESHOLD, step=0.05, label="Background threshold")
+        with gr.Row():
+            pca_files = gr.File(label=f"More images for a joint feature PCA (up to {MAX_PCA_IMAGES - 1})",
+                                file_count="multiple", file_types=["image"], type="filepath", height=100, scale=3)
+            pca_button = gr.Button("Fit the PCA jointly", scale=1)
+        with gr.Row():
+            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a", **figure_out)
+            pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
+
+    gr.on([load_b.click], shows_errors(handlers.load_second), inputs=[name_b, weights_b], outputs=[key_b, status_b],
+          api_name="compare_load_model", preprocess=False)
+    gr.on([run.click], shows_errors(handlers.run), inputs=[image, key, key_b, size_b, mass, remove_background, threshold],
+          outputs=[state, layer, note, top_a, top_b, maps, table, distance, filters, similarity, heads_a, heads_b,
+                   pca_a, pca_b], preprocess=False, api_name="compare_models", **model_pass)
+    gr.on([layer.input], shows_errors(handlers.relayer), inputs=[state, layer], outputs=[maps, table, note],
+          api_name="compare_layer", trigger_mode="always_last", show_progress="hidden", preprocess=False)
+    gr.on([mass.input], shows_errors(handlers.remask), inputs=[state, mass], outputs=[heads_a, heads_b], api_name="compare_mass",
+          trigger_mode="always_last", show_progress="hidden", preprocess=False)
+    gr.on([remove_background.input, threshold.input], shows_errors(handlers.repca), inputs=[state, remove_background, threshold],
+          outputs=[pca_a, pca_b], api_name="compare_pca", trigger_mode="always_last", show_progress="hidden",
+          preprocess=False)
+    gr.on([pca_button.click], shows_errors(handlers.joint_pca),
+          inputs=[state, pca_files, key, key_b, remove_background, threshold], outputs=[state, pca_a, pca_b],
+          api_name="compare_joint_pca", preprocess=False, **model_pass)

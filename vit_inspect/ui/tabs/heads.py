@@ -1,0 +1,545 @@
+"""The app's "Heads" tab: ablate heads live, rank them for this image, read the logit lens.
+Imported only by app.py (the library never imports gradio).
+
+For the session's model, image and class:
+- **Ablation** (`ablation.analyze_ablated`: one forward, one backward): the new top-5 beside the original,
+  the change of the class's probability and logit (`ablation.ablation_effect`) and the ablated model's
+  attention, rollout and Grad-CAM, captioned "ablated: heads ..., mode ...". Redraws for another layer or
+  head use the cached ablated pass.
+- **Importance** (`ablation.head_importance`: 1 + L·H rows, batched) with a progress bar and a Cancel button
+  that stops it before its next batch; beside it the first-order estimate from the pass already made
+  (`HeadPass.first_order`) and their Spearman ρ.
+- Clicking a heatmap cell sets the app's shared layer and head: in the page at once (`PICK_CELL_JS`, with
+  the cells' place sent beside the heatmaps, `cell_geometry`), so a redraw the page sends before the
+  server's answer draws the clicked head, and on the server (`cell_at`, the same arithmetic).
+- The logit lens table from the cached pass (`heads_report.lens_record`).
+
+Per session only the latest ablated pass, the latest importance grid (two (depth, heads) arrays) and the
+heads' mean outputs of one reference set are kept; the ablated pass and the means sit in the app's
+byte-bounded session store (`session_store`), so they count against `--memory-budget` and may be
+dropped to make room (the session is then told so, and the means are averaged again).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import gradio as gr
+import numpy as np
+
+from vit_inspect.analysis.heads import spearman
+from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
+from vit_inspect.core.errors import Cancelled, InputError, VitInspectError
+from vit_inspect.passes.interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
+from vit_inspect.passes.records import lens_record
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.plots import heads as head_plots
+from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
+from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
+from vit_inspect.ui.common import OutputImage
+from vit_inspect.ui.panels import draw_panels
+from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
+from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
+from vit_inspect.ui.zerogpu import gpu_pass
+
+MAX_REFERENCE_IMAGES = 32  # uploaded images one mean ablation averages over
+IMPORTANCE_BATCH = 16  # rows per forward of head importance
+ABLATED_PANELS = ("attention", "rollout", "gradcam")
+TOP_HEADERS = ["rank", "original: class", "original: prob", "ablated: class", "ablated: prob"]
+Box = tuple[float, float, float, float]  # (x0, y0, x1, y1) of a heatmap's axes in the image's pixels
+
+# On a heatmap's select event, in the page: the remembered pixel -> (layer, head, not "mean of heads") with
+# the cells' box and grid the server sent (`cell_geometry`), the arithmetic of `cell_at`; a click on the
+# title, the colour bar or the margins, or before any heatmap, leaves the controls as they are.
+PICK_CELL_JS = """(geometry, layer, head, mean) => {
+  %(clicked)s
+  const cells = click && geometry ? geometry[%(which)s] : null;
+  if (!cells) return [layer, head, mean];
+  const [x0, y0, x1, y1] = cells.box, [depth, heads] = cells.grid;
+  if (!(x0 <= click.x && click.x < x1 && y0 <= click.y && click.y < y1)) return [layer, head, mean];
+  return [Math.min(Math.floor((click.y - y0) / (y1 - y0) * depth), depth - 1),
+          Math.min(Math.floor((click.x - x0) / (x1 - x0) * heads), heads - 1), false];
+}"""
+
+
+@dataclass(frozen=True, eq=False)
+class HeadsState:
+    """One session's ablation and importance results (held in gr.State), for one model, image and class."""
+
+    key: tuple  # (model key, crop digest, class) the results belong to
+    ablated_slot: Slot | None = None  # the latest ablated pass, in the app's byte-bounded store
+    ablated_heads: tuple[tuple[int, int], ...] = ()  # its (layer, head) pairs
+    ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption
+    importance: HeadImportance | None = None  # the latest importance grid
+    importance_words: str = ""  # its mode and reference set
+    means_key: tuple | None = None  # the reference set of the last mean ablation
+    means_slot: Slot | None = None  # its head means, in the app's byte-bounded store
+    boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
+
+    @property
+    def ablated(self) -> ImageAnalysis | None:
+        """The latest ablated pass; `ResultDropped` (a sentence) if the store let it go to make room."""
+        return None if self.ablated_slot is None else self.ablated_slot.get()
+
+    @property
+    def means(self) -> tuple[tuple, HeadMeans] | None:
+        """(reference key, head means) of the last mean ablation; `ResultDropped` if the store let them go."""
+        return None if self.means_slot is None else (self.means_key, self.means_slot.get())
+
+
+def refusals_warn(outputs: int):
+    """A refused request (a library error: bad heads, no image yet, a file it may not read) becomes a
+    warning and leaves all `outputs` as they were, rather than marking every panel of the tab as failed."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except VitInspectError as exc:
+                gr.Warning(redact_paths(exc.public))
+                return (gr.skip(),) * outputs
+        return wrapper
+    return decorate
+
+
+def result_key(session) -> tuple:
+    """What the tab's results depend on: model, the exact crop the model saw, and the class."""
+    result = session.result
+    digest = hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest()
+    return (session.model, digest, result.target, session.target)
+
+
+def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
+    """`ablation.head_importance` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that
+    `zerogpu.gpu_pass` can run it on a lent GPU: it returns numpy arrays only)."""
+    pixels = handle.preprocess.normalize(rgb).to(handle.device)  # (1, 3, H, W)
+    return head_importance(handle, pixels, **options)
+
+
+def fresh(state: HeadsState | None, session) -> HeadsState:
+    """The session's state if it belongs to this model, image and class; else an empty one (keeping the
+    reference means, which depend only on the model and input size)."""
+    key = result_key(session)
+    if state is not None and state.key == key:
+        return state
+    if state is None:
+        return HeadsState(key=key)
+    if state.ablated_slot is not None:  # another image or class: the old ablated pass is of no use
+        state.ablated_slot.release()
+    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot)
+
+
+def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[int, int], ...]:
+    """A client's "3:1, 5:0" -> ((3, 1), (5, 0)), negative indices counted from the end, duplicates
+    dropped; anything unreadable or beyond this model is refused with a sentence."""
+    spec = text(value, "The heads to ablate", max_chars=400)
+    return tuple(model_heads(parse_heads(spec), depth, num_heads))
+
+
+def mode_of(value: object) -> str:
+    mode = text(value, "The ablation mode", max_chars=20)
+    if mode not in ABLATION_MODES:
+        raise InputError(f"The ablation mode must be one of {', '.join(ABLATION_MODES)}.")
+    return mode
+
+
+def heads_text(pairs) -> str:
+    return ", ".join(f"{layer}:{head}" for layer, head in pairs)
+
+
+def heatmap(values: np.ndarray, title: str, unit: str, selected: tuple[int, int] | None) -> tuple[np.ndarray, Box]:
+    """A diverging layers x heads heatmap as an image (`head_plots.head_heatmap_panel`, drawn with PIL: a slider
+    moves its outlined cell in ≈ 4 ms, where a matplotlib figure took ≈ 0.3 s), and where its cells lie
+    in it (for clicks)."""
+    return head_plots.head_heatmap_panel(values, title, unit, selected=selected)
+
+
+def cell_at(box: Box, grid: tuple[int, int], x: float, y: float) -> tuple[int, int] | None:
+    """(layer, head) of the heatmap cell at pixel (x, y); None outside the cells (title, colour bar)."""
+    x0, y0, x1, y1 = box
+    if not (x0 <= x < x1 and y0 <= y < y1):
+        return None
+    depth, heads = grid
+    return (min(int((y - y0) / (y1 - y0) * depth), depth - 1), min(int((x - x0) / (x1 - x0) * heads), heads - 1))
+
+
+def cell_geometry(state: HeadsState, grid: tuple[int, int]) -> dict:
+    """{heatmap name: {"box": [x0, y0, x1, y1], "grid": [depth, heads]}} of the heatmaps shown: what the page
+    needs to turn a clicked pixel into a cell as `cell_at` does (`PICK_CELL_JS`)."""
+    return {name: {"box": [float(v) for v in box], "grid": [int(grid[0]), int(grid[1])]} for name, box in state.boxes}
+
+
+def pick_cell_js(which: str) -> str:
+    """`PICK_CELL_JS` for heatmap `which` ("importance" or "first_order")."""
+    return PICK_CELL_JS % {"clicked": clicked_pixel(HEATMAP_IDS[which]), "which": json.dumps(which)}
+
+
+def top_rows(effect, label: Callable[[int], str]) -> list[list]:
+    return [[rank, f"{label(i)} (#{i})", round(p, 4), f"{label(j)} (#{j})", round(q, 4)]
+            for rank, ((i, p), (j, q)) in enumerate(zip(effect.top_before, effect.top_after), 1)]
+
+
+def effect_text(effect, label: Callable[[int], str], words: str) -> str:
+    change = "the top class changes" if effect.prediction_changed else "the top class stays"
+    return (f"**{words}** · class {label(effect.target)} (#{effect.target}): probability "
+            f"{effect.prob_before:.4f} → {effect.prob_after:.4f} (Δ {effect.delta_prob:+.4f}), logit "
+            f"{effect.logit_before:.3f} → {effect.logit_after:.3f} (Δ {effect.delta_logit:+.3f}); {change}.")
+
+
+def lens_table(handle, result: ImageAnalysis) -> tuple[list[str], list[list], str]:
+    """(headers, one row per block, note) of the logit lens recorded in the pass: per readout (the model's
+    own; distilled DeiT also the class and distillation tokens), the final class's rank and probability
+    and the top-5 after each block."""
+    record = lens_record(handle, result)
+    if "note" in record:
+        return ["note"], [[record["note"]]], record["note"]
+    names = [name for name in record if isinstance(record[name], dict)]
+    headers = ["after block"]
+    for name in names:
+        headers += [f"{name}: rank of final class", f"{name}: its prob", f"{name}: top-5"]
+    rows = []
+    for block in range(result.depth):
+        row: list = [block]
+        for name in names:
+            layer = record[name]["layers"][block]
+            row += [layer["rank"], layer["prob"], ", ".join(f"{t['label']} {t['prob']:.2f}" for t in layer["top"])]
+        rows.append(row)
+    settled = ", ".join(f"{name} after {record[name]['settled_after_blocks']} blocks" for name in names
+                        if record[name]["settled_after_blocks"] is not None)
+    note = (f"Final class: {record['final_label']} (#{record['final_class']}). "
+            + (f"It is the lens's top class from then on: {settled}." if settled else ""))
+    return headers, rows, note
+
+
+class HeadsTab:
+    """Build inside a gr.Tab with `HeadsTab(...)`, then `wire(...)` once the shared controls exist.
+    `app` is app.py's Inspector (model cache, limits)."""
+
+    def __init__(self, app, reference_images: tuple[Path, ...], upload_folders: Callable[[], list[str]],
+                 view_of: Callable):
+        self.app = app
+        self.view_of = view_of  # app.py's View.from_controls: raw controls -> what to draw
+        self.reference_images = reference_images  # the default reference set of mean ablation
+        self.upload_folders = upload_folders
+        self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
+        self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
+        self.run_importance = gpu_pass(importance_of_crop)  # and the importance forwards
+        figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
+        gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
+                    "change (one forward and one backward pass), rank every head by the drop of the class's "
+                    "logit when it alone is ablated, and read the class token after every block (logit lens). "
+                    "**Click a heatmap cell** to choose that layer and head in the other tabs. The class is the "
+                    "one explained under **Grad-CAM**.")
+        with gr.Row():
+            self.spec = gr.Textbox(label="Heads to ablate (layer:head, comma-separated, 0-based)",
+                                   placeholder="e.g. 3:1, 5:0", max_lines=1, scale=3, elem_id="ablate-heads")
+            self.mode = gr.Radio(list(ABLATION_MODES), value="zero", label="Ablation mode", scale=2,
+                                 elem_id="ablate-mode",
+                                 info="zero: the head's output is 0; mean: its mean over the reference images; "
+                                      "uniform: the head attends uniformly to every token.")
+        self.references = gr.File(label=f"Reference images for mean ablation (up to {MAX_REFERENCE_IMAGES}; "
+                                        f"none: the {len(reference_images)} example photos)",
+                                  file_count="multiple", file_types=["image"], type="filepath", height=100,
+                                  elem_id="ablate-references")
+        self.ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
+        self.effect = gr.Markdown(elem_id="ablate-effect")
+        self.top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
+                                elem_id="ablate-top")
+        with gr.Row():
+            map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
+            self.maps = [OutputImage(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **map_out)
+                         for name in ABLATED_PANELS]
+        with gr.Row():
+            self.importance_button = gr.Button(
+                "Rank every head (one ablation per head, batched forward passes)", variant="primary",
+                elem_id="importance-button")
+            self.cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
+        with gr.Row():
+            self.importance = OutputImage(label="Drop of the class logit, each head ablated alone",
+                                          elem_id=HEATMAP_IDS["importance"], **figure_out)
+            self.first_order = OutputImage(label="First-order estimate (attention × gradient)",
+                                           elem_id=HEATMAP_IDS["first_order"], **figure_out)
+        self.geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
+        self.importance_note = gr.Markdown(elem_id="importance-note")
+        self.lens_note = gr.Markdown(elem_id="lens-note")
+        self.lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **figure_out)
+        self.lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
+                                 interactive=False, elem_id="lens-table")
+        self.state = gr.State(None, time_to_live=app.config.session_ttl_s)
+
+    # ------------------------------------------------------------------------------------------ handlers
+
+    def _means(self, state: HeadsState, handle, session, files: object, progress) -> tuple[HeadsState, HeadMeans, str]:
+        """The heads' mean outputs over the uploaded references (or the example photos), at this input size."""
+        uploads = client_files(files, self.upload_folders(), self.app.config.limits.max_bytes, MAX_REFERENCE_IMAGES)
+        if any(isinstance(source, bytes) for source, _ in uploads):
+            raise InputError("Upload the reference images as files.")
+        sources = [source for source, _ in uploads] or [str(p) for p in self.reference_images]
+        size = session.result.layout.input_size
+        key = (session.model, size, tuple(sources))
+        held = None
+        if state.means_slot is not None and state.means_key == key:
+            with suppress(ResultDropped):  # dropped to make room: averaged again
+                held = state.means_slot.get()
+        if held is not None:
+            means = held
+        else:
+            progress(0.1, desc=f"Mean head outputs over {len(sources)} reference images")
+            means = mean_head_outputs(handle, sources, batch_size=IMPORTANCE_BATCH, input_size=size,
+                                      limits=self.app.config.limits)
+            state = replace(state, means_key=key, means_slot=self._keep(state.means_slot, means, means.values.nbytes))
+        kind = "your uploaded images" if uploads else "the app's example photos"
+        return state, means, f"mean over {means.num_images} of {kind}"
+
+    def ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object,
+               progress=gr.Progress(), **controls):
+        """Ablate the typed heads: new top-5, the class's change, the ablated model's maps."""
+        handle = self._handle_with_head(session, "the ablation runs on it",
+                                        "Ablation effects are measured on the prediction: this model has no classification head.")
+        pairs = parse_head_spec(spec, handle.depth, handle.num_heads)
+        self.view_of(session.result, **controls)  # refuse bad controls before the pass, not after
+        mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
+        progress(0.5, desc="The ablated model: one forward and one backward pass")
+        result = session.result
+        ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
+                                  limits=self.app.config.limits, geometry=session.geometry,
+                                  relevance=False)  # its panels show attention, rollout and Grad-CAM only
+        words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
+        state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
+                        ablated_heads=pairs, ablated_words=words)
+        effect = ablation_effect(result, ablated)
+        return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
+                *self.ablated_maps(session, state, controls))
+
+    def _handle_with_head(self, session, purpose: str, no_head: str):
+        """The session's model handle, refused (with these sentences) without an analysed image or a head."""
+        if session is None:
+            raise InputError(f"Analyse an image first; {purpose}.")
+        handle = self.app.handle(session.model)
+        if not handle.has_head:
+            raise InputError(no_head)
+        return handle
+
+    def _reference(self, state: HeadsState | None, handle, session, mode: object, files: object, progress):
+        """(checked mode, this session's state, the mean head outputs for mode "mean" or None, their words)."""
+        mode = mode_of(mode)
+        state = fresh(state, session)
+        means, reference = None, ""
+        if mode == "mean":
+            state, means, reference = self._means(state, handle, session, files, progress)
+        return mode, state, means, reference
+
+    def _keep(self, slot: Slot | None, value, nbytes: int) -> Slot:
+        """Hold `value` in the app's byte-bounded store, in the session's existing slot if it has one."""
+        if slot is None:
+            return self.app.store.put(value, nbytes)
+        slot.set(value, nbytes)
+        return slot
+
+    def ablated_maps(self, session, state: HeadsState, controls: dict) -> list:
+        """The ablated pass's attention (shared layer/head/query), rollout and Grad-CAM, from the cache."""
+        if state.ablated is None:
+            return [None] * len(ABLATED_PANELS)
+        target = (session.target[0], None)  # the ablated pass explains the class alone, never "versus"
+        shown = replace(session, slot=Detached({target: state.ablated}), target=target,
+                        model_label=f"{session.model_label} · {state.ablated_words}")
+        return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls))
+
+    def redraw(self, session, state: HeadsState | None, **controls):
+        """Another layer or head: the ablated maps and the heatmaps' outlined cell, from the cache."""
+        if session is None or state is None or state.key != result_key(session):
+            return [gr.skip()] * (len(ABLATED_PANELS) + 2)
+        images, _ = self.heatmaps(session, state, self.selected(controls))
+        return *self.ablated_maps(session, state, controls), *images
+
+    def redraw_if_shown(self, tab: str):
+        """`redraw` when the page shows ``tab`` (the browser's record of its open tab, a client's word that
+        only decides whether to draw now); otherwise nothing: the tab's opening draws it all (`overview`)."""
+        def handler(session, state: HeadsState | None, shown: object, **controls):
+            if shown == tab:
+                return self.redraw(session, state, **controls)
+            return [gr.skip()] * (len(ABLATED_PANELS) + 2)
+        return handler
+
+    def rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request,
+             progress=gr.Progress(), **controls):
+        """Head importance for this image and class, stoppable with Cancel between batches."""
+        handle = self._handle_with_head(session, "head importance is measured on it",
+                                        "Head importance needs a classification head: this model has none.")
+        mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
+        result = session.result
+        session_id = getattr(request, "session_hash", None) or "anonymous"
+        stop = self.running[session_id] = threading.Event()
+        try:
+            ranked = self.run_importance(handle, result.rgb, target=result.target, mode=mode, mean=means,
+                                     batch_size=IMPORTANCE_BATCH, cancelled=stop.is_set,
+                                     progress=lambda done, total: progress((done, total), unit="rows"))
+        except Cancelled as exc:
+            return state, gr.skip(), gr.skip(), f"{exc.public} Nothing was changed.", gr.skip()
+        finally:
+            if self.running.get(session_id) is stop:
+                del self.running[session_id]
+        words = f"mode {mode}" + (f", {reference}" if reference else "")
+        state = replace(state, importance=ranked, importance_words=words)
+        images, state = self.heatmaps(session, state, self.selected(controls))
+        return (state, *images, self.importance_text(session, state, handle.label),
+                cell_geometry(state, (result.depth, result.num_heads)))
+
+    def cancel(self, request: gr.Request) -> str:
+        """Stop this session's importance run before its next batch."""
+        session_id = getattr(request, "session_hash", None) or "anonymous"
+        stop = self.running.get(session_id)
+        if stop is None:
+            return "Nothing to cancel: no head importance is running for you."
+        stop.set()
+        return "Cancelling: head importance stops before its next batch."
+
+    def selected(self, controls: dict) -> tuple[int, int] | None:
+        return None if controls.get("mean_heads") is True else (controls.get("layer"), controls.get("head"))
+
+    def heatmaps(self, session, state: HeadsState, selected) -> tuple[list, HeadsState]:
+        """The importance and first-order heatmaps (None where absent) and where their cells lie."""
+        result = session.result
+        depth, heads = result.depth, result.num_heads
+        if selected is not None:
+            try:
+                layer, head = (int(finite_float(v, "The layer or head", -1, 10**6)) for v in selected)
+                selected = (layer, head) if 0 <= layer < depth and 0 <= head < heads else None
+            except InputError:
+                selected = None
+        what = f"{session.model_label}, class {session.class_text(result.target)}"
+        images, boxes = [], {}
+        ranked = state.importance
+        if ranked is not None:
+            image, boxes["importance"] = heatmap(
+                ranked.logit_drop, f"{what}\ndrop of the class logit, each head {ranked.mode}-ablated alone",
+                "logit drop (logits)", selected)
+            images.append(image)
+        else:
+            images.append(None)
+        first = result.heads.first_order if result.heads is not None else None
+        if first is not None:
+            image, boxes["first_order"] = heatmap(first, f"{what}\nfirst-order estimate Σ A·∂y/∂A per head",
+                                                  "estimated logit drop (logits)", selected)
+            images.append(image)
+        else:
+            images.append(None)
+        return images, replace(state, boxes=tuple(boxes.items()))
+
+    @staticmethod
+    def importance_text(session, state: HeadsState, label) -> str:
+        ranked = state.importance
+        first = session.result.heads.first_order
+        text_ = (f"Head importance ({state.importance_words}) for class {label(ranked.target)} (#{ranked.target}), logit "
+                 f"{ranked.logit:.3f}: largest drop {ranked.logit_drop.max():.3f} at "
+                 f"{heads_text([np.unravel_index(int(ranked.logit_drop.argmax()), ranked.logit_drop.shape)])}; "
+                 f"{int(ranked.top_changed.sum())} head(s) change the top class when ablated alone.")
+        if first is not None and ranked.mode == "zero":
+            text_ += (f" Spearman ρ between the first-order estimate and the real zero-ablation drop on this image: "
+                      f"**{spearman(first, ranked.logit_drop):.3f}**.")
+        elif first is not None:
+            text_ += " The first-order estimate is of zero ablation; ρ is given for zero mode only."
+        return text_
+
+    def pick(self, which: str):
+        """A click on heatmap `which` selects that cell's layer and head in every tab."""
+        def handler(evt: gr.SelectData, session, state: HeadsState | None):
+            index = getattr(evt, "index", None)
+            if session is None or state is None or index is None or state.key != result_key(session):
+                return gr.skip(), gr.skip(), gr.skip()
+            if not isinstance(index, (list, tuple)) or len(index) < 2:
+                raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
+            box = dict(state.boxes).get(which)
+            x = finite_float(index[0], "The clicked x", -1e6, 1e6)
+            y = finite_float(index[1], "The clicked y", -1e6, 1e6)
+            cell = None if box is None else cell_at(box, (session.result.depth, session.result.num_heads), x, y)
+            if cell is None:  # the title, the colour bar or the margins
+                return gr.skip(), gr.skip(), gr.skip()
+            return cell[0], cell[1], False
+        return handler
+
+    def overview(self, session, state: HeadsState | None, **controls):
+        """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared."""
+        if session is None:
+            return None, None, None, "", None, None, "", None, "", None, *[None] * len(ABLATED_PANELS)
+        state = fresh(state, session)
+        handle = self.app.handle(session.model)
+        images, state = self.heatmaps(session, state, self.selected(controls))
+        headers, rows, note = lens_table(handle, session.result)
+        lens = session.result.heads.lens if session.result.heads is not None else {}
+        plot = None
+        if "readout" in lens:
+            final = int(np.argmax(session.result.heads.logits))
+            plot = head_plots.lens_panel(lens_ranks(lens["readout"], final), lens_probs(lens["readout"])[:, final],
+                                       f"{session.model_label}: logit lens, final class {handle.label(final)}")
+        stale = state.ablated_slot is None or state.ablated_slot.dropped
+        dropped = state.ablated_slot is not None and state.ablated_slot.dropped
+        return (state, *images, "" if state.importance is None else gr.skip(), plot,
+                gr.update(value=rows, headers=headers), note,
+                None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
+                cell_geometry(state, (session.result.depth, session.result.num_heads)),
+                *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
+
+    def overview_if_shown(self, tab: str, outputs: int):
+        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise only the
+        state is brought to this model, image and class (an older ablated pass is let go at once) and the
+        other ``outputs - 1`` outputs are left as they are: the tab draws them when it opens."""
+        def handler(session, state: HeadsState | None, shown: object, **controls):
+            if shown == tab or session is None:
+                return self.overview(session, state, **controls)
+            return fresh(state, session), *[gr.skip()] * (outputs - 1)
+        return handler
+
+    # ------------------------------------------------------------------------------------------- wiring
+
+    def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, shows_errors: Callable,
+             model_pass: dict, follow: list, shown_tab: gr.Textbox, **event_options) -> None:
+        """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
+        cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows), as
+        does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
+        `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
+        each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
+        `controls` are the shared controls (layer, head, ...)."""
+        layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
+        redrawn = [*self.maps, self.importance, self.first_order]
+        overview = dict(fn=shows_errors(self.overview), inputs=[session, self.state], inputs_kwargs=controls,
+                        outputs=[self.state, self.importance, self.first_order, self.importance_note, self.lens_plot,
+                                 self.lens, self.lens_note, self.top, self.effect, self.geometry, *self.maps],
+                        show_progress="hidden", **event_options)
+        gr.on([tab.select], api_name="heads_overview", **overview)
+        if_shown = overview | dict(fn=shows_errors(self.overview_if_shown(tab.label, len(overview["outputs"]))),
+                                   inputs=[session, self.state, shown_tab])
+        for index, dependency in enumerate(refreshed):
+            dependency.success(api_name=f"heads_overview_{index}", **if_shown)
+        gr.on([self.ablate_button.click, self.spec.submit], shows_errors(refusals_warn(3 + len(self.maps))(self.ablate)),
+              inputs=[session, self.state, self.spec, self.mode, self.references], inputs_kwargs=controls,
+              outputs=[self.state, self.effect, self.top, *self.maps], api_name="ablate_heads",
+              **event_options, **model_pass)
+        gr.on([self.importance_button.click], shows_errors(refusals_warn(5)(self.rank)),
+              inputs=[session, self.state, self.mode, self.references], inputs_kwargs=controls,
+              outputs=[self.state, self.importance, self.first_order, self.importance_note, self.geometry],
+              api_name="head_importance", **event_options, **model_pass)
+        gr.on([self.cancel_button.click], shows_errors(self.cancel), outputs=[self.importance_note],
+              api_name="cancel_head_importance", queue=False, **event_options)
+        gr.on([layer.input, head.input, mean_heads.input], shows_errors(self.redraw_if_shown(tab.label)),
+              inputs=[session, self.state, shown_tab], inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw",
+              trigger_mode="always_last", show_progress="hidden", **event_options)
+        for which, image in (("importance", self.importance), ("first_order", self.first_order)):
+            gr.on([image.select], None, inputs=[self.geometry, layer, head, mean_heads],
+                  outputs=[layer, head, mean_heads], js=pick_cell_js(which), queue=False)  # in the page, at once
+            picked = gr.on([image.select], shows_errors(self.pick(which)), inputs=[session, self.state],
+                           outputs=[layer, head, mean_heads], api_name=f"pick_head_{which}", show_progress="hidden",
+                           **event_options)
+            picked = picked.success(shows_errors(self.redraw), inputs=[session, self.state], inputs_kwargs=controls,
+                                    outputs=redrawn, api_name=f"pick_head_{which}_redraw", show_progress="hidden",
+                                    **event_options)
+            for name, handler, output in follow:
+                picked = picked.success(handler, inputs=[session, shown_tab], inputs_kwargs=controls,
+                                        outputs=output, api_name=f"pick_head_{which}_{name}",
+                                        show_progress="hidden", **event_options)

@@ -1,0 +1,145 @@
+"""The Model tab: what a ViT learned before it sees any image (Dosovitskiy et al. 2021, Fig. 7 left and
+centre): the principal components of the patch-embedding filters and the cosine similarity of the
+position embeddings, at the model's own grid or at another input size. Each figure depends only on the
+model, so it is drawn once per model (and grid) and kept beside the model cache."""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from vit_inspect.analysis import filter_pca
+from vit_inspect.core.errors import InputError
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.plots import model as model_plots
+from vit_inspect.studies.model_report import pos_similarity_at
+from vit_inspect.ui.common import OutputImage, download_folder, public_name, shown_model, shows_errors, weights_label
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.untrusted import finite_int
+
+MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
+MAX_INPUT_SIDE = 100_000  # pixels: a larger height or width typed by a client is refused as such
+
+
+class ModelTab:
+    """The Model tab's handlers. `handle` gives the model of a cache key (loading it through the cache)."""
+
+    def __init__(self, handle: Callable[[CacheKey], ViTHandle], cache_size: int):
+        self.handle = handle
+        self.filter_figure_of = functools.lru_cache(maxsize=cache_size)(self._filter_figure)
+        self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache_size)(self._similarity_figure)
+
+    @shows_errors
+    def filter_figure(self, key: CacheKey, progress=gr.Progress()):
+        """Principal components of the patch-embedding filters, drawn once per model."""
+        progress(0, desc="Drawing the patch-embedding filters")
+        return self.filter_figure_of(key)
+
+    def _filter_figure(self, key: CacheKey) -> np.ndarray:
+        handle = self.handle(key)
+        return model_plots.filter_pca_panel(filter_pca(handle.patch_embed_weight()), title=shown_model(handle))
+
+    @shows_errors
+    def native_similarity(self, key: CacheKey, progress=gr.Progress()):
+        """Position-embedding similarity on the grid the model was trained for, drawn once per model."""
+        progress(0, desc="Drawing the position-embedding similarity")
+        return self.similarity_figure_of(key, self.handle(key).native_grid)
+
+    @shows_errors
+    def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
+        """Position-embedding similarity at another input size, interpolated as the model does it."""
+        handle = self.handle(key)
+        ph, pw = handle.patch_size
+        height = finite_int(height, "The input height (pixels)", ph, MAX_INPUT_SIDE, clamp=False)
+        width = finite_int(width, "The input width (pixels)", pw, MAX_INPUT_SIDE, clamp=False)
+        layout = handle.layout((height, width))
+        if max(layout.grid_h, layout.grid_w) > MAX_SIMILARITY_GRID:
+            raise InputError(f"{height}×{width} pixels make a {layout.grid_h}×{layout.grid_w} grid; the "
+                             f"figure draws at most {MAX_SIMILARITY_GRID} patches per side "
+                             f"(up to {MAX_SIMILARITY_GRID * ph}×{MAX_SIMILARITY_GRID * pw} pixels for this model).")
+        progress(0, desc=f"Drawing a {layout.grid_h}×{layout.grid_w} grid")
+        return self.similarity_figure_of(key, (layout.grid_h, layout.grid_w))
+
+    def _similarity_figure(self, key: CacheKey, grid: tuple[int, int]) -> np.ndarray:
+        handle = self.handle(key)
+        similarity = pos_similarity_at(handle, grid)
+        if similarity is None:
+            raise InputError("This model has no learned position embeddings to compare.")
+        return model_plots.pos_similarity_panel(
+            similarity, title=f"{shown_model(handle)}\nposition-embedding similarity, {grid[0]}×{grid[1]} patches "
+                              f"({grid[0] * handle.patch_size[0]}×{grid[1] * handle.patch_size[1]} pixels)")
+
+    @shows_errors
+    def model_downloads(self, key: CacheKey, height: float | None, width: float | None) -> list[str]:
+        """The Model tab's figures as PNG and its numbers as .npz: filter components and explained
+        variance, position-embedding similarity at the model's own grid."""
+        handle = self.handle(key)
+        folder = download_folder()
+        shown = public_name(handle.name)  # an operator's folder by its base name, as everywhere on the page
+        stem = shown.replace("/", "_")
+        pca = filter_pca(handle.patch_embed_weight())
+        paths = [folder / f"{stem}_filters.png"]
+        Image.fromarray(self.filter_figure_of(key)).save(paths[-1])
+        arrays = {"filter_components": pca.components, "explained_variance_ratio": pca.explained_variance_ratio,
+                  "settings_json": np.array(json.dumps({"model": shown, "weights": weights_label(handle),
+                                                        "grid": list(handle.native_grid)}))}
+        similarity = pos_similarity_at(handle, handle.native_grid)
+        if similarity is not None:
+            paths.append(folder / f"{stem}_position_similarity.png")
+            Image.fromarray(self.similarity_figure_of(key, handle.native_grid)).save(paths[-1])
+            arrays["pos_similarity"] = similarity
+        paths.append(folder / f"{stem}_model.npz")
+        np.savez_compressed(paths[-1], **arrays)
+        return [str(p) for p in paths]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """The Model tab's components (`model_tab_layout`)."""
+
+    pca: gr.Image
+    similarity: gr.Image
+    height: gr.Number
+    width: gr.Number
+    similarity_button: gr.Button
+    similarity_other: gr.Image
+    download_button: gr.Button
+    files: gr.File
+
+
+def model_tab_layout(figure_out: dict) -> ModelView:
+    """The Model tab's layout, built inside the app's ``gr.Tab("Model")``; ``figure_out`` are the app's
+    options for an output figure."""
+    gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
+    pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters", **figure_out)
+    gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
+                "as the model does it, at another input size (each full width; use the "
+                "fullscreen button to zoom):")
+    similarity = OutputImage(label="Position-embedding similarity at the model's own size",
+                             elem_id="similarity", **figure_out)
+    with gr.Row(equal_height=True):
+        height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
+        width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
+        similarity_button = gr.Button("Compare at this input size")
+    similarity_other = OutputImage(label="Position-embedding similarity at the other size",
+                                   elem_id="similarity-other", **figure_out)
+    download_button = gr.Button("Download these figures (PNG) and numbers (npz)", elem_id="model-downloads-button")
+    files = gr.File(label="Model files", file_count="multiple", interactive=False, elem_id="model-files")
+    return ModelView(pca, similarity, height, width, similarity_button, similarity_other, download_button, files)
+
+
+def wire_model_tab(handlers: ModelTab, view: ModelView, tab: gr.Tab, key: gr.components.Component, raw: dict) -> None:
+    """The Model tab's events: its figures drawn when the tab opens, the other-size figure and the downloads on
+    their buttons (``raw``: the app's options for handlers that check their own inputs)."""
+    gr.on([tab.select], handlers.filter_figure, inputs=[key], outputs=view.pca, api_name="filter_figure")
+    gr.on([tab.select], handlers.native_similarity, inputs=[key], outputs=view.similarity,
+          api_name="native_similarity")
+    gr.on([view.similarity_button.click], handlers.pos_similarity, inputs=[key, view.height, view.width],
+          outputs=[view.similarity_other], api_name="pos_similarity", **raw)
+    gr.on([view.download_button.click], handlers.model_downloads, inputs=[key, view.height, view.width],
+          outputs=[view.files], api_name="model_downloads", **raw)
