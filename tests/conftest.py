@@ -1,14 +1,12 @@
-"""Shared fixtures: tiny random ViTs of every token layout, and the real DeiT-Ti weights."""
+"""Fixtures every test layer shares, and the test run's environment (set before gradio is imported)."""
 from __future__ import annotations
 
 import atexit
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 # Gradio's uploads and served files go to a folder of this run's own (set before gradio is imported), as
@@ -19,75 +17,7 @@ GRADIO_FOLDER = tempfile.mkdtemp(prefix="vit_inspect_tests_gradio_")
 os.environ["GRADIO_TEMP_DIR"] = GRADIO_FOLDER
 atexit.register(shutil.rmtree, GRADIO_FOLDER, ignore_errors=True)
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-DEIT_WEIGHTS = SHARED / "models" / "deit_tiny_patch16_224.safetensors"
-PHOTOS = REPO / "assets"
-IMAGENET = SHARED / "data" / "imagenet_samples"
-
-# name -> (timm VisionTransformer kwargs, input size (H, W)); every layout the tool must handle
-TINY_TIMM = {
-    "cls": (dict(img_size=32, patch_size=8), (32, 32)),
-    "gap": (dict(img_size=32, patch_size=8, class_token=False, global_pool="avg"), (32, 32)),
-    "distilled": (dict(img_size=32, patch_size=8, distilled=True), (32, 32)),
-    "reg4": (dict(img_size=32, patch_size=8, reg_tokens=4, no_embed_class=True), (32, 32)),
-    "no_embed_class": (dict(img_size=32, patch_size=8, no_embed_class=True), (32, 32)),
-    "patch14": (dict(img_size=28, patch_size=14), (28, 28)),
-    "patch16": (dict(img_size=32, patch_size=16), (32, 32)),
-    "nonsquare": (dict(img_size=32, patch_size=8), (32, 48)),
-}
-EXPECTED_PREFIX = {"cls": 1, "gap": 0, "distilled": 2, "reg4": 5, "no_embed_class": 1,
-                   "patch14": 1, "patch16": 1, "nonsquare": 1}
-
-
-def make_layout(cls: bool, dist: int, reg: int, grid_h: int = 2, grid_w: int = 2, patch_h: int = 16,
-                patch_w: int = 16):
-    """A TokenLayout for hand-made arrays: class token or not, `dist` distillation and `reg` register
-    tokens, then a grid_h x grid_w grid of patch_h x patch_w pixel patches."""
-    from vit_inspect.core.tokens import TokenLayout
-
-    return TokenLayout(int(cls) + dist + reg, cls, dist, reg, grid_h, grid_w, patch_h, patch_w)
-
-
-def make_tiny_timm(kind: str, seed: int = 0):
-    """A 2-block, 2-head, 32-dim random timm ViT of the given layout, in eval mode."""
-    from timm.models.vision_transformer import VisionTransformer
-    from timm.models.deit import VisionTransformerDistilled
-
-    kwargs, _ = TINY_TIMM[kind]
-    kwargs = dict(kwargs)
-    cls = VisionTransformerDistilled if kwargs.pop("distilled", False) else VisionTransformer
-    torch.manual_seed(seed)
-    return cls(embed_dim=32, depth=2, num_heads=2, num_classes=10, dynamic_img_size=True, **kwargs).eval()
-
-
-def tiny_handle(kind: str, seed: int = 0):
-    from vit_inspect.core.timm_models import handle_from_timm
-
-    return handle_from_timm(make_tiny_timm(kind, seed), name=f"tiny-{kind}", device="cpu",
-                            input_size=TINY_TIMM[kind][1])
-
-
-def sharpen_attention(handle):
-    """Random init gives near-uniform attention; larger query/key weights make every head matter."""
-    with torch.no_grad():
-        for attn in handle.attention_modules:
-            for name in ("qkv", "q_proj", "k_proj"):
-                if hasattr(attn, name):
-                    getattr(attn, name).weight.mul_(8)
-    return handle
-
-
-def tiny_hf(distilled: bool = False, seed: int = 0):
-    """A 2-layer random Hugging Face ViT (or DeiT with teacher) built from a config, no download."""
-    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTConfig, ViTForImageClassification
-
-    torch.manual_seed(seed)
-    common = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=64, num_labels=7)
-    if distilled:
-        return DeiTForImageClassificationWithTeacher(DeiTConfig(**common)).eval()
-    return ViTForImageClassification(ViTConfig(**common)).eval()
+from support import DEIT_WEIGHTS, TINY_TIMM  # noqa: E402  (after the environment above)
 
 
 @pytest.fixture(params=sorted(TINY_TIMM))
@@ -105,16 +35,3 @@ def deit():
     return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")
 
 
-def dog_and_cat(path) -> None:
-    """Two shared ImageNet photos side by side at one height, a German shepherd left and a tabby right
-    (a wide picture for the input-geometry tests)."""
-    from PIL import Image
-
-    height = 224
-    pictures = [Image.open(IMAGENET / name).convert("RGB")
-                for name in ("n02106662_German_shepherd.JPEG", "n02123045_tabby.JPEG")]
-    pictures = [p.resize((round(p.width * height / p.height), height)) for p in pictures]
-    pair = Image.new("RGB", (sum(p.width for p in pictures), height))
-    pair.paste(pictures[0], (0, 0))
-    pair.paste(pictures[1], (pictures[0].width, 0))
-    pair.save(path)

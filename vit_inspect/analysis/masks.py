@@ -13,7 +13,7 @@ def mass_mask(values: np.ndarray, fraction: float) -> np.ndarray:
     leading index when ``values.ndim == 3``); ``fraction`` in (0, 1]. Ties are broken by position
     (earlier entries first). An all-zero map keeps nothing. This equals DINO's formulation (sort
     ascending, normalise to sum 1, keep where the cumulative sum exceeds 1 - fraction), tested in
-    tests/test_compare.py. Used by the all-heads grid and the Compare tab's DINO view.
+    tests/studies/test_compare.py. Used by the all-heads grid and the Compare tab's DINO view.
     """
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")

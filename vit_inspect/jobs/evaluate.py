@@ -150,7 +150,7 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
                     progress: Callable[[int, int], None] | None = None) -> FaithfulnessAccumulator:
     """`evaluate_image` over the files, one after another, into one accumulator: the plain in-process loop
     for library use, with a per-image callback. The command runs `jobs.EvaluateJob` through
-    `engine.run_job` instead (either engine; equal numbers, tested in tests/test_evaluate_engine.py)."""
+    `engine.run_job` instead (either engine; equal numbers, tested in tests/jobs/test_evaluate_engine.py)."""
     accumulator = FaithfulnessAccumulator()
     for done, path in enumerate(files, 1):
         result = evaluate_image(handle, path, labels[path.name], methods, settings=settings, batch_size=batch_size)

@@ -42,7 +42,7 @@ CHUNK_BYTES = 8 * 2 ** 20  # transient float32 block per row chunk of a rebuild 
 # Rows rebuilt per product at least. The BLAS (MKL here) computes 1-3 rows as matrix-vector products, in
 # another summation order than a matrix product's: a score's last bit moves and, rarely, a probability's
 # float16 rounding with it, which could change what rollout's discard ranks. From 4 rows on, each row's
-# values are those of the whole layer (tests/test_store_rollout.py pins it).
+# values are those of the whole layer (tests/passes/test_store_rollout.py pins it).
 ROW_BLOCK = 8
 TORCH_ROWS = 16  # stored rows fused at once from which torch's float16 conversion beats numpy's (`_fused_stored_rows`)
 CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much

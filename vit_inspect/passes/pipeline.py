@@ -64,7 +64,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     backward, at the floor of any gradient method; `add_relevance` adds the two maps to such a result
     later (one more forward, `relevance_maps`).
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
-    maps then agree with float32 to the tolerance stated in tests/test_pipeline.py.
+    maps then agree with float32 to the tolerance stated in tests/passes/test_pipeline.py.
     The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
 
     `geometry` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
@@ -253,8 +253,8 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
 
     The head means E_h are float32 products (1/heads ... 1/heads) @ W_l viewed as (heads, N^2): one matrix
     product each, 2.6x faster than torch's mean over the first axis on a CPU. Equal to the stacked numpy
-    definitions (float64) to float32 rounding, G to one float16 unit in the last place (tests/test_pipeline.py,
-    tests/test_gradient_rollouts.py); never holds more than one layer's (heads, N, N) product."""
+    definitions (float64) to float32 rounding, G to one float16 unit in the last place (tests/passes/test_pipeline.py,
+    tests/passes/test_gradient_rollouts.py); never holds more than one layer's (heads, N, N) product."""
     depth = len(rec.attention_tensors())
     vector: torch.Tensor | None = None  # (N,) float32 v, on the maps' device
     first_order, fused = [None] * depth, [None] * depth

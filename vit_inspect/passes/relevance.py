@@ -110,7 +110,7 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
     and a = f(|x|, |W|), x⁺·W^+ + x⁻·W^- = (z + a)/2 and x⁺·W^- + x⁻·W^+ = (z - a)/2, so the denominators
     are z + γ(z ± a)/2 + b + γ b^±; with u, l the y > 0 and y < 0 parts of R / denominator, s = u + l and
     d = u - l, R_i = (1 + γ/2) x_i fᵀ(s; W)_i + (γ/2) |x_i| fᵀ(d; |W|)_i (fᵀ the transposed map, one
-    backward each). tests/test_relevance.py checks it against the four-product form. ``channels_first``:
+    backward each). tests/passes/test_relevance.py checks it against the four-product form. ``channels_first``:
     the output's channels are its axis 1 (a convolution), not its last axis (a Linear).
     """
     weight, magnitude = weight.float(), weight.abs().float()  # the rule runs in float32, also under autocast

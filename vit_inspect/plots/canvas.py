@@ -281,7 +281,7 @@ def encode_png(picture: np.ndarray) -> bytes:
     took ≈ 22 ms to encode, against ≈ 2.5 ms to draw. PIL at level 1 tries all five filters on every row
     and keeps the best (adaptive filtering); one fixed filter, in numpy, takes about half its time for a
     file about 6 % larger (bench/bench_render.py). Any PNG decoder reads it back to the same pixels
-    (tests/test_plotting.py: PIL, and Chromium's own decoder)."""
+    (tests/plots/test_plotting.py: PIL, and Chromium's own decoder)."""
     picture = np.asarray(picture)
     channels = 1 if picture.ndim == 2 else picture.shape[-1] if picture.ndim == 3 else 0
     if picture.dtype != np.uint8 or channels not in PNG_COLOUR_TYPES or 0 in picture.shape:

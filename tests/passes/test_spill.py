@@ -1,0 +1,209 @@
+"""Attention maps spilled to local disk (vit_inspect.passes.spill): the folder's byte budget, the files' lifetime,
+and redraws that read the model's own float16 maps instead of rebuilding them from q and k."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import pickle
+import stat
+
+import numpy as np
+from pathlib import Path
+import pytest
+import torch
+
+from vit_inspect.passes import pipeline
+from vit_inspect.analysis import rollout as reference_rollout
+from vit_inspect.passes.attention_store import TOLERANCE, attention_map, rollout
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.core.images import load_image
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.pipeline import analyze_image, readout_query
+from vit_inspect.passes.spill import SPILL_MIN_SHARE, SpillFolder, worth_spilling
+
+from support import REPO
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector
+
+SHAPE = (2, 1, 4, 4)  # (depth, heads, N, N): 64 bytes of float16
+LARGE = (448, 448)  # DeiT-Ti at 448 px: N = 785, 3 x 785 >= 0.015 x 192^2, so it spills
+
+
+def filled(folder: SpillFolder, value: float):
+    spill = folder.reserve(SHAPE)
+    for layer in range(SHAPE[0]):
+        spill.write(layer, np.full(SHAPE[1:], value, np.float32))
+    assert spill.finish()
+    return spill
+
+
+def test_the_folder_keeps_spills_within_its_budget_least_recently_read_first(tmp_path):
+    folder = SpillFolder(3 * 64, root=tmp_path)
+    assert stat.S_IMODE(folder.path.stat().st_mode) == 0o700  # private to this process's user
+    a, b, c = (filled(folder, v) for v in (0.25, 0.5, 0.75))
+    assert folder.used == 192 and len(folder) == 3
+    assert a.layer(1)[0, 2, 3] == 0.25  # reading `a` makes `b` the least recently read
+    d = filled(folder, 1.0)
+    assert not b.alive and b.layer(0) is None and not b.path.exists()
+    assert a.alive and c.alive and d.alive and folder.used == 192
+    assert sorted(p.name for p in folder.path.iterdir()) == sorted(s.path.name for s in (a, c, d))
+    assert folder.reserve((2, 1, 8, 8)) is None  # 256 bytes: more than the whole budget
+    assert SpillFolder(0, root=tmp_path).reserve(SHAPE) is None
+    with pytest.raises(ValueError, match="at least 0"):
+        SpillFolder(-1, root=tmp_path)
+    folder.close()
+    assert not folder.path.exists() and folder.used == 0 and not a.alive
+
+
+def test_a_spill_is_served_only_when_every_layer_was_written(tmp_path):
+    folder = SpillFolder(10 ** 6, root=tmp_path)
+    spill = folder.reserve(SHAPE)
+    spill.write(0, np.ones(SHAPE[1:], np.float32))
+    assert spill.layer(0) is None  # not before `finish`
+    assert not spill.finish()  # layer 1 is missing: dropped, never half-served
+    assert not spill.alive and folder.used == 0 and not spill.path.exists()
+    # dropped by the folder while its pass still writes (another session needed the room): the writer
+    # stops, closes its file and the spill is never served
+    spill = folder.reserve(SHAPE)
+    spill.write(0, np.ones(SHAPE[1:], np.float32))
+    folder.drop(spill)
+    assert spill._fd is not None  # the writer's descriptor is not closed under it
+    spill.write(1, np.ones(SHAPE[1:], np.float32))
+    assert spill._fd is None and not spill.finish() and spill.layer(0) is None and folder.used == 0
+
+
+def _rss_file_bytes() -> int:
+    """File-backed resident memory of this process (mapped page-cache pages), from /proc/self/status."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc/self/status")
+def test_reads_leave_nothing_mapped_and_take_the_rows_asked_for(tmp_path):
+    """Rows are read into arrays of their own, in runs of consecutive rows: no page of the file stays in the
+    process's resident memory (a mapping of the whole file, kept for the spill's life, held every page ever
+    read), and any set of rows comes back as the file holds it."""
+    shape = (4, 2, 1024, 1024)  # 4 layers of 4 MiB
+    folder = SpillFolder(2 ** 30, root=tmp_path)
+    spill = folder.reserve(shape)
+    values = np.random.default_rng(0).random(shape).astype(np.float16)
+    for layer in range(shape[0]):
+        spill.write(layer, values[layer])
+    assert spill.finish()
+    before = _rss_file_bytes()
+    for layer in range(shape[0]):
+        np.testing.assert_array_equal(spill.layer(layer), values[layer])
+    assert _rss_file_bytes() - before < 2 ** 20  # 16 MiB read, none of it mapped
+    for index in ([5], [0, 1, 2, 900, 901, 7], list(range(1000, 1024)), [], [1023, 0]):
+        np.testing.assert_array_equal(spill.rows(3, index), values[3][:, index])
+    with pytest.raises(IndexError):
+        spill.rows(0, [1024])
+    folder.drop(spill)
+    assert spill.rows(0, [1]) is None and spill.layer(0) is None
+
+
+def test_a_spill_file_goes_with_its_last_reference(tmp_path):
+    folder = SpillFolder(10 ** 6, root=tmp_path)
+    spill = filled(folder, 0.5)
+    path = spill.path
+    with pytest.raises(TypeError, match="does not pickle"):
+        pickle.dumps(spill)
+    del spill
+    gc.collect()
+    assert not path.exists() and folder.used == 0 and len(folder) == 0
+
+
+def test_which_models_spill():
+    """heads * N >= 0.015 D^2: where a first redraw rebuilt from q/k was measured above 0.25 of a forward
+    (with 2 threads), the maps spill; where it stayed well under, they do not."""
+    assert SPILL_MIN_SHARE == 0.015
+    assert worth_spilling(1374, 384, 6)  # DINOv2-S/14 at 518: rebuilding cost 0.46 of a forward
+    assert worth_spilling(1374, 1024, 16)  # DINOv2-L/14 at 518: 0.23 with 1 thread
+    assert worth_spilling(197, 192, 3)  # DeiT-Ti at 224: 0.22 with 1 thread, 0.31 with 2
+    assert not worth_spilling(577, 768, 12)  # ViT-B/16 at 384: 0.14
+    assert not worth_spilling(197, 768, 12)  # ViT-B/16 at 224: 0.05
+    assert not worth_spilling(577, 1024, 16)  # ViT-L/16 at 384: share 0.009
+    assert not worth_spilling(50, 192, 3)  # DeiT-Ti at 112: 3 x 50 = 150 < 0.015 x 192^2 = 553
+    assert worth_spilling(185, 192, 3) and not worth_spilling(184, 192, 3)  # the boundary: 555 >= 552.96 > 552
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return load_model("deit_tiny_patch16_224", pretrained=False)
+
+
+@pytest.fixture(scope="module")
+def picture():
+    return load_image(REPO / "assets" / "chelsea.png")
+
+
+def test_the_pass_spills_the_model_s_own_maps_and_redraws_read_them(tiny, picture, tmp_path):
+    folder = SpillFolder(2 ** 30, root=tmp_path)
+    result = analyze_image(tiny, picture, input_size=LARGE, relevance=False, spill=folder)
+    store, layout = result.attention_store, result.layout
+    n = layout.num_tokens
+    assert store.mode == "qk16" and store.spill is not None and store.spill.alive
+    assert folder.used == tiny.depth * tiny.num_heads * n * n * 2 == store.spill.nbytes
+    assert store.nbytes() < store.spill.nbytes / 3  # the spill is on disk, not in the result
+    spilled = np.stack([store.spill.layer(i) for i in range(tiny.depth)])  # (depth, heads, N, N) float16
+
+    # the maps are the model's own, rounded once to float16
+    pixels, _ = tiny.preprocess.apply(picture, LARGE)
+    with torch.no_grad(), capture_attention(tiny) as rec:
+        tiny.forward(pixels)
+    real = rec.attention[0].numpy()
+    np.testing.assert_allclose(spilled.astype(np.float32), real, atol=2.5e-4, rtol=1e-3)  # float16 rounding
+    assert (spilled == real.astype(np.float16)).mean() > 0.999  # the same rounding, up to the odd last bit
+
+    # a redraw reads them: the first release's rollout on those very maps, every option
+    query = readout_query(tiny)
+    maps32 = spilled.astype(np.float32)
+    for options in (dict(), dict(head_fusion="max", discard_ratio=0.9), dict(discard_ratio=0.9, discard="matrix"),
+                    dict(head_fusion="min", residual=False, start_layer=6), dict(discard_ratio=0.5)):
+        np.testing.assert_allclose(rollout(store, layout, query=query, **options),
+                                   reference_rollout(maps32, layout, query=query, **options), rtol=1e-5, atol=1e-9)
+    np.testing.assert_array_equal(store.rows(5, [0, 3, 700]), maps32[5][:, [0, 3, 700]])
+    np.testing.assert_allclose(attention_map(store, layout, 11, 2, (3, 4)),
+                               layout.to_grid(layout.patches(maps32[11, 2, layout.token_index(3, 4)])), atol=0)
+
+    # the same store without the spill rebuilds from q and k, within the store's tolerance
+    rebuilt = dataclasses.replace(store, spill=None)
+    assert np.abs(rebuilt.rows(7, np.arange(n)) - maps32[7]).max() <= TOLERANCE
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.spill is None and copy.mode == "qk16"
+    np.testing.assert_array_equal(rollout(copy, layout, query=query), rollout(rebuilt, layout, query=query))
+
+    # dropped (the budget, another session): the next redraw rebuilds, no error
+    folder.drop(store.spill)
+    assert not store.spill.alive and folder.used == 0
+    np.testing.assert_array_equal(rollout(store, layout, query=query, discard_ratio=0.5),
+                                  rollout(rebuilt, layout, query=query, discard_ratio=0.5))
+    del result, store, copy
+    gc.collect()
+    assert list(folder.path.iterdir()) == []
+
+
+def test_no_spill_where_rebuilding_is_cheap_or_maps_are_kept(tiny, picture, tmp_path, monkeypatch):
+    folder = SpillFolder(2 ** 30, root=tmp_path)
+    small = analyze_image(tiny, picture, input_size=(112, 112), relevance=False, spill=folder)  # N = 50: cheap
+    assert small.attention_store.spill is None and folder.used == 0
+    monkeypatch.setattr(pipeline, "TOLERANCE", -1.0)  # no layer passes the q/k check: the maps are kept
+    kept = analyze_image(tiny, picture, input_size=LARGE, relevance=False, gradients=False, spill=folder)
+    assert kept.attention_store.mode == "maps" and kept.attention_store.spill is None
+    assert folder.used == 0 and list(folder.path.iterdir()) == []
+
+
+def test_the_app_spills_under_its_own_budget(monkeypatch):
+    import app
+    from vit_inspect.ui.model_cache import ModelCache
+
+    assert AppConfig().spill_budget == 4 * 2 ** 30
+    assert app.parse_args(["--spill-budget", "0.5"])[0].spill_budget == 2 ** 29
+    assert app.parse_args(["--spill-budget", "-3"])[0].spill_budget == 0
+    off = Inspector(AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: None))
+    assert off.spill is None
+    on = Inspector(AppConfig(spill_budget=2 ** 20), ModelCache(loader=lambda *a, **k: None))
+    assert on.spill.budget == 2 ** 20 and on.spill.path.is_dir()

@@ -1,0 +1,131 @@
+"""The served app as the UI tests drive it: real DeiT-Ti weights, a free port, a client's calls."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+from PIL import Image
+
+from support import REPO
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.model_cache import CacheKey, ModelCache
+from vit_inspect.ui.panels import IMAGE_PANELS
+
+WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
+CHELSEA = REPO / "assets" / "chelsea.png"
+CATS = ("Egyptian cat", "tabby", "tiger cat")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry")
+APP_MARKS = [  # each served-app test module: pytestmark = APP_MARKS
+    pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
+                                                     "(bash .ci/run copies them from ../shared/models)"),
+    pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),  # Gradio's own pandas deprecations
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def app_process(port: int, env: dict) -> subprocess.Popen:
+    """`python app.py --port PORT --device cpu` in a process of its own with ``env``, returned once its port
+    answers (stdout and stderr together in ``.stdout``); waits against a deadline, not a timing claim."""
+    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        if server.poll() is not None:
+            pytest.fail(f"the server stopped: {server.stdout.read()[-3000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+            return server
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                server.kill()
+                pytest.fail("the server never opened its port")
+            time.sleep(0.2)
+
+
+def launch(demo) -> str:
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    return f"http://127.0.0.1:{port}/"
+
+
+class Server:
+    """The app on a free port, its model cache, and a count of forward passes of the served model."""
+
+    def __init__(self):
+        self.config = AppConfig(weights=str(WEIGHTS), device="cpu")
+        self.cache = ModelCache(self.config.cache_size)
+        self.demo = build_demo(self.config, self.cache)
+        self.url = launch(self.demo)
+        self.forwards = 0
+        handle = self.cache.get(CacheKey.of(self.config.model, self.config.weights, self.config.device))
+        handle.model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.forwards += 1
+
+
+def analyze(client: Client, path: Path = CHELSEA) -> dict:
+    return dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+
+
+def pixels(path: str) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def click(client: Client, api_name: str, x: int, y: int) -> list:
+    """Send a select event with (x, y) like the browser does; gradio_client cannot attach event data."""
+    dependency = next(d for d in client.config["dependencies"] if d.get("api_name") == api_name)
+    defaults = {c["id"]: c.get("props", {}).get("value") for c in client.config["components"]}
+    payload = {"data": [defaults.get(i) for i in dependency["inputs"]], "fn_index": dependency["id"],
+               "trigger_id": dependency["targets"][0][0], "session_hash": client.session_hash,
+               "event_data": {"index": [x, y], "value": None, "selected": True}}
+    base = client.src.rstrip("/") + "/gradio_api"
+    event_id = httpx.post(f"{base}/queue/join", json=payload, timeout=30).json()["event_id"]
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            message = json.loads(line[5:])
+            if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                assert message["success"], message["output"]
+                return message["output"]["data"]
+    raise AssertionError("the select event never completed")
+
+
+def dependency(client: Client, api_name: str) -> dict:
+    return next(d for d in client.config["dependencies"] if d.get("api_name") == api_name)
+
+
+def queue_call(client: Client, api_name: str, data: list, event_data=None) -> dict:
+    """One event through /queue/join with hand-made JSON (NaN and Infinity allowed): the completion message."""
+    dep = dependency(client, api_name)
+    payload = {"data": data, "fn_index": dep["id"], "session_hash": client.session_hash,
+               "trigger_id": dep["targets"][0][0] if dep["targets"] else None, "event_data": event_data}
+    base = client.src.rstrip("/") + "/gradio_api"
+    joined = httpx.post(f"{base}/queue/join", content=json.dumps(payload), timeout=30,
+                        headers={"content-type": "application/json"})
+    if joined.status_code != 200:
+        return {"success": False, "output": {"error": f"HTTP {joined.status_code}"}}
+    event_id = joined.json()["event_id"]
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=120) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("event_id") == event_id and message.get("msg") == "process_completed":
+                    return message
+    raise AssertionError("no completion")

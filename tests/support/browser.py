@@ -1,0 +1,41 @@
+"""Driving the app in Debian's Chromium through Playwright: where the browser is, screenshots, clicks."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from playwright import sync_api
+
+from support import REPO
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+ARTIFACTS = REPO / "artifacts" / "browser"
+CAT = re.compile("Egyptian cat|tabby|tiger cat")
+TIMEOUT_MS = 60_000  # model load and first pass on a busy 2-core machine
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def image_src(page, elem_id: str) -> str:
+    image = page.locator(f"#{elem_id} img")
+    sync_api.expect(image).to_be_visible()
+    return image.get_attribute("src")
+
+
+def click_pixel(image, x: int, y: int) -> None:
+    """Click the image's own pixel (x, y), wherever the page shows it inside its box (never upscaled)."""
+    box = image.bounding_box()
+    natural_w, natural_h = image.evaluate("e => [e.naturalWidth, e.naturalHeight]")
+    scale = min(box["width"] / natural_w, box["height"] / natural_h, 1.0)
+    image.click(position={"x": (box["width"] - natural_w * scale) / 2 + (x + 0.5) * scale,
+                          "y": (box["height"] - natural_h * scale) / 2 + (y + 0.5) * scale})
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name, exact=True).click()

@@ -1,0 +1,67 @@
+"""The app in a real browser (Debian's Chromium through Playwright): upload, slide, click, switch tabs.
+
+Screenshots of each step go to artifacts/browser/ (git-ignored) for a person to look at. Without
+/usr/bin/chromium the test is skipped, unless VIT_INSPECT_REQUIRE_BROWSER=1 (CI), where it fails.
+"""
+from __future__ import annotations
+
+from playwright import sync_api
+
+from support.app import APP_MARKS, CHELSEA
+from support.browser import CAT, click_pixel, image_src, open_tab, shot
+
+pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+
+
+def test_upload_slide_click_and_switch_tabs(server, page, tmp_path):
+    expect = sync_api.expect
+    errors = page.locator("[data-testid='toast-body'].error")
+    expect(page.get_by_text("12 layers × 3 heads")).to_be_visible()  # the model in use is shown
+    shot(page, "01_start")
+
+    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
+    expect(page.locator("#predictions")).to_contain_text(CAT)
+    shot(page, "02_predictions")
+    assert server.forwards == 1, "a new image should cost exactly one forward pass"
+    open_tab(page, "All maps")
+    compare = image_src(page, "compare-maps")
+    open_tab(page, "Attention distance")
+    distance = image_src(page, "distance-plot")
+
+    open_tab(page, "Attention")
+    readout = image_src(page, "attention-map")
+    page.locator("#layer-slider input[type=range]").press("Home")  # one keypress, one redraw: layer 0
+    expect(page.locator("#layer-slider input[type=number]")).to_have_value("0")
+    expect(page.locator("#attention-map img")).not_to_have_attribute("src", readout)
+    first_layer = image_src(page, "attention-map")
+    shot(page, "03_attention_layer0")
+
+    click_pixel(page.locator("#attention-map img"), x=100, y=40)  # crop pixel (y 40, x 100) -> patch (2, 6)
+    expect(page.locator("#attention-map img")).not_to_have_attribute("src", first_layer)
+    expect(page.locator("#query input[value='clicked patch']")).to_be_checked()
+    expect(page.locator("#patch-row input")).to_have_value("2")
+    expect(page.locator("#patch-col input")).to_have_value("6")
+    shot(page, "04_attention_clicked_patch")
+
+    open_tab(page, "Rollout")
+    rollout = image_src(page, "rollout-map")
+    page.locator("#discard-slider input[type=range]").press("End")  # discard ratio 0.95
+    expect(page.locator("#discard-slider input[type=number]")).to_have_value("0.95")
+    expect(page.locator("#rollout-map img")).not_to_have_attribute("src", rollout)
+    shot(page, "05_rollout_discard")
+
+    open_tab(page, "All maps")  # redrawn with the layer, patch and discard ratio chosen since
+    expect(page.locator("#compare-maps img")).not_to_have_attribute("src", compare)
+    shot(page, "06_all_maps")
+    open_tab(page, "Attention distance")  # the highlighted layer follows the slider
+    expect(page.locator("#distance-plot img")).not_to_have_attribute("src", distance)
+    shot(page, "07_attention_distance")
+
+    assert server.forwards == 1, "moving sliders, clicking or switching tabs ran the model"
+    expect(errors).to_have_count(0)
+
+    bad = tmp_path / "not_an_image.jpg"
+    bad.write_text("a text file with a photo's name")
+    page.locator("#input-image input[type=file]").set_input_files(str(bad))
+    expect(errors.first).to_contain_text("not an image format we can read")
+    shot(page, "08_bad_upload_error")

@@ -1,0 +1,69 @@
+"""The Compare tab in a real browser: DeiT-Ti (real weights) against a tiny random timm ViT uploaded as a
+.safetensors file (`test_vit`: 6 layers, 2 heads, 160-pixel input), so depths and grids both differ.
+
+Screenshots go to artifacts/browser/ (git-ignored) for a person to look at.
+"""
+from __future__ import annotations
+
+import re
+
+from support.browser import ARTIFACTS, image_src, open_tab
+from playwright import sync_api
+from support.app import APP_MARKS, CHELSEA
+
+pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+
+
+def shot(locator, name: str) -> None:
+    locator.screenshot(path=str(ARTIFACTS / f"compare_{name}.png"))
+
+
+def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
+    expect = sync_api.expect
+    errors = page.locator("[data-testid='toast-body'].error")
+    page.set_viewport_size({"width": 2000, "height": 1100})  # wide enough that every tab shows
+    expect(page.get_by_text("12 layers × 3 heads")).to_be_visible()
+    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
+    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby|tiger cat"))
+    open_tab(page, "Compare")
+
+    page.locator("#compare-run").click()  # before model B is loaded: a sentence, not a traceback
+    expect(errors.first).to_contain_text("Load model B first")
+    expect(errors).to_have_count(0)  # the toast closes by itself
+
+    page.locator("#compare-model input").fill("test_vit")
+    page.locator("#compare-weights input[type=file]").set_input_files(str(tiny_weights))
+    expect(page.locator("#compare-weights")).to_contain_text("tiny_random_test_vit")
+    page.locator("#compare-load").click()
+    expect(page.locator("#compare-status")).to_contain_text("6 layers × 2 heads")
+    expect(page.locator("#compare-status")).not_to_contain_text("/tmp")  # no server path
+
+    forwards = server.forwards
+    page.locator("#compare-run").click()
+    note = page.locator("#compare-note")
+    expect(note).to_contain_text("A's layer 11 of 12 (1.00) ↔ B's layer 5 of 6 (1.00)")
+    table = page.locator("#compare-table")
+    expect(table).to_contain_text("layer 11 of 12 (relative depth 1.00) ↔ layer 5 of 6 (relative depth 1.00)")
+    expect(table).to_contain_text("gradient-weighted attention")
+    expect(page.locator("#compare-top-a")).to_contain_text(re.compile("Egyptian cat|tabby|tiger cat"))
+    maps = image_src(page, "compare-maps-ab")
+    for elem_id in ("compare-distance", "compare-heads-a", "compare-heads-b", "compare-pca-a", "compare-pca-b"):
+        image_src(page, elem_id)
+    assert server.forwards == forwards + 1, "the comparison should cost model A exactly one more pass"
+    page.screenshot(path=str(ARTIFACTS / "compare_01_tab.png"), full_page=True)
+    shot(page.locator("#compare-maps-ab"), "02_aligned_maps")
+    shot(page.locator("#compare-table"), "03_agreement_table")
+    shot(page.locator("#compare-distance"), "04_distance")
+    shot(page.locator("#compare-heads-a"), "05_heads_a")
+    shot(page.locator("#compare-pca-a"), "06_pca_a")
+
+    page.locator("#compare-layer input[type=range]").press("Home")  # A's layer 0 -> B's layer 0
+    expect(note).to_contain_text("A's layer 0 of 12 (0.08) ↔ B's layer 0 of 6 (0.17)")
+    expect(page.locator("#compare-maps-ab img")).not_to_have_attribute("src", maps)
+    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # layer 1 of 12 (0.17) -> 0 of 6
+    expect(note).to_contain_text("A's layer 1 of 12 (0.17) ↔ B's layer 0 of 6 (0.17)")
+    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # layer 2 of 12 (0.25) -> 1 of 6 (0.33)
+    expect(note).to_contain_text("A's layer 2 of 12 (0.25) ↔ B's layer 1 of 6 (0.33)")
+    shot(page.locator("#compare-maps-ab"), "07_aligned_maps_layer2")
+    assert server.forwards == forwards + 1, "moving the slider ran the model"
+    expect(errors).to_have_count(0)

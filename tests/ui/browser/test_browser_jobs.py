@@ -1,0 +1,71 @@
+"""The app's on-demand jobs in a real browser: the Faithfulness tab's Score, and the dataset-level mean
+attention distance over uploaded images. Each picture is read back from the page and checked against what
+it must show. Screenshots go to artifacts/browser/ (git-ignored) for a person to look at.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+import numpy as np
+from PIL import Image
+
+from support.browser import ARTIFACTS, CAT, image_src, open_tab
+from playwright import sync_api
+from vit_inspect.ui.common import shown_model
+from support.app import APP_MARKS, CHELSEA
+from support import REPO
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots.faithfulness import method_colours
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.ui.tabs.faithfulness import METHODS
+
+pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+
+COFFEE = REPO / "assets" / "coffee.png"
+
+
+def shown_pixels(page, elem_id: str) -> np.ndarray:
+    """The (H, W, 3) pixels of the picture the page shows in `elem_id`, fetched as the browser did."""
+    source = image_src(page, elem_id)
+    if source.startswith("data:"):
+        data = base64.b64decode(source.split(",", 1)[1])
+    else:
+        data = page.request.get(source).body()
+    with Image.open(io.BytesIO(data)) as picture:
+        return np.asarray(picture.convert("RGB"))
+
+
+def test_faithfulness_score_and_dataset_average_show_their_pictures(server, page):
+    expect = sync_api.expect
+    errors = page.locator("[data-testid='toast-body'].error")
+    page.set_viewport_size({"width": 2000, "height": 1100})
+    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
+    expect(page.locator("#predictions")).to_contain_text(CAT)
+
+    open_tab(page, "Faithfulness")
+    page.get_by_role("button", name=re.compile("Score the maps")).click()
+    table = page.locator("#faithfulness-table")
+    expect(table).to_contain_text("the floor")  # the random map's row
+    for method in METHODS:  # every standard map is scored, LeGrad and AttnLRP computed first
+        expect(table).to_contain_text(method)
+    curves = shown_pixels(page, "faithfulness-curves")
+    others = [m for m in METHODS if m != "random"]
+    for method, colour in method_colours(others).items():  # each one's colour is drawn: its line, its legend
+        assert (curves == colour).all(axis=-1).sum() >= 40, method
+    page.locator("#faithfulness-curves").screenshot(path=str(ARTIFACTS / "jobs_01_faithfulness.png"))
+
+    open_tab(page, "Attention distance")
+    page.locator("#dataset-files input[type=file]").set_input_files([str(CHELSEA), str(COFFEE)])
+    expect(page.locator("#dataset-files")).to_contain_text("coffee")  # both uploads listed (the name in parts)
+    page.get_by_role("button", name="Average over these images").click()
+    expect(page.locator("#dataset-plot img")).to_be_visible()
+    handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
+    stats = dataset_attention_distance(handle, [CHELSEA, COFFEE])
+    expected = distance_plots.attention_distance_panel(stats.distances, image_width=224, selectable=False,
+                                         title=f"{shown_model(handle)} · mean over 2 images").background
+    np.testing.assert_array_equal(shown_pixels(page, "dataset-plot"), expected)
+    page.locator("#dataset-plot").screenshot(path=str(ARTIFACTS / "jobs_02_dataset_distance.png"))
+    expect(errors).to_have_count(0)

@@ -1,0 +1,371 @@
+"""The running app under attack through its real API (gradio_client and raw HTTP).
+
+Every file reference a client may send, in every shape (Gradio's FileData with and without `meta`,
+a bare path, a `url`, a `data:` URL, a symlink), to every endpoint that takes a file, is refused
+with one fixed message unless it is a real upload; every endpoint listed in the app's own config
+answers hostile numbers and types with a result or a sentence; no message names a server path.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from support import REPO
+from support.app import CHELSEA, WEIGHTS, analyze, launch
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio import utils as gradio_utils  # noqa: E402
+from gradio_client import Client, handle_file  # noqa: E402
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.view import View
+from support.app import dependency, queue_call
+
+pytestmark = [
+    pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
+    pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
+]
+META = {"_type": "gradio.FileData"}
+GRADIO_REFUSAL = None  # what Gradio answers (error: null) when it refuses a payload before any app code runs
+GRADIO_CLIENT_REFUSAL = ("The upstream Gradio app has raised an exception but has not enabled verbose error "
+                         "reporting. To enable, set show_error=True in launch().")
+RAW_PYTHON = ("could not convert", "embedded null byte", "cannot convert", "Traceback", "object has no attribute",
+              "unsupported operand", "invalid literal", "not supported between", "Something went wrong")
+SERVER_PATHS = tuple({str(REPO), str(REPO.parent), "/tmp/", "/root", "/etc/", "/home/", tempfile.gettempdir() + "/",
+                      str(Path.home()) + "/"})
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """A photo planted outside Gradio's upload folder, a symlink to it inside, and a missing path."""
+    outside = tmp_path_factory.mktemp("planted")
+    photo = outside / "planted_cat.png"
+    shutil.copy(CHELSEA, photo)
+    upload_dir = Path(gradio_utils.get_upload_folder()) / f"i9-test-{uuid.uuid4().hex}"
+    upload_dir.mkdir(parents=True)
+    link = upload_dir / "link_cat.png"
+    os.symlink(photo, link)
+    yield {"planted": str(photo), "symlink": str(link), "missing": str(outside / "no_such_file.png"),
+           "passwd": "/etc/passwd", "dotdot": str(upload_dir / ".." / ".." / outside.name / photo.name),
+           "weights": str(WEIGHTS)}
+    shutil.rmtree(upload_dir, ignore_errors=True)
+
+
+def shapes(path: str) -> dict[str, object]:
+    """Every shape a file reference can take in a request."""
+    return {"meta": {"path": path, "orig_name": "cat.png", "meta": META},
+            "no_meta": {"path": path, "orig_name": "cat.png"},
+            "bare": path,
+            "url_file_route": {"url": f"/gradio_api/file={path}", "orig_name": "cat.png"},
+            "url_http": {"url": "http://127.0.0.1:9/cat.png", "orig_name": "cat.png"}}
+
+
+def defaults(client: Client, api_name: str) -> list:
+    values = {c["id"]: c.get("props", {}).get("value") for c in client.config["components"]}
+    return [values.get(i) for i in dependency(client, api_name)["inputs"]]
+
+
+def call_route(client: Client, api_name: str, data: list) -> tuple[bool, object]:
+    """One event through the plain HTTP API, POST /gradio_api/call/<api_name> then its event stream:
+    (success, data or error)."""
+    base = client.src.rstrip("/") + "/gradio_api/call/" + api_name
+    posted = httpx.post(base, content=json.dumps({"data": data}), headers={"content-type": "application/json"},
+                        timeout=30)
+    if posted.status_code != 200:
+        return False, f"HTTP {posted.status_code}"
+    event, result = None, None
+    with httpx.stream("GET", f"{base}/{posted.json()['event_id']}", timeout=120) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:") and event in ("complete", "error"):
+                result = json.loads(line[5:])
+                if event == "error" and isinstance(result, dict):
+                    result = result.get("error")
+                return event == "complete", result
+    raise AssertionError("no completion")
+
+
+def error_of(message: dict) -> object:
+    return (message.get("output") or {}).get("error")
+
+
+FILE_INPUTS = {"analyze": (0, lambda f: f), "load_model": (1, lambda f: f), "dataset_distance": (0, lambda f: [f])}
+
+
+def file_call_data(client: Client, api_name: str, payload) -> list:
+    index, wrap = FILE_INPUTS[api_name]
+    data = defaults(client, api_name)
+    data[index] = wrap(payload)
+    if api_name == "load_model":
+        data[0] = "deit_tiny_patch16_224"
+    return data
+
+
+@pytest.mark.parametrize("api_name", sorted(FILE_INPUTS))
+def test_no_file_outside_the_upload_folder_is_ever_read(server, planted, api_name):
+    """Raw HTTP, both the queue and the /call route: every shape of a path outside Gradio's upload
+    folder (or a symlink out of it) is refused, with the same answer whether the file exists or not."""
+    client = Client(server.url, verbose=False)
+    cases = [("planted", s, p) for s, p in shapes(planted["planted"]).items()]
+    cases += [(t, s, shapes(planted[t])[s]) for t in ("symlink", "passwd", "dotdot") for s in ("meta", "no_meta", "bare")]
+    for target, shape, payload in cases:
+        answers = []
+        message = queue_call(client, api_name, file_call_data(client, api_name, payload))
+        answers.append((message["success"], error_of(message)))
+        answers.append(call_route(client, api_name, file_call_data(client, api_name, payload)))
+        if target == "planted":
+            missing = shapes(planted["missing"])[shape]
+            answers.append(call_route(client, api_name, file_call_data(client, api_name, missing)))
+            assert answers[1] == answers[2], f"{api_name} {shape}: a client can tell {target} from a missing file"
+        for success, error in answers:
+            assert success is False, (api_name, target, shape)
+            assert error in (NOT_AVAILABLE, GRADIO_REFUSAL), (api_name, target, shape, error)
+
+
+def test_the_planted_image_is_refused_through_gradio_client(server, planted):
+    """What the attack did: {"path": ...} without `meta` made /analyze open a planted photo."""
+    client = Client(server.url, verbose=False)
+    for payload in ({"path": planted["planted"]}, {"path": planted["planted"], "orig_name": "x.png"},
+                    {"path": planted["symlink"]}, {"url": "http://127.0.0.1:9/x.png"}):
+        with pytest.raises(AppError) as error:
+            client.predict(payload, api_name="/analyze")
+        assert str(error.value) == NOT_AVAILABLE
+        with pytest.raises(AppError) as error:
+            client.predict([payload], api_name="/dataset_distance")
+        assert str(error.value) in (NOT_AVAILABLE, GRADIO_CLIENT_REFUSAL)  # ours, or Gradio's before the handler
+        with pytest.raises(AppError):
+            client.predict("deit_tiny_patch16_224", payload, api_name="/load_model")
+    assert analyze(client)["predictions"]["confidences"]  # a real upload still works
+
+
+def test_real_uploads_examples_and_data_urls_are_accepted(server):
+    client = Client(server.url, verbose=False)
+    data = base64.b64encode(CHELSEA.read_bytes()).decode()
+    result = client.predict({"url": f"data:image/png;base64,{data}", "orig_name": "cat.png"}, api_name="/analyze")
+    assert "cat" in result[0]["label"]
+    with pytest.raises(AppError, match="not valid base64"):
+        client.predict({"url": "data:image/png;base64,%%%%", "orig_name": "cat.png"}, api_name="/analyze")
+    with pytest.raises(AppError, match="larger than the limit of 30 MiB"):
+        client.predict({"url": "data:image/png;base64," + "A" * (41 * 2**20), "orig_name": "x.png"},
+                       api_name="/analyze")
+    # Gradio copies the example photos into its upload folder and the page sends those copies
+    example = next(c for c in client.config["components"] if c.get("type") == "dataset")["props"]["samples"][0][0]
+    folder = os.path.realpath(gradio_utils.get_upload_folder())
+    assert os.path.realpath(example["path"]).startswith(folder + os.sep)
+    assert "cat" in client.predict(example, api_name="/analyze")[0]["label"]
+    uploaded = client.predict("deit_tiny_patch16_224", handle_file(str(WEIGHTS)), api_name="/load_model")[0]
+    assert "deit_tiny_patch16_224.safetensors" in uploaded and folder not in uploaded
+
+
+# -------------------------------------------------------------------------------- every endpoint
+
+HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "negative": -7,
+           "text": "abc", "null_byte": "a\x00b", "list": [1, 2], "dict": {"a": 1}, "empty": ""}
+
+
+def assert_sentence(api_name: str, what: str, message: dict, component: str) -> None:
+    if message["success"]:
+        return
+    error = error_of(message)
+    if error is GRADIO_REFUSAL and component in ("image", "file", "dataset"):
+        return  # Gradio refuses a non-file value for a file input (or its own examples' index) before any app code
+    assert isinstance(error, str) and len(error.split()) >= 3, (api_name, what, error)
+    assert not any(raw in error for raw in RAW_PYTHON), (api_name, what, error)
+    assert not any(path in error for path in SERVER_PATHS), (api_name, what, error)
+
+
+def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(server):
+    """Every api_name in the app's config (new ones included automatically), after a real analysis so
+    the handlers have a session: each hostile value in every input at once (the image of /analyze
+    kept real so that its controls are reached), then every input on its own with one hostile value
+    in turn (rotating, so that each kind of value meets each kind of input across the endpoints)."""
+    client = Client(server.url, verbose=False)
+    analyze(client)
+    components = {c["id"]: c.get("type") for c in client.config["components"]}
+    # listeners that run in the browser only (js, no server function: the Attention tab's click and typed
+    # patch) have nothing on the server to attack; Gradio keeps them private
+    browser_only = [d for d in client.config["dependencies"] if not d.get("backend_fn")]
+    assert browser_only and all(d["js"] and d["api_visibility"] == "private" for d in browser_only)
+    endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
+    assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
+    values = list(HOSTILE.items())
+    tried = 0
+    for api_name in endpoints:
+        inputs = dependency(client, api_name)["inputs"]
+        open_inputs = [p for p, c in enumerate(inputs) if components[c] != "state"]
+        event_data = {"index": [100, 40], "value": None, "selected": True} if api_name == "pick_patch" else None
+
+        def attempt(positions, value, what):
+            data = defaults(client, api_name)
+            for position in positions:
+                data[position] = value
+            if api_name == "analyze" and 0 not in positions or (api_name == "analyze" and len(positions) > 1):
+                data[0] = handle_file_payload(client)
+            kinds = {components[inputs[p]] for p in positions}
+            kind = "file" if kinds & {"image", "file", "dataset"} else "value"
+            assert_sentence(api_name, what, queue_call(client, api_name, data, event_data), kind)
+
+        for what, value in values if open_inputs else []:
+            attempt(open_inputs, value, f"every input = {what}")
+            tried += 1
+        for n, position in enumerate(open_inputs):
+            what, value = values[(n + len(api_name)) % len(values)]
+            attempt([position], value, f"input {position} = {what}")
+            tried += 1
+        if api_name == "pick_patch":
+            for what, value in values:
+                message = queue_call(client, api_name, defaults(client, api_name),
+                                     {"index": [value, 3], "value": None, "selected": True})
+                assert_sentence(api_name, f"click at x = {what}", message, "click")
+    assert tried > 100
+    assert analyze(client)["predictions"]["confidences"]  # still serving
+
+
+_UPLOADED: dict[str, dict] = {}
+
+
+def handle_file_payload(client: Client) -> dict:
+    """A real upload of the cat photo (uploaded once), as the browser sends it."""
+    if "cat" not in _UPLOADED:
+        with open(CHELSEA, "rb") as f:
+            response = httpx.post(client.src.rstrip("/") + "/gradio_api/upload", files={"files": f}, timeout=30)
+        _UPLOADED["cat"] = {"path": response.json()[0], "orig_name": "chelsea.png", "meta": META}
+    return _UPLOADED["cat"]
+
+
+@pytest.mark.parametrize("api_name, data, message", [
+    ("pos_similarity", [None, math.inf, 64], "between 16 and 100000, not inf"),
+    ("pos_similarity", [None, math.nan, 64], "must be a number, not NaN"),
+    ("pos_similarity", [None, "tall", 64], "must be a number, not 'tall'"),
+    ("pos_similarity", [None, 8, 64], "between 16 and 100000, not 8"),
+    ("load_model", ["deit_tiny_patch16_224.no_such_tag", None], "has no pretrained tag 'no_such_tag'"),
+    ("load_model", ["deit_tiny\x00", None], "printable characters"),
+    ("load_model", [["deit"], None], "must be text"),
+])
+def test_the_reported_inputs_get_sentences(server, api_name, data, message):
+    client = Client(server.url, verbose=False)
+    answer = queue_call(client, api_name, data)
+    assert answer["success"] is False and message in error_of(answer), error_of(answer)
+
+
+def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
+    client = Client(server.url, verbose=False)
+    data = defaults(client, "analyze")
+    data[0] = handle_file_payload(client)
+    names = list(View.__dataclass_fields__)
+    data[1 + 1 + 2 + names.index("layer")] = math.inf  # image, key, geometry and shorter side, then the controls
+    message = queue_call(client, "analyze", data)
+    assert message["success"], error_of(message)
+
+
+# ------------------------------------------------------------------------------------- no paths
+
+def test_no_server_path_in_the_page_or_messages_with_a_model_folder(tmp_path):
+    """--model DIR: the page config, status line and dropdown show only the folder's base name."""
+    from conftest import tiny_hf
+
+    folder = tmp_path / "private_models" / "my_vit"
+    tiny_hf().save_pretrained(folder)
+    config = AppConfig(model=str(folder), device="cpu")
+    demo = build_demo(config, ModelCache(1))
+    try:
+        client = Client(launch(demo), verbose=False)
+        page = json.dumps(client.config)
+        assert str(tmp_path) not in page and "my_vit" in page
+        status = client.predict(api_name="/startup")[0]
+        assert "`my_vit`" in status and str(tmp_path) not in status
+        loaded = client.predict("my_vit", None, api_name="/load_model")[0]  # the dropdown's value loads it
+        assert "`my_vit`" in loaded and str(tmp_path) not in loaded
+        # a client who knows the folder gets only the operator's own model, still named by its base name
+        again = client.predict(str(folder), None, api_name="/load_model")[0]
+        assert "`my_vit`" in again and str(tmp_path) not in again
+        with pytest.raises(AppError) as error:
+            client.predict(str(tmp_path), None, api_name="/load_model")  # any other folder is not a model name
+        assert str(tmp_path) not in str(error.value)
+    finally:
+        demo.close()
+
+
+def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tmp_path, monkeypatch):
+    """--model /a/folder: every endpoint that names the model (analysis, downloads, the Model tab's
+    downloads, faithfulness, heads, the dataset job, Compare) names it by the folder's base name. Every
+    text drawn into a picture is read where it is drawn (PIL's `ImageDraw.text`, matplotlib's
+    `Figure.draw`), every returned string and file name is read, and every downloaded file's bytes."""
+    import matplotlib.text
+    from matplotlib.figure import Figure
+    from PIL import ImageDraw
+
+    from conftest import tiny_hf
+
+    folder = tmp_path / "private_models" / "my_vit"
+    tiny_hf().save_pretrained(folder)
+    secrets = (str(tmp_path), str(tmp_path).replace("/", "_"), "private_models")
+    drawn: list[str] = []
+    pil_text, figure_draw = ImageDraw.ImageDraw.text, Figure.draw
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda self, xy, text, *a, **k: drawn.append(str(text)) or pil_text(self, xy, text, *a, **k))
+    monkeypatch.setattr(Figure, "draw", lambda self, renderer: drawn.extend(
+        t.get_text() for t in self.findobj(matplotlib.text.Text)) or figure_draw(self, renderer))
+    demo = build_demo(AppConfig(model=str(folder), device="cpu"), ModelCache(2))
+    try:
+        client = Client(launch(demo), verbose=False)
+        photo = handle_file(str(CHELSEA))
+        outputs = {name: client.predict(*args, api_name=name) for name, args in [
+            ("/analyze", (photo,)), ("/downloads", ()), ("/model_downloads", (32, 48)), ("/faithfulness", ()),
+            ("/heads_overview", ()), ("/ablate_heads", ("0:0", "zero", [])), ("/dataset_distance", ([photo],)),
+            ("/compare_load_model", ("my_vit", None)), ("/compare_models", (photo, "", 0.6, False, 0.5))]}
+    finally:
+        demo.close()
+
+    def strings(value):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from strings(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from strings(item)
+
+    returned = [s for value in outputs.values() for s in strings(value)]
+    files = [Path(s) for s in returned if s.startswith(gradio_utils.get_upload_folder()) and Path(s).is_file()]
+    downloads = {Path(p).name for p in outputs["/downloads"] + outputs["/model_downloads"]}
+    assert {"chelsea.json", "chelsea.npz", "my_vit_filters.png", "my_vit_model.npz"} <= downloads
+    record = json.loads(next(f for f in files if f.name == "chelsea.json").read_text())
+    assert record["model"] == record["settings"]["model"] == "my_vit"
+    for name in ("chelsea.npz", "my_vit_model.npz"):  # compressed: their records are read, not their bytes
+        with np.load(next(f for f in files if f.name == name)) as arrays:
+            assert json.loads(str(arrays["settings_json"]))["model"] == "my_vit"
+    assert any(text.startswith("my_vit: class") for text in drawn)  # the faithfulness curves' title
+    assert {"A: my_vit (32×32)", "B: my_vit (32×32)"} <= set(drawn)  # Compare's captions
+    assert len(drawn) > 100 and len(files) > 20
+    for secret in secrets:
+        assert not [s for s in returned if secret in s]
+        assert not [t for t in drawn if secret in t]
+        assert not [f.name for f in files if secret.encode() in f.read_bytes()]
+
+
+def test_missing_weights_of_a_curated_model_say_so_without_a_path(server, monkeypatch, tmp_path):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    client = Client(server.url, verbose=False)
+    for name in ("deit_small_patch16_224", "vit_base_patch16_224"):
+        with pytest.raises(AppError) as error:
+            client.predict(name, None, api_name="/load_model")
+        assert str(error.value) == (f"Weights for {name!r} are not available on this server (no network access "
+                                    "to the Hugging Face hub and no local copy).")

@@ -1,0 +1,137 @@
+"""The Faithfulness tab: its handler on a tiny model (scoring, session cache, extra choices, marks),
+the ranked table by hand, and the tab through the app's API on the real weights."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from support import REPO, tiny_handle
+from vit_inspect.analysis.faithfulness import Curves
+from vit_inspect.plots.faithfulness import WORSE, ranked_rows
+from vit_inspect.passes.pipeline import analyze_image
+
+gr = pytest.importorskip("gradio")
+from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab, chosen_maps  # noqa: E402
+
+
+def constant(pos: float, neg: float, deletion: float, insertion: float) -> Curves:
+    return Curves(pos=np.full(10, pos), neg=np.full(10, neg), deletion=np.full(11, deletion),
+                  insertion=np.full(11, insertion))
+
+
+def test_ranked_rows_best_first_with_marks():
+    rows = ranked_rows({"random": constant(0.6, 0.6, 0.4, 0.45), "good": constant(0.2, 0.8, 0.1, 0.6),
+                        "bad": constant(0.7, 0.4, 0.5, 0.5)})
+    assert [r[0] for r in rows] == ["good", "random", "bad"]
+    assert rows[0][1:] == ["18.0", "72.0", "0.100", "0.600", ""]  # constant curve c: pos/neg AUC 90·c
+    assert rows[1][-1] == "the floor"
+    assert rows[2][1:] == ["63.0 ⚠", "36.0 ⚠", "0.500 ⚠", "0.500", WORSE]  # ins .5 > .45 is better than random
+
+
+def test_curves_panel_draws_each_curve_through_its_points_in_its_colour():
+    """Each curve a line through (left + f x (plot_w - 1), bottom - p / highest x (plot_h - 1)) of its panel,
+    highest = 1.05 x the panel's largest point; the random map dashed black; a legend sample per method."""
+    from vit_inspect.plots.faithfulness import CURVE_PLOT_PIXELS, LEGEND_LINE_PIXELS, curves_panel, method_colours
+    from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, MOSAIC_GAP
+
+    fractions = np.linspace(0.0, 1.0, 11)
+    falling = Curves(pos=np.ones(10), neg=np.ones(10), deletion=0.8 * (1 - fractions), insertion=0.8 * fractions)
+    picture = curves_panel({"a": falling, "random": constant(1, 1, 0.4, 0.2)}, "title")
+    band = CAPTION_LINE_PIXELS + 8  # one line: the whole title, then each plot's own
+    plot_w, plot_h = CURVE_PLOT_PIXELS
+    colours = method_colours(["a", "random"])
+    assert colours == {"a": (31, 119, 180), "random": (0, 0, 0)}  # tab10's first; black
+    highest = 1.05 * 0.8
+    panel_w = (picture.shape[1] - MOSAIC_GAP) // 2
+    for offset, values in ((0, falling.deletion), (panel_w + MOSAIC_GAP, falling.insertion)):
+        top = 2 * band + 8
+        for f, value in zip(fractions, values):
+            x = int(round(offset + 58 + f * (plot_w - 1)))
+            y = int(round(top + plot_h - 1 - value / highest * (plot_h - 1)))
+            near = picture[y - 1:y + 2, x - 1:x + 2].reshape(-1, 3)
+            assert (near == colours["a"]).all(axis=1).any(), (offset, f)
+        legend = top + plot_h - 1 + 40 + LEGEND_LINE_PIXELS  # the first method's sample line
+        np.testing.assert_array_equal(picture[legend, offset + 58 + 12], colours["a"])
+    y = int(round(2 * band + 8 + plot_h - 1 - 0.4 / highest * (plot_h - 1)))  # random's deletion, dashed
+    drawn = (picture[y - 1:y + 2, 58 + 30:58 + plot_w - 30] == 0).all(axis=-1).any(axis=0)
+    assert 0.5 < drawn.mean() < 0.75  # 6 pixels drawn, 4 skipped, widened by the line's width
+    with pytest.raises(ValueError, match="no curves"):
+        curves_panel({}, "t")
+    with pytest.raises(ValueError, match="11 finite"):
+        curves_panel({"a": constant(1, 1, np.nan, 0.2)}, "t")
+
+
+@dataclass(frozen=True)
+class FakeSession:
+    model: str
+    result: object
+
+
+class Progress:
+    def __call__(self, *args, **kwargs) -> None:
+        self.calls = getattr(self, "calls", 0) + 1
+
+
+def test_handler_scores_caches_and_adds_choices():
+    handle = tiny_handle("cls")
+    rng = np.random.default_rng(0)
+    from PIL import Image
+
+    picture = Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    session = FakeSession(model="tiny", result=analyze_image(handle, picture))
+    forwards = []
+    hook = handle.model.register_forward_pre_hook(lambda m, a: forwards.append(a[0].shape[0]))
+    try:
+        scored, image, rows, note = FaithfulnessTab._score(lambda key: handle, session, None, Progress(), {})
+        first = sum(forwards)
+        assert set(scored.curves) == {"random", "attention", "rollout", "gradcam", "gradcam_relu", "chefer",
+                                      "legrad", "attnlrp"}
+        assert image.ndim == 3 and len(rows) == 8 and "Scored 8 maps" in note
+        # same image and class, Grad-CAM block 0 chosen: only that map is new
+        forwards.clear()
+        scored2, _, rows2, _ = FaithfulnessTab._score(lambda key: handle, session, scored, Progress(),
+                                                      {"gradcam_layer": 0})
+        assert "gradcam block 0" in scored2.curves and len(rows2) == 9
+        assert 0 < sum(forwards) < first  # only the new map's inputs (no clean/blur images again)
+        assert scored2.curves["attnlrp"] is scored.curves["attnlrp"]
+    finally:
+        hook.remove()
+    with pytest.raises(ValueError, match="Analyse an image first"):
+        FaithfulnessTab._score(lambda key: handle, None, None, Progress(), {})
+
+
+def test_chosen_maps_only_add_what_differs_from_the_defaults():
+    handle = tiny_handle("cls")
+    from PIL import Image
+
+    result = analyze_image(handle, Image.new("RGB", (32, 32), (120, 30, 200)))
+    defaults = chosen_maps(result, np.random.default_rng(0), layer=1, mean_heads=True, gradcam_layer=1,
+                           last_layer=1)
+    assert len(defaults) == 8
+    extra = chosen_maps(result, np.random.default_rng(0), layer=0, head=1, mean_heads=False, gradcam_layer=0,
+                        head_fusion="max", discard_ratio=0.5, first_layer=0, last_layer=1)
+    assert set(extra) - set(defaults) == {"gradcam block 0", "rollout max, discard 0.50, layers 0-1",
+                                          "attention layer 0, head 1"}
+    np.testing.assert_array_equal(extra["gradcam block 0"], result.gradcam[0])
+
+
+@pytest.mark.slow
+def test_tab_through_the_api_on_the_real_weights():
+    from test_app import Server, analyze
+    from gradio_client import Client
+
+    server = Server()
+    try:
+        client = Client(server.url, verbose=False)
+        analyze(client)
+        figure, table, note = client.predict(api_name="/faithfulness")
+        methods = [row[0] for row in table["data"]]
+        # the 8 standard maps, plus the attention tab's own choice (the app opens on head 0, not the mean)
+        assert set(methods) == {"random", "attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad",
+                                "attnlrp", "attention layer 11, head 0"}
+        assert f"Scored {len(methods)} maps" in note and methods.index("attnlrp") < methods.index("random")
+        assert (REPO / "app.py").is_file() and figure
+    finally:
+        server.demo.close()

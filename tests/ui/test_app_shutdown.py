@@ -1,0 +1,44 @@
+"""`python app.py` stopped with SIGTERM (docker stop, a Space restarting) or Ctrl-C removes its private
+upload folder and its spill folders, with the uploads in them, and exits with status 0."""
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+
+from support.app import APP_MARKS, CHELSEA, app_process, free_port
+
+pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+
+FOLDERS = ("vit_inspect_gradio_", "vit_inspect_spill_")
+
+
+def ours(root) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(FOLDERS))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_server_removes_its_folders(tmp_path, stop):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_TEMP_DIR"} | {
+        "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    server = app_process(port, env)
+    try:
+        with CHELSEA.open("rb") as photo:
+            upload = httpx.post(f"http://127.0.0.1:{port}/gradio_api/upload", files={"files": photo})
+        assert upload.status_code == 200
+        (uploaded,) = upload.json()
+        folders = ours(tmp_path)
+        assert [name.startswith(FOLDERS[0]) for name in folders].count(True) == 1 and len(folders) >= 2
+        assert uploaded.startswith(str(tmp_path / folders[0])) and os.path.isfile(uploaded)
+        server.send_signal(stop)
+        log, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode == 0, log
+    assert ours(tmp_path) == [] and not os.path.exists(uploaded)
+    assert "Traceback" not in log
