@@ -8,10 +8,10 @@ which differs from timing it alone. The parts:
 - forward reductions: each layer's distance and prefix sums, and its entropy sums where the maps are not
   kept (`LayerStream.on_attention`, `HeadStatsStream.on_attention`); the float16 copy of a small model's
   maps is still made;
-- gradient reductions (`pipeline.gradient_reductions`: A ⊙ ∂y/∂A, first order, G, Chefer's row);
+- gradient reductions (`passes.pipeline.gradient_reductions`: A ⊙ ∂y/∂A, first order, G, Chefer's row);
 - the head pass (`head_pass.build_head_pass`: logit lens, token norms);
 - the preview of the whole upload (`images.preview_rgb`);
-- preprocessing (`pipeline.model_input`: the model's resize, crop and normalisation);
+- preprocessing (`passes.pipeline.model_input`: the model's resize, crop and normalisation);
 
 and all five at once. The results of a stubbed pass are wrong (cached parts); only its time is read. One
 more candidate is the whole pass with the preview made after the model's input instead of beside it

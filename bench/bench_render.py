@@ -1,5 +1,5 @@
 """Drawing one map as the app shows it (`map_plots.map_panel`: overlay, colour bar, caption) and encoding it
-as PNG, what a slider redraw waits for after its maps are computed: another version's `plotting` with
+as PNG, what a slider redraw waits for after its maps are computed: another version's `plots` with
 that version's app encoding (its `canvas.encode_png`, or Gradio's own, PIL's default PNG level, for a
 version without one) against this checkout's (`canvas.encode_png`), each ÷ one plain forward of the model.
 

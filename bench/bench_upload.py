@@ -13,7 +13,7 @@ the answer (`LATER_PANELS`: the distance scatter, all maps side by side, all hea
     heatmap as a change of layer or head redraws it (`vit_inspect.ui.tabs.heads.heatmap` on the pass's
     first-order values, another cell outlined each time: a matplotlib figure in afcd7f7,
     `head_plots.head_heatmap_panel` now)
-6e. the Heads tab's logit-lens plot as a matplotlib figure (`head_plots.lens_figure`, the CLI's, which the app
+6e. the Heads tab's logit-lens plot as a matplotlib figure (`plots.heads.lens_figure`, the CLI's, which the app
     drew before) ÷ as the app draws it now (`head_plots.lens_panel`), on this pass's lens
 6f. the Compare tab's aligned maps (the model against itself, the image's four maps) as a matplotlib figure
     (`compare_plots.aligned_maps_figure`, the CLI's, which the app drew before) ÷ as the app draws them now

@@ -2,7 +2,7 @@
 
 Each image goes through `faithfulness.evaluate_image` (a pure per-image function, so a folder engine
 can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). The command runs
-`jobs.EvaluateJob` on the engine interface (`--engine local`, the default, or `--engine ray`), prints the
+`jobs.evaluate.EvaluateJob` on the engine interface (`--engine local`, the default, or `--engine ray`), prints the
 table of mean AUC ± standard error, and writes per-image curves (`curves.npz`, gathered from the files
 the workers write under `OUT/evaluate/curves/`), the table (`table.json`, `table.csv`) and the per-image
 AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards already done.

@@ -38,13 +38,13 @@ def dataset_attention_distance(handle: ViTHandle, images: Iterable[str | os.Path
                                max_map_bytes: int = DATASET_MAP_BYTES) -> DatasetDistance:
     """Mean attention distance (see `mean_attention_distance`) averaged over many images, in batches,
     streaming: only running sums are kept, never the maps. Unreadable files are skipped and listed.
-    In-process with this handle; `engine.run_job` with a `jobs.AttentionDistanceJob` runs the same
+    In-process with this handle; `jobs.run.run_job` with a `jobs.distance.AttentionDistanceJob` runs the same
     job on Ray.
 
     Each layer's maps are reduced to distances as the forward pass produces them and then dropped, and a
     batch is run in chunks of at most ``max_map_bytes // (heads * N^2 * 4)`` images, so one layer's
     float32 maps of one chunk bound the memory (a folder of 518-px images at N = 1374 never holds a
-    batch's attention stack; see `jobs.AttentionDistanceWorker`)."""
+    batch's attention stack; see `jobs.distance.AttentionDistanceWorker`)."""
     from vit_inspect.jobs.engine import EngineOptions
     from vit_inspect.jobs.run import run_job
 

@@ -149,8 +149,8 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
                     on_image: Callable[[Path, ImageFaithfulness], None] | None = None,
                     progress: Callable[[int, int], None] | None = None) -> FaithfulnessAccumulator:
     """`evaluate_image` over the files, one after another, into one accumulator: the plain in-process loop
-    for library use, with a per-image callback. The command runs `jobs.EvaluateJob` through
-    `engine.run_job` instead (either engine; equal numbers, tested in tests/jobs/test_evaluate_engine.py)."""
+    for library use, with a per-image callback. The command runs `jobs.evaluate.EvaluateJob` through
+    `jobs.run.run_job` instead (either engine; equal numbers, tested in tests/jobs/test_evaluate_engine.py)."""
     accumulator = FaithfulnessAccumulator()
     for done, path in enumerate(files, 1):
         result = evaluate_image(handle, path, labels[path.name], methods, settings=settings, batch_size=batch_size)
@@ -178,7 +178,7 @@ def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, 
 
 
 def gather_curves(folder: Path, files: list[Path], skipped: set[str]) -> tuple[dict[str, np.ndarray], list[dict]]:
-    """The per-image files the workers wrote (`jobs.write_image_curves`), in file order, as the
+    """The per-image files the workers wrote (`jobs.evaluate.write_image_curves`), in file order, as the
     `curves.npz` arrays ("<stem>/<curve>/<method>") and the `per_image.csv` rows."""
     curves: dict[str, np.ndarray] = {}
     rows: list[dict] = []

@@ -1,4 +1,4 @@
-"""The Ray Data engine for folder-level jobs (`engine.run_job(..., engine="ray")`).
+"""The Ray Data engine for folder-level jobs (`jobs.run.run_job(..., engine="ray")`).
 
 The pipeline is one Ray Dataset:
     file paths --(tasks: read + decode, `ImageLimits` checked)--> RGB arrays

@@ -1,4 +1,4 @@
-"""Folder-level jobs for `engine.run_job`: picklable specs that load their model once per worker.
+"""Folder-level jobs for `jobs.run.run_job`: picklable specs that load their model once per worker.
 
 `AttentionDistanceJob`: the ViT paper's Fig. 7 (right) mean attention distance averaged over a
 folder (`vit-inspect model --images`).

@@ -76,7 +76,7 @@ def mean_over_queries(sums: list[torch.Tensor], sign: float = 1.0) -> np.ndarray
 class HeadStatsStream:
     """Per-layer form of the attention statistics of image 0: `head_entropy` and `prefix_attention_share`
     of each layer's (heads, N, N) float32 maps as the pass produces them (in torch, on the maps' device) (`on_attention`, a
-    `capture_attention` callback); `pipeline.gradient_reductions` gives `first_order_importance` layer
+    `capture_attention` callback); `passes.pipeline.gradient_reductions` gives `first_order_importance` layer
     by layer after the backward. Each equals the stacked function's row for that layer (the reductions
     run over the last two axes only). With ``entropy=False`` the entropy is left to `HeadPass.entropy`."""
 

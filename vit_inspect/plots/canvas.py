@@ -1,8 +1,9 @@
-"""Numbers -> images and matplotlib Figures. Object API only (no pyplot), no torch, no gradio.
+"""What every picture shares: numbers to colours, fonts, colour bars, titles, axes, grids and PNG bytes.
 
-Display decisions live here and only here: the optional ReLU, min-max normalisation, bilinear
-upsampling to the image and the colormap. The pictures of a model's own parameters (ViT Fig. 7 left and
-centre) are in `model_plots`, built from the helpers here.
+Display decisions live in `plots` and only there: the optional ReLU, min-max normalisation, bilinear
+upsampling to the image and the colormap are here; each subject's pictures (maps, heads, distance, the
+model, comparisons, faithfulness) are in a module of their own, built from these helpers. Object API
+only (no pyplot), no torch, no gradio.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Figures of two models side by side, and the DINO / DINOv2 views. Object API only, no torch, no gradio.
 
-Overlays follow `plotting.overlay` (each map min-max scaled on its own, Grad-CAM after a ReLU); every
+Overlays follow `plots.maps.overlay` (each map min-max scaled on its own, Grad-CAM after a ReLU); every
 figure names its models, layers (with the relative-depth mapping), heads and settings.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
     """What `aligned_maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (the app's Compare tab
     redraws it when model A's layer changes: a matplotlib figure took ≈ 0.8 s for two DeiT-Ti, this ≈ 20 ms):
     one row per map kind under its agreement numbers (Spearman, top-10 % overlap), model A's map on its own
-    crop beside model B's at the aligned layer, each a `plotting.map_panel` with its own colour bar over its
+    crop beside model B's at the aligned layer, each a `plots.maps.map_panel` with its own colour bar over its
     own range (Grad-CAM after a ReLU) and a caption naming the model, layer (with its relative depth) and
     class; the layer mapping and where agreement is measured above all."""
     if not aligned:
@@ -224,9 +224,9 @@ def dino_heads_figure(result: ImageAnalysis, maps: np.ndarray, masks: np.ndarray
 
 def dino_heads_panel(result: ImageAnalysis, maps: np.ndarray, masks: np.ndarray, name: str, fraction: float,
                        ncols: int = 6) -> np.ndarray:
-    """What `dino_heads_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (`plotting.heads_panel`,
+    """What `dino_heads_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (`plots.maps.heads_panel`,
     redrawn when the Compare tab's mass slider moves): every head of the last layer (Caron et al. 2021,
-    Fig. 3), the readout token's attention min-max scaled per head (`plotting.normalized`, so one colour
+    Fig. 3), the readout token's attention min-max scaled per head (`plots.canvas.normalized`, so one colour
     bar from 0 to 1 serves every head), the smallest patch set holding `fraction` of its mass (``masks``)
     at full brightness and the rest dimmed, as the All heads tab shows a threshold, each head titled with
     its patch count. ``maps`` and ``masks`` are (heads, grid_h, grid_w), from `ImageAnalysis.attention_map`

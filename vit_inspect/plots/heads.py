@@ -71,7 +71,7 @@ def head_heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: boo
     """(depth, heads) values as an (H, W, 3) uint8 heatmap drawn with PIL, layer 0 at the top, and the
     (x0, y0, x1, y1) pixel box its cells fill (cell (layer, head) spans x0 + head * w to x0 + (head + 1) * w
     and y0 + layer * h to y0 + (layer + 1) * h, for `ui.heads.cell_at`). What
-    `head_plots.head_heatmap_figure` shows: ``diverging`` centres the colours on 0 (RdBu_r from -m to m,
+    `plots.heads.head_heatmap_figure` shows: ``diverging`` centres the colours on 0 (RdBu_r from -m to m,
     m = max |value|: red supports the class, blue opposes it), else viridis over the min-max; a colour bar
     labelled with ``unit``; ``selected`` (layer, head) outlined in black; layers and heads numbered; the
     wrapped ``title`` above; a value that is not finite (an overflow under half precision) is a grey cell
@@ -125,7 +125,7 @@ LENS_DOT_RADIUS = 5  # pixels
 
 
 def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
-    """The logit lens by depth as an (H, W, 3) uint8 picture drawn with PIL: what `head_plots.lens_figure`
+    """The logit lens by depth as an (H, W, 3) uint8 picture drawn with PIL: what `plots.heads.lens_figure`
     shows (a matplotlib figure of it took ≈ 0.3-0.5 s, this ≈ 3 ms). x: the block after which the lens reads
     (0 .. depth - 1, evenly spaced); y: the rank of the final class, 1 (the top class) at the top, on a
     log10 axis down to the next power of ten at or past the worst rank, a tick per decade; a grey line

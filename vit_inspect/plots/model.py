@@ -1,7 +1,7 @@
 """Pictures of a model's own parameters, no image needed (Dosovitskiy et al. 2021, ViT Fig. 7 left and centre):
 the principal components of the patch-embedding filters and the position-embedding similarity, each as a
 matplotlib figure (the CLI's files) and as a PIL picture (the app's Model tab and Compare run), built from
-`plotting`'s helpers. Object API only (no pyplot), no torch, no gradio.
+`plots`'s helpers. Object API only (no pyplot), no torch, no gradio.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def _no_stub_files():
 
 with _no_stub_files():
     class OutputImage(gr.Image):
-        """An output `gr.Image` whose uint8 numpy pictures are sent as PNG at zlib level `plotting.PNG_LEVEL`.
+        """An output `gr.Image` whose uint8 numpy pictures are sent as PNG at zlib level `plots.canvas.PNG_LEVEL`.
 
         Gradio encodes a numpy output at PIL's default level 6: ≈ 22 ms of a DeiT-Ti slider redraw whose
         drawing takes ≈ 2.5 ms (bench/bench_render.py). The file goes into Gradio's own cache the way its

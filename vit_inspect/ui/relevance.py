@@ -3,7 +3,7 @@
 The app's pass is ``analyze_image(relevance=False)``: one forward and one ordinary backward, the floor of
 any gradient method. LeGrad (Bousselham et al. 2025) and AttnLRP (Achtibat et al. 2024) need LRP rules on
 the forward and five more backwards (2.4-2.7x the pass without them, BENCHMARKS.md), so a session asks for them:
-the All maps toggle adds them to the pass shown now (`pipeline.add_relevance`: one more forward and those
+the All maps toggle adds them to the pass shown now (`passes.pipeline.add_relevance`: one more forward and those
 backwards, equal to the maps of a one-pass ``relevance=True``) and, while ticked, the session's later
 passes compute them in their own forward. The Faithfulness tab adds them before scoring.
 """
@@ -31,7 +31,7 @@ def computed(session) -> bool:
 
 def with_relevance(session, handle, run: Callable, limits, nbytes_of: Callable):
     """The session with LeGrad and AttnLRP added to the pass it shows, stored back in its slot (the
-    byte-bounded store counts them); ``run`` is `pipeline.add_relevance` or its ZeroGPU wrapper. The
+    byte-bounded store counts them); ``run`` is `passes.pipeline.add_relevance` or its ZeroGPU wrapper. The
     session itself when they were computed already or the model has no head (no class to explain).
     An evicted result raises `ResultDropped` (a sentence), as every other action does."""
     result = session.result

@@ -12,7 +12,7 @@ For the session's model, image and class:
 - Clicking a heatmap cell sets the app's shared layer and head: in the page at once (`PICK_CELL_JS`, with
   the cells' place sent beside the heatmaps, `cell_geometry`), so a redraw the page sends before the
   server's answer draws the clicked head, and on the server (`cell_at`, the same arithmetic).
-- The logit lens table from the cached pass (`heads_report.lens_record`).
+- The logit lens table from the cached pass (`passes.records.lens_record`).
 
 Per session only the latest ablated pass, the latest importance grid (two (depth, heads) arrays) and the
 heads' mean outputs of one reference set are kept; the ablated pass and the means sit in the app's
