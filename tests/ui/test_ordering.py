@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_inspect.ui import inspector
+from vit_inspect.ui import inspector as inspector_module
 from support import tiny_handle
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.core.geometry import InputGeometry
@@ -118,7 +118,7 @@ class Held:
 def overtaken(monkeypatch, older, newer):
     """Run `older` until it draws, run `newer` to the end, then let `older` finish: (older's, newer's)."""
     held = Held()
-    monkeypatch.setattr(inspector, "draw_panels", held)
+    monkeypatch.setattr(inspector_module, "draw_panels", held)
     out = {}
     thread = threading.Thread(target=lambda: out.setdefault("older", older()))
     thread.start()
@@ -201,7 +201,7 @@ def test_the_served_app_orders_each_web_session_by_its_id(monkeypatch, tmp_path)
             begun.append((session, panel))
             return super().begin(session, panel)
 
-    monkeypatch.setattr(inspector, "DrawOrder", Recording)
+    monkeypatch.setattr(inspector_module, "DrawOrder", Recording)
     handle = tiny_handle("cls")
     demo = build_demo(AppConfig(spill_budget=0), ModelCache(loader=lambda *a, **k: handle))
     try:

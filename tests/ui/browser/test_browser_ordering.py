@@ -23,7 +23,7 @@ from support.browser import click_pixel, image_src, open_tab
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA, Server, pixels
 
-from vit_inspect.ui import inspector
+from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.analysis import class_name
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.passes.pipeline import analyze_image
@@ -163,7 +163,7 @@ def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypa
     draws it there, without the tab being opened again; the figures of tabs not in view are not drawn."""
     drawn = []
     draw = draw_panels
-    monkeypatch.setattr(inspector, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
+    monkeypatch.setattr(inspector_module, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
     page.reload(wait_until="load")  # a new session (the module shares one page)
     page.wait_for_selector("#input-image")
     open_tab(page, "All maps")
