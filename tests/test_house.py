@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 PACKAGE = REPO / "vit_inspect"

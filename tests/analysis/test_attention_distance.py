@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
+from support import make_layout
 
 from vit_inspect.analysis.attention_distance import (
-    AttentionDistanceAccumulator, distance_as_fraction_of_width, mean_attention_distance)
-from support import make_layout
+    AttentionDistanceAccumulator,
+    distance_as_fraction_of_width,
+    mean_attention_distance,
+)
 from vit_inspect.core.tokens import TokenLayout
 
 UNIFORM_2X2_16PX = (0 + 16 + 16 + 16 * np.sqrt(2)) / 4  # 13.6569 px: mean distance to the 4 patch centres

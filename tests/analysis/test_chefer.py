@@ -1,11 +1,8 @@
 import numpy as np
 import pytest
-
-from vit_inspect.analysis.chefer import chefer_matrix, chefer_relevance
 from support import make_layout
 
-
-
+from vit_inspect.analysis.chefer import chefer_matrix, chefer_relevance
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 2), make_layout(True, 1, 0, 2, 2),
            make_layout(True, 0, 4, 2, 2), make_layout(True, 0, 0, 2, 3)]

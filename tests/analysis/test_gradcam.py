@@ -2,14 +2,11 @@ import numpy as np
 import pytest
 import torch
 from captum.attr import LayerGradCam
+from support import make_layout
 from torch import nn
 
 from vit_inspect.analysis.gradcam import gradcam_from_tokens
-from support import make_layout
 from vit_inspect.core.tokens import TokenLayout
-
-
-
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 3), make_layout(True, 1, 0, 2, 2),
            make_layout(True, 0, 4, 3, 2)]

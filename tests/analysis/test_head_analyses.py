@@ -4,13 +4,24 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 import pytest
-
+import torch
 from support import make_layout
-from vit_inspect.analysis.heads import (first_order_importance, head_entropy, high_norm_patches,
-                                        prefix_attention_share, spearman, token_norms)
-from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks, lens_topk, settled_depth
+
+from vit_inspect.analysis.heads import (
+    first_order_importance,
+    head_entropy,
+    high_norm_patches,
+    prefix_attention_share,
+    spearman,
+    token_norms,
+)
+from vit_inspect.analysis.logit_lens import (
+    lens_probs,
+    lens_ranks,
+    lens_topk,
+    settled_depth,
+)
 
 
 def _rows(*rows):

@@ -8,14 +8,21 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import dog_and_cat, make_layout, tiny_handle
-from vit_inspect.analysis import (gradient_fused_attention, gradient_rollout, mass_mask, prefix_shares, rollout,
-                                  rollout_matrix, search_classes)
+
+from vit_inspect.analysis import (
+    gradient_fused_attention,
+    gradient_rollout,
+    mass_mask,
+    prefix_shares,
+    rollout,
+    rollout_matrix,
+    search_classes,
+)
 from vit_inspect.analysis.classes import class_name
-from vit_inspect.passes.capture import capture_attention
 from vit_inspect.core.geometry import InputGeometry, keep_aspect_size, prepare, seen_box
 from vit_inspect.core.images import Preprocess
+from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
 
 CLASS_1X2 = make_layout(True, 0, 0, 1, 2)  # tokens: class, patch (0, 0), patch (0, 1)

@@ -1,13 +1,10 @@
 import numpy as np
 import pytest
+from support import make_layout
 
 from vit_inspect.analysis.attention_maps import attention_map, readout
 from vit_inspect.analysis.rollout import rollout, rollout_matrix
-from support import make_layout
 from vit_inspect.core.tokens import TokenLayout
-
-
-
 
 LAYOUTS = [make_layout(True, 0, 0, 2, 2), make_layout(False, 0, 0, 2, 2), make_layout(True, 1, 0, 2, 2),
            make_layout(True, 0, 4, 2, 2), make_layout(True, 0, 0, 2, 3)]

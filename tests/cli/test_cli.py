@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 from safetensors.torch import save_file
-
 from support import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
+
 from vit_inspect.cli.main import main
 
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",

@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from support import DEIT_WEIGHTS, PHOTOS
+
 from vit_inspect.cli.main import main
 
 

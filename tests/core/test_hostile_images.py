@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from support import PHOTOS, tiny_handle
 from support.hostile import corpus
+
 from vit_inspect.core.errors import ImageError
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.passes.pipeline import analyze_image
@@ -46,6 +46,7 @@ def test_limits_are_configurable():
 def test_extreme_aspect_ratio_stays_cheap():
     """A 10000x10 image is cropped before resizing: the crop is right and nothing huge is built."""
     from PIL import Image
+
     from vit_inspect.core.images import Preprocess
 
     array = np.zeros((10, 10000, 3), np.uint8)

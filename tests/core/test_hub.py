@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
+
 from vit_inspect.core import hub
 
 # Run in a fresh interpreter: huggingface_hub reads HF_ENDPOINT and HF_HUB_OFFLINE when imported.

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 import torch
-
 from support import REPO
 from support.fake_hub import FakeHub
+
 from vit_inspect.core import hub
 
 MIB = 2 ** 20
@@ -248,8 +248,7 @@ def test_the_served_page_refuses_an_oversized_hub_repository_with_a_sentence(tmp
     fetches only its config files; the real small repository then loads and analyses a photo."""
     from gradio_client import Client
     from gradio_client.exceptions import AppError
-
-    from test_app import analyze, app_process, free_port
+    from support.app import analyze, app_process, free_port
 
     repos, _, _ = _repos()
     fake = FakeHub({"org/small": repos["org/small"], "org/huge": repos["org/small"]},

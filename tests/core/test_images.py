@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import PHOTOS, tiny_handle
+
 from vit_inspect.core.errors import ImageError
-from vit_inspect.core.images import ImageLimits, Preprocess, load_image, preview_rgb, thumbnail_size
+from vit_inspect.core.images import (
+    ImageLimits,
+    Preprocess,
+    load_image,
+    preview_rgb,
+    thumbnail_size,
+)
 
 
 @pytest.mark.parametrize("photo", ["chelsea.png", "rocket.jpg", "astronaut.png"])

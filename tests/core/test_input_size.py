@@ -5,10 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
-
 from support import tiny_handle
+
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.core.geometry import MAX_PASS_MAP_BYTES, InputGeometry, check_input_size
+from vit_inspect.core.geometry import (
+    MAX_PASS_MAP_BYTES,
+    InputGeometry,
+    check_input_size,
+)
 from vit_inspect.passes.pipeline import analyze_image, model_input
 
 

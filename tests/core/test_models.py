@@ -8,9 +8,21 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from support import (
+    EXPECTED_PREFIX,
+    TINY_TIMM,
+    make_tiny_timm,
+    offline_hub_cache,
+    tiny_handle,
+    tiny_hf,
+)
 
-from support import EXPECTED_PREFIX, TINY_TIMM, make_tiny_timm, tiny_handle, tiny_hf
-from vit_inspect.core.errors import ModelNotFoundError, UnsupportedModelError, WeightsError, WeightsNotFoundError
+from vit_inspect.core.errors import (
+    ModelNotFoundError,
+    UnsupportedModelError,
+    WeightsError,
+    WeightsNotFoundError,
+)
 from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.core.load import load_model
 from vit_inspect.core.weights import read_state_dict
@@ -203,7 +215,8 @@ def test_a_safetensors_file_of_many_tiny_tensors_is_refused_at_the_default_bound
     save_file({f"t{i}": torch.zeros(1) for i in range(10_001)}, str(many))  # 0.7 MiB: any upload bound lets it in
     with pytest.raises(WeightsError, match=r"lists 10,001 tensors, more than the 10,000"):
         load_model("deit_tiny_patch16_224", weights=many, device="cpu")
-    from conftest import DEIT_WEIGHTS
+    from support import DEIT_WEIGHTS
+
     from vit_inspect.core.weights import check_safetensors_header
     if DEIT_WEIGHTS.is_file():  # the real file, far inside both bounds
         assert check_safetensors_header(DEIT_WEIGHTS) == 152
@@ -302,15 +315,6 @@ def test_a_model_beyond_the_bound_or_unfit_weights_are_refused_before_anything_i
     assert built == ["meta", "meta"]  # neither reached a real build
     handle = load_model("deit_tiny_patch16_224", pretrained=False, device="cpu", max_model_bytes=2 ** 30)
     assert handle.depth == 12 and built[-2:] == ["meta", "cpu"]  # 5.7 M parameters: built for real
-
-
-def offline_hub_cache(root: Path, repo: str, config) -> None:
-    """`repo` in a Hugging Face cache at `root` as a download leaves it, with only its config.json."""
-    revision = "0" * 40
-    folder = root / f"models--{repo.replace('/', '--')}"
-    config.save_pretrained(folder / "snapshots" / revision)
-    (folder / "refs").mkdir()
-    (folder / "refs" / "main").write_text(revision)
 
 
 def test_a_hugging_face_model_beyond_the_bound_is_refused_from_its_config(tmp_path, monkeypatch):

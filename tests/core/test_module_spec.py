@@ -10,13 +10,23 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import REPO
-from vit_inspect import ModuleSpec, analyze_image, handle_from_module, load_model, model_report
+
+from vit_inspect import (
+    ModuleSpec,
+    analyze_image,
+    handle_from_module,
+    load_model,
+    model_report,
+)
 from vit_inspect.analysis import gradcam_from_tokens, rollout
+from vit_inspect.core.errors import (
+    ModelNotFoundError,
+    UnsupportedModelError,
+    WeightsError,
+)
 from vit_inspect.core.module_spec import load_model_file
 from vit_inspect.passes.capture import capture_attention
-from vit_inspect.core.errors import ModelNotFoundError, UnsupportedModelError, WeightsError
 
 TOY_FILE = REPO / "examples" / "toy_vit.py"
 CHELSEA = REPO / "assets" / "chelsea.png"

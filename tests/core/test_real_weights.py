@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from support import IMAGENET, PHOTOS
-from vit_inspect.passes.capture import capture_attention
+
 from vit_inspect.core.images import load_image
+from vit_inspect.passes.capture import capture_attention
 
 CAT_CLASSES = {"Egyptian cat", "tabby", "tiger cat"}
 

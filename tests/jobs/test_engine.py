@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-
 from support import tiny_handle
+
 from vit_inspect.analysis import mean_attention_distance
-from vit_inspect.jobs.engine import EngineOptions, Sums
-from vit_inspect.jobs.run import run_job
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.jobs.distance import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.jobs.engine import EngineOptions, Sums
+from vit_inspect.jobs.run import run_job
 from vit_inspect.passes.pipeline import analyze_image
 
 

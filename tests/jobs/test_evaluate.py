@@ -5,12 +5,16 @@ import json
 
 import numpy as np
 import pytest
+from support import DEIT_WEIGHTS, IMAGENET, tiny_handle, write_folder
 
-from support import DEIT_WEIGHTS, IMAGENET, tiny_handle
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.jobs.evaluate import evaluate_folder, format_table, read_labels, select_files
+from vit_inspect.jobs.evaluate import (
+    evaluate_folder,
+    format_table,
+    read_labels,
+    select_files,
+)
 from vit_inspect.studies.faithfulness import evaluate_image
-from support import write_folder
 
 
 def test_labels_and_selection(tmp_path):

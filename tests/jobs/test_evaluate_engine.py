@@ -8,15 +8,19 @@ import shutil
 
 import numpy as np
 import pytest
+from support import DEIT_WEIGHTS, IMAGENET, tiny_handle, write_folder
 
-from support import DEIT_WEIGHTS, IMAGENET, tiny_handle
-from support import write_folder
-from vit_inspect.jobs.engine import EngineOptions, Sums
-from vit_inspect.jobs.run import run_job
-from vit_inspect.jobs.evaluate import evaluate_folder, read_labels, select_files
-from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image
-from vit_inspect.jobs.evaluate import EvaluateJob, EvaluateWorker
 from vit_inspect.core.images import find_images
+from vit_inspect.jobs.engine import EngineOptions, Sums
+from vit_inspect.jobs.evaluate import (
+    EvaluateJob,
+    EvaluateWorker,
+    evaluate_folder,
+    read_labels,
+    select_files,
+)
+from vit_inspect.jobs.run import run_job
+from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image
 
 METHODS = ("random", "attention", "gradcam")
 

@@ -8,8 +8,8 @@ import os
 
 import numpy as np
 import pytest
-
 from support import IMAGENET, REPO
+
 from vit_inspect.jobs.evaluate import read_labels, select_files
 from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, evaluate_image
 

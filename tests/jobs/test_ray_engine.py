@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support import DEIT_WEIGHTS, IMAGENET
+
 from vit_inspect.cli.main import main
+from vit_inspect.core.images import find_images
+from vit_inspect.jobs.distance import AttentionDistanceJob
 from vit_inspect.jobs.engine import EngineOptions, Sums
 from vit_inspect.jobs.run import run_job
-from vit_inspect.jobs.distance import AttentionDistanceJob
-from vit_inspect.core.images import find_images
 
 ray = pytest.importorskip("ray", reason="Ray Data is an optional extra: pip install -r requirements-ray.txt")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

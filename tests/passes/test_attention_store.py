@@ -7,13 +7,18 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import TINY_TIMM, make_layout, tiny_handle, tiny_hf
+
+from vit_inspect.analysis import (
+    attention_map,
+    mean_attention_distance,
+    prefix_shares,
+    rollout,
+)
+from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.passes import attention_store
-from vit_inspect.analysis import attention_map, mean_attention_distance, prefix_shares, rollout
 from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import capture_attention
-from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.passes.pipeline import analyze_image
 
 F16 = 2e-3  # float16 precision of a probability in [0, 1], with the rebuild's own rounding
@@ -126,6 +131,7 @@ def test_large_logits_keep_float32_queries():
     """qk-norm with a large gain: logits so large that float16 q, k cannot reproduce the probabilities to
     the tolerance; the store keeps q, k in float32 and the maps stay exact."""
     from timm.models.vision_transformer import VisionTransformer
+
     from vit_inspect.core.timm_models import handle_from_timm
 
     torch.manual_seed(0)
@@ -172,6 +178,7 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     """Pending layers are checked as soon as they hold CHECK_BYTES: with a bound of two layers' bytes, a
     six-layer model is checked two layers at a time, and the store is still every layer's Q/K."""
     from timm.models.vision_transformer import VisionTransformer
+
     from vit_inspect.core.timm_models import handle_from_timm
 
     flushed: list[tuple[list[int], int]] = []
@@ -254,7 +261,11 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     """Issue 13's per-head entropy, prefix share and first-order estimate, reduced layer by layer in the
     streaming pass, equal the stacked functions on an independent dense pass; the pass never builds the
     (depth, heads, N, N) stack of the maps or of their gradients."""
-    from vit_inspect.analysis.heads import first_order_importance, head_entropy, prefix_attention_share
+    from vit_inspect.analysis.heads import (
+        first_order_importance,
+        head_entropy,
+        prefix_attention_share,
+    )
     from vit_inspect.passes.capture import AttentionRecorder
 
     handle = tiny_handle(tiny_kind)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support import TINY_TIMM, tiny_handle, tiny_hf
-from vit_inspect.passes.capture import capture_attention
+
 from vit_inspect.core.errors import CaptureError
 from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.passes.capture import capture_attention
 
 
 def _forward(handle, batch=2, grad=False):

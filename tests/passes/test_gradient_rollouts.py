@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
-
 from support import TINY_TIMM, tiny_handle
+
+from vit_inspect.analysis import gradient_fused_attention, gradient_rollout
+from vit_inspect.core.errors import VitInspectError
 from vit_inspect.passes import attention_store
 from vit_inspect.passes import gradient_rollouts as gr_module
-from vit_inspect.analysis import gradient_fused_attention, gradient_rollout
 from vit_inspect.passes.capture import capture_attention
-from vit_inspect.core.errors import VitInspectError
 from vit_inspect.passes.pipeline import analyze_image
 
 F16 = 2e-3  # float16 precision, relative to the map's largest value

@@ -6,13 +6,18 @@ import copy
 import numpy as np
 import pytest
 import torch
-
 from support import sharpen_attention, tiny_handle, tiny_hf
-from vit_inspect.passes.capture import capture_attention
+
 from vit_inspect.core.errors import InterventionError
-from vit_inspect.passes.interventions import ablate_heads, head_mask, mean_head_outputs, parse_heads
 from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.core.timm_models import handle_from_timm
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.passes.interventions import (
+    ablate_heads,
+    head_mask,
+    mean_head_outputs,
+    parse_heads,
+)
 
 
 def _x(handle, batch=2, seed=0):

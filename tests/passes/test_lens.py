@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from support import TINY_TIMM, tiny_handle, tiny_hf
-from vit_inspect.passes.lens import lens_readouts, lens_tokens
+
 from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.passes.lens import lens_readouts, lens_tokens
 
 # the leading tokens a class-token head reads (class, distillation, registers); 0: a pooled head reads them all
 TOKENS_READ = {"cls": 1, "gap": 0, "distilled": 2, "reg4": 5, "no_embed_class": 1, "patch14": 1, "patch16": 1,

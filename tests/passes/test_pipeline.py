@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import TINY_TIMM, tiny_handle, tiny_hf
+
 from vit_inspect.analysis import chefer_relevance
-from vit_inspect.passes.attention_store import keeps_maps
-from vit_inspect.passes.capture import capture_attention
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.hf_models import handle_from_hf
-from vit_inspect.passes import relevance
-from vit_inspect.passes.pipeline import add_relevance, analyze_image, relevance_maps
 from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.passes import relevance
+from vit_inspect.passes.attention_store import keeps_maps
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.passes.pipeline import add_relevance, analyze_image, relevance_maps
 from vit_inspect.studies.model_report import model_report, pos_similarity_at
 
 
@@ -147,6 +147,7 @@ def test_target_out_of_range_is_clear():
 
 def test_headless_model_has_no_gradient_maps():
     from timm.models.vision_transformer import VisionTransformer
+
     from vit_inspect.core.timm_models import handle_from_timm
 
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0,
@@ -200,7 +201,8 @@ def test_chefer_from_cached_arrays_matches_pass():
 def test_gradient_reductions_equal_their_definitions(kind):
     """First order sum_ij A * dA per head and G = max(0, mean_h A * dA) per layer (head means taken as one
     matrix product in the pass), against float64 stacks of the recorded maps and gradients."""
-    from conftest import sharpen_attention
+    from support import sharpen_attention
+
     from vit_inspect.passes.pipeline import gradient_reductions, readout_query
 
     handle = sharpen_attention(tiny_handle(kind, seed=5))
@@ -221,7 +223,8 @@ def test_gradient_reductions_equal_their_definitions(kind):
 def test_gradient_reductions_on_the_gpu_equal_the_cpus():
     """On a GPU, W = A * dA/dy is formed where the maps are (only (N, N) reductions cross to the CPU);
     every gradient method equals the CPU pass's to float32 rounding."""
-    from conftest import make_tiny_timm
+    from support import make_tiny_timm
+
     from vit_inspect.core.timm_models import handle_from_timm
 
     image = _image(2)
@@ -251,8 +254,9 @@ def test_the_preview_and_the_model_input_are_resampled_side_by_side(monkeypatch,
     the two waits (10 s at most) until the other has started, which only two concurrent calls both see.
     The preview is still Pillow's (`preview_rgb`), for a lazily opened file too (loaded once, beforehand)."""
     import threading
-    from vit_inspect.passes import pipeline
+
     from vit_inspect.core.images import preview_rgb
+    from vit_inspect.passes import pipeline
 
     started = {"preview": threading.Event(), "input": threading.Event()}
     ran_on = {}

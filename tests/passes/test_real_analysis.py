@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from support import IMAGENET
-from vit_inspect.passes.pipeline import analyze_image
+
 from vit_inspect.jobs.distance import dataset_attention_distance
+from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.studies.model_report import model_report
 
 
@@ -48,7 +48,7 @@ def test_filter_pca_has_structure(deit):
 
 
 def test_cat_maps_on_chelsea(deit):
-    from conftest import PHOTOS
+    from support import PHOTOS
 
     result = analyze_image(deit, PHOTOS / "chelsea.png")
     assert deit.label(result.target).split(",")[0] in {"Egyptian cat", "tabby", "tiger cat"}
@@ -60,10 +60,10 @@ def test_deit_tiny_keeps_its_own_maps(deit):
     """At 224 px DeiT-Ti's float16 maps (2,794,248 bytes) are under the 4 MiB bound: the store holds the model's
     own probabilities, each rounded once to float16, and the Q/K store (448 px) rebuilds the same numbers."""
     import torch
+    from support import PHOTOS
 
-    from conftest import PHOTOS
-    from vit_inspect.passes.capture import capture_attention
     from vit_inspect.core.images import load_image
+    from vit_inspect.passes.capture import capture_attention
 
     picture = load_image(PHOTOS / "chelsea.png")
     store = analyze_image(deit, picture, relevance=False).attention_store
@@ -79,7 +79,7 @@ def test_deit_tiny_keeps_its_own_maps(deit):
 def test_half_precision_autocast_agrees_with_float32(deit):
     """Stated tolerance for `autocast=True` (bfloat16 on CPU, float16 on CUDA): same top class,
     probabilities within 0.02, attention within 0.05, distances within 1 px, maps correlated r >= 0.995."""
-    from conftest import PHOTOS
+    from support import PHOTOS
 
     full = analyze_image(deit, PHOTOS / "chelsea.png")
     half = analyze_image(deit, PHOTOS / "chelsea.png", autocast=True)

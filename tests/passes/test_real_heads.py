@@ -4,16 +4,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from bench.facts_heads import layer_vs_head_kl  # the same measurement as the README's fact
 from support import IMAGENET, PHOTOS
-from vit_inspect.studies.ablation import head_importance
+
+from bench.facts_heads import (
+    layer_vs_head_kl,  # the same measurement as the README's fact
+)
 from vit_inspect.analysis.heads import head_entropy, spearman
-from vit_inspect.passes.capture import capture_attention
-from vit_inspect.core.images import load_image
 from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
+from vit_inspect.core.images import find_images, load_image
+from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.core.images import find_images
+from vit_inspect.studies.ablation import head_importance
 
 pytestmark = pytest.mark.slow
 RHO_FLOOR = 0.5  # measured: mean 0.735 over 8 ImageNet samples (python -m bench.facts_heads)

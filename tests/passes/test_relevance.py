@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import IMAGENET, SHARED, make_layout, tiny_handle, tiny_hf
 from torch import nn
 
-from support import IMAGENET, SHARED, make_layout, tiny_handle, tiny_hf
 from vit_inspect.analysis import legrad_map, patch_relevance
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image

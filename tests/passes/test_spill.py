@@ -6,22 +6,21 @@ import dataclasses
 import gc
 import pickle
 import stat
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 import pytest
 import torch
+from support import REPO
 
-from vit_inspect.passes import pipeline
 from vit_inspect.analysis import rollout as reference_rollout
-from vit_inspect.passes.attention_store import TOLERANCE, attention_map, rollout
-from vit_inspect.passes.capture import capture_attention
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
+from vit_inspect.passes import pipeline
+from vit_inspect.passes.attention_store import TOLERANCE, attention_map, rollout
+from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image, readout_query
 from vit_inspect.passes.spill import SPILL_MIN_SHARE, SpillFolder, worth_spilling
-
-from support import REPO
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import Inspector
 

@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from support import TINY_TIMM, make_layout, sharpen_attention, tiny_handle
-from vit_inspect.passes import attention_store
+
 from vit_inspect.analysis import rollout as reference_rollout
+from vit_inspect.passes import attention_store
 from vit_inspect.passes.attention_store import AttentionStore, rollout
 from vit_inspect.passes.pipeline import analyze_image
 

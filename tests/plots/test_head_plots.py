@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vit_inspect.plots.heads import head_heatmap_figure, lens_figure
 from vit_inspect.plots.canvas import figure_to_rgb
+from vit_inspect.plots.heads import head_heatmap_figure, lens_figure
 
 
 def test_heatmap_is_centred_on_zero_with_a_colour_bar_and_title():

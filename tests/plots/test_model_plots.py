@@ -5,9 +5,16 @@ import numpy as np
 import pytest
 
 from vit_inspect.analysis.filters import FilterPCA
-from vit_inspect.plots.model import (FILTER_TILE_PIXELS, SIMILARITY_PIXELS, filter_pca_figure, filter_pca_panel,
-                                     pos_similarity_figure, similarity_mosaic, pos_similarity_panel)
 from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
+from vit_inspect.plots.model import (
+    FILTER_TILE_PIXELS,
+    SIMILARITY_PIXELS,
+    filter_pca_figure,
+    filter_pca_panel,
+    pos_similarity_figure,
+    pos_similarity_panel,
+    similarity_mosaic,
+)
 
 GRID_H, GRID_W = 2, 3
 

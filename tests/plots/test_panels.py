@@ -10,7 +10,6 @@ from PIL import ImageFont
 from vit_inspect.plots import canvas
 from vit_inspect.plots import maps as map_plots
 
-
 RGB = np.full((32, 48, 3), 128, np.uint8)
 GRID = np.array([[0.0, 0.5, 1.0], [0.25, 0.75, 0.5]])  # (2, 3) map over a 32x48 crop: 16-pixel patches
 

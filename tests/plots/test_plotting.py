@@ -6,12 +6,30 @@ import matplotlib
 import numpy as np
 import pytest
 
-from vit_inspect.plots.maps import (HEAD_TILE_PIXELS, MARKER_COLOR, heads_panel, map_panel, maps_figure, maps_panel,
-                                    overlay)
-from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
+from vit_inspect.plots.canvas import (
+    CAPTION_LINE_PIXELS,
+    COLORBAR_PIXELS,
+    MOSAIC_GAP,
+    figure_to_png,
+    figure_to_rgb,
+    map_range,
+)
 from vit_inspect.plots.distance import attention_distance_figure
-from vit_inspect.plots.heads import LENS_PLOT_PIXELS, NOT_FINITE_COLOR, head_heatmap_panel, lens_panel
-from vit_inspect.plots.canvas import figure_to_png, figure_to_rgb, map_range
+from vit_inspect.plots.heads import (
+    LENS_PLOT_PIXELS,
+    NOT_FINITE_COLOR,
+    head_heatmap_panel,
+    lens_panel,
+)
+from vit_inspect.plots.maps import (
+    HEAD_TILE_PIXELS,
+    MARKER_COLOR,
+    heads_panel,
+    map_panel,
+    maps_figure,
+    maps_panel,
+    overlay,
+)
 
 PATCH = 15  # odd patch side: bilinear upsampling hits the grid value exactly at pixel (7, 7) of each patch
 GRID_H, GRID_W = 2, 3
@@ -274,8 +292,13 @@ def test_distance_scatter_once_renders_on_its_first_draw_and_keeps_it(monkeypatc
 
 
 def test_distance_scatter_paints_highlight_where_the_dot_is():
-    from vit_inspect.plots.distance import HIGHLIGHT_COLOR, HEAD_COLOR, attention_distance_panel
     import matplotlib.colors
+
+    from vit_inspect.plots.distance import (
+        HEAD_COLOR,
+        HIGHLIGHT_COLOR,
+        attention_distance_panel,
+    )
 
     distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])  # (depth 2, heads 3)
     scatter = attention_distance_panel(distances, image_width=224, title="t")
@@ -306,8 +329,8 @@ def test_distance_scatter_paints_highlight_where_the_dot_is():
 
 
 def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title():
-    from vit_inspect.plots.distance import attention_distance_panel
     from vit_inspect.plots.canvas import SCATTER_PLOT_PIXELS
+    from vit_inspect.plots.distance import attention_distance_panel
 
     distances = np.array([[10.0, 50.0, 90.0], [30.0, 70.0, 110.0]])
     scatter = attention_distance_panel(distances, image_width=224, title="t")
@@ -411,7 +434,8 @@ def test_png_is_drawn_by_chromium_to_the_same_pixels():
     """An independent decoder: the browser that shows the app's maps draws the bytes on a canvas."""
     import base64
 
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
+    from support.browser import CHROMIUM, CHROMIUM_ARGS, require_browser, sync_api
+    require_browser()  # skips (or, in CI, fails) without a browser
 
     from vit_inspect.plots.canvas import encode_png
 

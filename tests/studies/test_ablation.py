@@ -5,13 +5,17 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import TINY_TIMM, sharpen_attention, tiny_handle, tiny_hf
-from vit_inspect.studies.ablation import ablation_effect, analyze_ablated, head_importance
+
 from vit_inspect.core.errors import Cancelled, VitInspectError
-from vit_inspect.passes.interventions import ablate_heads, head_output_module
 from vit_inspect.core.hf_models import handle_from_hf
+from vit_inspect.passes.interventions import ablate_heads, head_output_module
 from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.studies.ablation import (
+    ablation_effect,
+    analyze_ablated,
+    head_importance,
+)
 
 
 def _picture(size):
@@ -74,6 +78,7 @@ def test_hf_lens_and_the_note_for_models_without_a_head():
     assert set(result.heads.lens) == {"readout", "class", "distillation"}
     np.testing.assert_allclose(result.heads.lens["readout"][-1], result.heads.logits, rtol=1e-5, atol=1e-5)
     from timm.models.vision_transformer import VisionTransformer
+
     from vit_inspect.core.timm_models import handle_from_timm
     headless = handle_from_timm(VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
                                                   num_classes=0).eval(), device="cpu")

@@ -5,15 +5,27 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import PHOTOS, tiny_handle
-from vit_inspect.analysis.compare import (common_grid, map_agreement, matching_layer, relative_depth, resample_map,
-                                          spearman, top_overlap, top_patches)
+
+from vit_inspect.analysis.compare import (
+    common_grid,
+    map_agreement,
+    matching_layer,
+    relative_depth,
+    resample_map,
+    spearman,
+    top_overlap,
+    top_patches,
+)
 from vit_inspect.analysis.dino import feature_pca
 from vit_inspect.analysis.masks import mass_mask
-from vit_inspect.studies.comparison import aligned_maps, agreement_record, compare_images, token_agreement
 from vit_inspect.passes.pipeline import analyze_image
-
+from vit_inspect.studies.comparison import (
+    agreement_record,
+    aligned_maps,
+    compare_images,
+    token_agreement,
+)
 
 # ------------------------------------------------------------------------------------ relative depth
 
@@ -206,6 +218,7 @@ def test_class_and_distillation_tokens_of_a_distilled_model():
 
 def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
     from timm.models.vision_transformer import VisionTransformer
+
     from vit_inspect.core.timm_models import handle_from_timm
 
     image = Image.open(PHOTOS / "chelsea.png")
@@ -257,9 +270,12 @@ def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth
     """Every head a dot in its model's colour at x = (l + 1) / L plus the model's side offset (A left, B right),
     y linear from 0 (bottom) to 1.08 x the largest + 1 (top), under a one-line title; a legend line per model."""
     from vit_inspect.plots import compare as compare_plots
-    from vit_inspect.plots.compare import COMPARE_PLOT_PIXELS, MODEL_COLORS, compare_distance_panel
-    from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS
-    from vit_inspect.plots.canvas import rgb_of
+    from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, rgb_of
+    from vit_inspect.plots.compare import (
+        COMPARE_PLOT_PIXELS,
+        MODEL_COLORS,
+        compare_distance_panel,
+    )
 
     a = np.array([[10.0, 20.0], [30.0, 40.0]])  # depth 2, heads 2
     b = np.array([[5.0], [15.0], [25.0], [35.0]])  # depth 4, heads 1
@@ -297,9 +313,9 @@ def test_dino_heads_picture_scales_each_head_and_brightens_its_mass():
     """Each head min-max scaled on its own (so an affine change of one head's map draws the same picture), its
     overlay on 0..1 with the patches outside its mass set dimmed found once, the title naming the mass."""
     from vit_inspect.plots import compare as compare_plots
-    from vit_inspect.studies.comparison import last_layer_heads
     from vit_inspect.plots.canvas import normalized
     from vit_inspect.plots.maps import overlay
+    from vit_inspect.studies.comparison import last_layer_heads
 
     handle = tiny_handle("cls")
     pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
@@ -320,8 +336,8 @@ def test_dino_heads_picture_scales_each_head_and_brightens_its_mass():
 def test_feature_pca_picture_by_hand():
     """The crop under its title, its three components as rint(255 x) blocks of the crop's pixels below it (each
     patch 2 x 2 here), and a black-to-colour scale bar per channel."""
-    from vit_inspect.plots import compare as compare_plots
     from vit_inspect.analysis.dino import FeaturePCA
+    from vit_inspect.plots import compare as compare_plots
 
     rng = np.random.default_rng(0)
     crop = rng.integers(0, 256, size=(4, 6, 3), dtype=np.uint8)
@@ -356,9 +372,8 @@ def _found_at(picture: np.ndarray, block: np.ndarray) -> list[tuple[int, int]]:
 
 def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
     from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.plots.canvas import MOSAIC_GAP, map_range
     from vit_inspect.plots.maps import map_panel
-    from vit_inspect.plots.canvas import MOSAIC_GAP
-    from vit_inspect.plots.canvas import map_range
 
     handle = tiny_handle("cls")
     pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
@@ -385,7 +400,8 @@ def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
 def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
     import json
 
-    from conftest import DEIT_WEIGHTS
+    from support import DEIT_WEIGHTS
+
     from vit_inspect.cli.main import main
 
     if not DEIT_WEIGHTS.is_file():

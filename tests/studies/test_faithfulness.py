@@ -5,11 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from support import IMAGENET, SHARED, make_layout
-from vit_inspect.analysis.faithfulness import (DEL_INS_FRACTIONS, POS_NEG_FRACTIONS, Curves, PerturbationSettings,
-                                               auc, compose, patch_counts, plan_perturbations, ranking)
-from vit_inspect.studies.faithfulness import FaithfulnessAccumulator, ImageFaithfulness, score_maps
+
+from vit_inspect.analysis.faithfulness import (
+    DEL_INS_FRACTIONS,
+    POS_NEG_FRACTIONS,
+    Curves,
+    PerturbationSettings,
+    auc,
+    compose,
+    patch_counts,
+    plan_perturbations,
+    ranking,
+)
+from vit_inspect.studies.faithfulness import (
+    FaithfulnessAccumulator,
+    ImageFaithfulness,
+    score_maps,
+)
 
 REFERENCE = SHARED / "reference" / "faithfulness_deit_tiny_20.npz"
 

@@ -44,8 +44,8 @@ def make_layout(cls: bool, dist: int, reg: int, grid_h: int = 2, grid_w: int = 2
 
 def make_tiny_timm(kind: str, seed: int = 0):
     """A 2-block, 2-head, 32-dim random timm ViT of the given layout, in eval mode."""
-    from timm.models.vision_transformer import VisionTransformer
     from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
 
     kwargs, _ = TINY_TIMM[kind]
     kwargs = dict(kwargs)
@@ -73,7 +73,12 @@ def sharpen_attention(handle):
 
 def tiny_hf(distilled: bool = False, seed: int = 0):
     """A 2-layer random Hugging Face ViT (or DeiT with teacher) built from a config, no download."""
-    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher, ViTConfig, ViTForImageClassification
+    from transformers import (
+        DeiTConfig,
+        DeiTForImageClassificationWithTeacher,
+        ViTConfig,
+        ViTForImageClassification,
+    )
 
     torch.manual_seed(seed)
     common = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -106,3 +111,12 @@ def write_folder(tmp_path, count: int = 3):
         lines.append(f"img{i}.png,{i % 10}")
     (tmp_path / "labels.csv").write_text("\n".join(lines) + "\n")
     return tmp_path / "labels.csv"
+
+
+def offline_hub_cache(root: Path, repo: str, config) -> None:
+    """`repo` in a Hugging Face cache at `root` as a download leaves it, with only its config.json."""
+    revision = "0" * 40
+    folder = root / f"models--{repo.replace('/', '--')}"
+    config.save_pretrained(folder / "snapshots" / revision)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(revision)

@@ -129,3 +129,21 @@ def queue_call(client: Client, api_name: str, data: list, event_data=None) -> di
                 if message.get("event_id") == event_id and message.get("msg") == "process_completed":
                     return message
     raise AssertionError("no completion")
+
+
+class StandIn:
+    """A `spaces.GPU` stand-in: counts decorated functions and calls, and records what runs inside."""
+
+    def __init__(self):
+        self.decorated, self.inside, self.calls = [], False, 0
+
+    def __call__(self, fn):
+        self.decorated.append(fn.__name__)
+
+        def lent(*args, **kwargs):
+            self.inside, self.calls = True, self.calls + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.inside = False
+        return lent

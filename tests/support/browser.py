@@ -1,9 +1,11 @@
 """Driving the app in Debian's Chromium through Playwright: where the browser is, screenshots, clicks."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+import pytest
 from playwright import sync_api
 
 from support import REPO
@@ -39,3 +41,12 @@ def click_pixel(image, x: int, y: int) -> None:
 
 def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name, exact=True).click()
+
+
+def require_browser() -> None:
+    """Skip the calling test without /usr/bin/chromium, or fail it where VIT_INSPECT_REQUIRE_BROWSER=1 (CI)."""
+    if not CHROMIUM.is_file():
+        if os.environ.get("VIT_INSPECT_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"VIT_INSPECT_REQUIRE_BROWSER=1 but there is no browser at {CHROMIUM} "
+                        "(apt-get install -y chromium)", pytrace=False)
+        pytest.skip(f"no browser at {CHROMIUM} (apt-get install -y chromium)")

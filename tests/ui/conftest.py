@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from gradio_client import Client
-
 from support.app import Server
 
 

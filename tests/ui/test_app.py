@@ -11,27 +11,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from support import REPO
 
 gradio_client = pytest.importorskip("gradio_client")
+import gradio as gr  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
-
-import gradio as gr  # noqa: E402
+from support.app import CATS, CHELSEA, WEIGHTS, analyze, click, launch, pixels
 
 import app  # noqa: E402
-from vit_inspect.plots import distance as distance_plots
-from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.jobs.distance import dataset_attention_distance  # noqa: E402
-from vit_inspect.ui.common import OutputImage  # noqa: E402
-from vit_inspect.ui.common import shown_model
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.ui.common import (
+    OutputImage,  # noqa: E402
+    shown_model,
+)
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import FIRST_PANELS, FIRST_TAB, LATER_PANELS
+from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import PATCH
-from support.app import CATS, CHELSEA, WEIGHTS, analyze, click, launch, pixels
 
 
 def test_building_the_app_loads_no_model_and_names_every_event():

@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-
 from support import REPO
 from support.app import CHELSEA, WEIGHTS, analyze, launch
 
@@ -27,13 +26,13 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio import utils as gradio_utils  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
+from support.app import dependency, queue_call
 
-from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
-from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.view import View
-from support.app import dependency, queue_call
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
@@ -277,7 +276,7 @@ def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
 
 def test_no_server_path_in_the_page_or_messages_with_a_model_folder(tmp_path):
     """--model DIR: the page config, status line and dropdown show only the folder's base name."""
-    from conftest import tiny_hf
+    from support import tiny_hf
 
     folder = tmp_path / "private_models" / "my_vit"
     tiny_hf().save_pretrained(folder)
@@ -309,8 +308,7 @@ def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tm
     import matplotlib.text
     from matplotlib.figure import Figure
     from PIL import ImageDraw
-
-    from conftest import tiny_hf
+    from support import tiny_hf
 
     folder = tmp_path / "private_models" / "my_vit"
     tiny_hf().save_pretrained(folder)

@@ -3,10 +3,9 @@ hostile values answered with sentences."""
 from __future__ import annotations
 
 import pytest
-
-from support.app import APP_MARKS, CHELSEA
 from gradio_client import handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
+from support.app import APP_MARKS, CHELSEA
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
 

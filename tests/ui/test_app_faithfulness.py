@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from support import REPO, tiny_handle
+
 from vit_inspect.analysis.faithfulness import Curves
-from vit_inspect.plots.faithfulness import WORSE, ranked_rows
 from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.plots.faithfulness import WORSE, ranked_rows
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab, chosen_maps  # noqa: E402
@@ -33,8 +33,13 @@ def test_ranked_rows_best_first_with_marks():
 def test_curves_panel_draws_each_curve_through_its_points_in_its_colour():
     """Each curve a line through (left + f x (plot_w - 1), bottom - p / highest x (plot_h - 1)) of its panel,
     highest = 1.05 x the panel's largest point; the random map dashed black; a legend sample per method."""
-    from vit_inspect.plots.faithfulness import CURVE_PLOT_PIXELS, LEGEND_LINE_PIXELS, curves_panel, method_colours
     from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, MOSAIC_GAP
+    from vit_inspect.plots.faithfulness import (
+        CURVE_PLOT_PIXELS,
+        LEGEND_LINE_PIXELS,
+        curves_panel,
+        method_colours,
+    )
 
     fractions = np.linspace(0.0, 1.0, 11)
     falling = Curves(pos=np.ones(10), neg=np.ones(10), deletion=0.8 * (1 - fractions), insertion=0.8 * fractions)
@@ -119,8 +124,8 @@ def test_chosen_maps_only_add_what_differs_from_the_defaults():
 
 @pytest.mark.slow
 def test_tab_through_the_api_on_the_real_weights():
-    from test_app import Server, analyze
     from gradio_client import Client
+    from support.app import Server, analyze
 
     server = Server()
     try:

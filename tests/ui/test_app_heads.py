@@ -9,29 +9,46 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-
 from support import REPO, tiny_handle
 
 gr = pytest.importorskip("gradio")
-from vit_inspect.plots import distance as distance_plots
-from vit_inspect.studies.ablation import ablation_effect, analyze_ablated, head_importance  # noqa: E402
 from vit_inspect.analysis.heads import spearman  # noqa: E402
 from vit_inspect.core.errors import VitInspectError  # noqa: E402
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
-from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
-from vit_inspect.passes.result import ROLLOUT_CACHE
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
-from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
-from vit_inspect.ui.session_store import DROPPED, Detached  # noqa: E402
-from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
-from vit_inspect.ui.tabs.heads import (HeadsTab, cell_at, heatmap, importance_of_crop, lens_table, parse_head_spec,
-                                       refusals_warn, result_key)
+from vit_inspect.passes.result import ROLLOUT_CACHE
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.studies.ablation import (  # noqa: E402
+    ablation_effect,
+    analyze_ablated,
+    head_importance,
+)
 from vit_inspect.ui.common import shown_model, shows_errors, upload_folders
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
-from vit_inspect.ui.inspector import FIRST_PANELS, FIRST_TAB, Inspector, LATER_PANELS, Session
+from vit_inspect.ui.inspector import (
+    FIRST_PANELS,
+    FIRST_TAB,
+    LATER_PANELS,
+    Inspector,
+    Session,
+)
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.ui.panels import IMAGE_PANELS
+from vit_inspect.ui.session_store import DROPPED, Detached  # noqa: E402
+from vit_inspect.ui.tabs.heads import (
+    HeadsTab,
+    cell_at,
+    heatmap,
+    importance_of_crop,
+    lens_table,
+    parse_head_spec,
+    refusals_warn,
+    result_key,
+)
+from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.view import READOUT, View
+from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -359,7 +376,7 @@ def test_ablation_and_importance_run_under_zerogpu(monkeypatch, served):
     import sys
     import types
 
-    from test_zerogpu import StandIn
+    from support.app import StandIn
 
     inspector, handle, session, _ = served
     stand_in = StandIn()

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from support.app import CHELSEA, WEIGHTS, analyze, launch, pixels
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
-from vit_inspect.ui.session_store import module_nbytes  # noqa: E402
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
+from vit_inspect.ui.session_store import module_nbytes  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),

@@ -17,25 +17,24 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import REPO, tiny_handle
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.core.images import ImageLimits  # noqa: E402
-from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.passes.pipeline import add_relevance, analyze_image  # noqa: E402
+from vit_inspect.ui.common import upload_folders
+from vit_inspect.ui.config import AppConfig
+from vit_inspect.ui.inspector import Inspector, Session, results_nbytes
+from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
+from vit_inspect.ui.panels import draw_panels
+from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402
 from vit_inspect.ui.session_store import DROPPED, SessionStore  # noqa: E402
 from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
 from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
-from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402
-from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
-from vit_inspect.ui.common import upload_folders
-from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import Inspector, Session, results_nbytes
-from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.view import READOUT, View
+from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -247,7 +246,7 @@ def replace_result(session):
 
 
 def test_the_toggle_runs_under_the_zerogpu_wrapper(monkeypatch):
-    from test_zerogpu import StandIn
+    from support.app import StandIn
 
     inspector, handle, picture, session = tiny_inspector()
     stand_in = StandIn()

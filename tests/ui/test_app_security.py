@@ -10,11 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support import IMAGENET, PHOTOS
+from support.app import CATS, WEIGHTS, Server, analyze, pixels, queue_call
 from support.hostile import corpus
-from support.app import CATS, Server, WEIGHTS, analyze, pixels
-from support.app import queue_call
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
@@ -153,7 +151,7 @@ def test_the_server_keeps_its_files_in_a_folder_of_its_own(monkeypatch, tmp_path
     run, see conftest) takes a folder of its own, so another server stopping cannot break its links."""
     import os
 
-    from conftest import GRADIO_FOLDER
+    GRADIO_FOLDER = os.environ["GRADIO_TEMP_DIR"]  # the test run's own folder (tests/conftest.py)
     from gradio import utils as gradio_utils
 
     assert gradio_utils.get_upload_folder() == GRADIO_FOLDER  # set before gradio was imported
@@ -222,7 +220,7 @@ def test_pixel_limit_is_enforced_by_the_app(tmp_path):
     from vit_inspect.ui.model_cache import ModelCache
 
     served.demo = build_demo(config, ModelCache(1))
-    from test_app import launch
+    from support.app import launch
 
     url = launch(served.demo)
     try:
@@ -242,9 +240,9 @@ def test_a_web_users_model_beyond_the_memory_budget_is_a_sentence(tmp_path, monk
     """The page's model box sizes a timm name and a Hugging Face id (its config.json, here from an offline
     hub cache that holds no weights) against --memory-budget before building or fetching anything."""
     import gradio as gr
+    from support import offline_hub_cache
     from transformers import ViTConfig
 
-    from test_models import offline_hub_cache
     from vit_inspect.ui.model_cache import ModelCache
 
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)

@@ -7,7 +7,6 @@ import signal
 
 import httpx
 import pytest
-
 from support.app import APP_MARKS, CHELSEA, app_process, free_port
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters

@@ -6,14 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
-from support.app import APP_MARKS, WEIGHTS, launch
 from gradio_client import Client
+from support.app import APP_MARKS, WEIGHTS, launch
+
 import app
-from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.core.load import load_model
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.model_cache import ModelCache
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
 

@@ -7,10 +7,9 @@ import itertools
 import json
 from types import SimpleNamespace
 
-
 from vit_inspect.core.tokens import TokenLayout
-from vit_inspect.ui.tabs.attention import PICK_JS, map_geometry
 from vit_inspect.ui.clicks import CLICKABLE, MAP_ID
+from vit_inspect.ui.tabs.attention import PICK_JS, map_geometry
 from vit_inspect.ui.view import PATCH, READOUT
 
 # 5 rows of 12-pixel patches and 7 columns of 16-pixel ones: an input of 60 x 112 pixels
@@ -29,7 +28,8 @@ def test_the_click_listener_listens_to_the_map():
 
 
 def test_the_browser_turns_a_clicked_pixel_into_the_servers_patch():
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
+    from support.browser import CHROMIUM, CHROMIUM_ARGS, require_browser, sync_api
+    require_browser()  # skips (or, in CI, fails) without a browser
 
     geometry = map_geometry(SimpleNamespace(layout=LAYOUT))
     ys = [0, 1, 11, 12, 13, 23, 24, 47, 48, 59]  # both sides of every kind of patch border, and the last row

@@ -13,6 +13,7 @@ from PIL import Image
 pytest.importorskip("gradio")
 
 from support import tiny_handle
+
 from vit_inspect.core.images import ImageLimits  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot  # noqa: E402

@@ -6,21 +6,22 @@ import json
 import socket
 
 import pytest
-
 from support import REPO
 
 gradio_client = pytest.importorskip("gradio_client")
+import gradio as gr
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
 from vit_inspect.cli.main import main as cli_main  # noqa: E402
-from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
-import gradio as gr
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import Inspector
-from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.model_cache import (
+    CacheKey,
+    ModelCache,  # noqa: E402
+)
 
 TOY = f"{REPO / 'examples' / 'toy_vit.py'}:build"
 CHELSEA = REPO / "assets" / "chelsea.png"

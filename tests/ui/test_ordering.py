@@ -9,16 +9,16 @@ import types
 import numpy as np
 import pytest
 from PIL import Image
-
-from vit_inspect.ui import inspector as inspector_module
 from support import tiny_handle
-from vit_inspect.plots import distance as distance_plots
+
 from vit_inspect.core.geometry import InputGeometry
-from vit_inspect.ui.model_cache import ModelCache
-from vit_inspect.ui.ordering import DrawOrder, session_hash
+from vit_inspect.plots import distance as distance_plots
+from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import Inspector, Session
+from vit_inspect.ui.model_cache import ModelCache
+from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import PATCH, READOUT
 
@@ -192,7 +192,7 @@ def test_a_redraw_of_the_previous_class_loses_to_the_new_class(served, monkeypat
 def test_the_served_app_orders_each_web_session_by_its_id(monkeypatch, tmp_path):
     """Gradio hands the handlers its Request (so draws are ordered per session), analyze included."""
     gradio_client = pytest.importorskip("gradio_client")
-    from test_app import launch
+    from support.app import launch
 
     begun = []
 

@@ -12,12 +12,19 @@ import pytest
 from PIL import Image
 
 from vit_inspect.ui.clicks import CLICK_JS, CLICKABLE, HEATMAP_IDS, MAP_ID
-from vit_inspect.ui.tabs.heads import HeadsState, cell_at, cell_geometry, heatmap, pick_cell_js
+from vit_inspect.ui.tabs.heads import (
+    HeadsState,
+    cell_at,
+    cell_geometry,
+    heatmap,
+    pick_cell_js,
+)
 
 
 @pytest.fixture(scope="module")
 def browser_page():
-    from test_browser import CHROMIUM, CHROMIUM_ARGS, sync_api  # skips (or, in CI, fails) without a browser
+    from support.browser import CHROMIUM, CHROMIUM_ARGS, require_browser, sync_api
+    require_browser()  # skips (or, in CI, fails) without a browser
 
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

@@ -9,11 +9,11 @@ import threading
 import gradio as gr
 import httpx
 import pytest
+from support.app import free_port
 
 import app
-from support.app import free_port
-from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, body_limit, refusal
 from vit_inspect.ui.config import launch_limits
+from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, body_limit, refusal
 
 
 def test_refusal_by_hand():

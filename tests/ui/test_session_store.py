@@ -9,11 +9,17 @@ import threading
 import numpy as np
 import pytest
 from PIL import Image
-
 from support import tiny_handle
+
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.ui.session_store import DROPPED, ResultDropped, ResultTooLarge, SessionStore, module_nbytes
+from vit_inspect.ui.session_store import (
+    DROPPED,
+    ResultDropped,
+    ResultTooLarge,
+    SessionStore,
+    module_nbytes,
+)
 
 MB = 2 ** 20
 

@@ -15,11 +15,25 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_inspect.core.errors import ImageError, InputError, ModelNotFoundError, WeightsError, WeightsNotFoundError
+from vit_inspect.core.errors import (
+    ImageError,
+    InputError,
+    ModelNotFoundError,
+    WeightsError,
+    WeightsNotFoundError,
+)
 from vit_inspect.core.images import ALLOWED_FORMATS, load_image
 from vit_inspect.ui import untrusted
-from vit_inspect.ui.untrusted import (NOT_AVAILABLE, client_file, client_path, data_url_bytes, finite_float,
-                                      finite_int, redact_paths, safe_name)
+from vit_inspect.ui.untrusted import (
+    NOT_AVAILABLE,
+    client_file,
+    client_path,
+    data_url_bytes,
+    finite_float,
+    finite_int,
+    redact_paths,
+    safe_name,
+)
 
 
 def png_bytes(colour=(200, 10, 10), size=(8, 8)) -> bytes:
@@ -202,7 +216,8 @@ def test_a_null_byte_in_a_path_is_a_sentence():
 
 def test_weights_with_nan_or_inf_are_refused(tmp_path):
     from safetensors.torch import save_file
-    from conftest import make_tiny_timm
+    from support import make_tiny_timm
+
     from vit_inspect.core.weights import apply_state_dict, read_state_dict
 
     state = {k: v.clone().contiguous() for k, v in make_tiny_timm("cls").state_dict().items()}
@@ -236,6 +251,7 @@ def refuse_real_builds(monkeypatch) -> list:
 
 def test_nan_weights_refused_before_the_model_is_built(tmp_path, monkeypatch):
     from safetensors.torch import save_file
+
     from vit_inspect.core.load import load_model
 
     path = tmp_path / "nan.safetensors"

@@ -10,30 +10,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from support import tiny_handle
+from support.app import StandIn
+
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.ui.zerogpu import gpu_pass, spaces_gpu
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import Inspector
-
-
-class StandIn:
-    """A `spaces.GPU` stand-in: counts decorated functions and calls, and records what runs inside."""
-
-    def __init__(self):
-        self.decorated, self.inside, self.calls = [], False, 0
-
-    def __call__(self, fn):
-        self.decorated.append(fn.__name__)
-
-        def lent(*args, **kwargs):
-            self.inside, self.calls = True, self.calls + 1
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.inside = False
-        return lent
+from vit_inspect.ui.zerogpu import gpu_pass, spaces_gpu
 
 
 def _image():

@@ -2,21 +2,20 @@
 skipped, unless VIT_INSPECT_REQUIRE_BROWSER=1 (CI), where each fails."""
 from __future__ import annotations
 
-import os
-
 import pytest
 from playwright import sync_api
-
-from support.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS
+from support.browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    TIMEOUT_MS,
+    require_browser,
+)
 
 
 @pytest.fixture(scope="session", autouse=True)  # before the module's page and server
 def _browser_installed():
-    if not CHROMIUM.is_file():
-        if os.environ.get("VIT_INSPECT_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"VIT_INSPECT_REQUIRE_BROWSER=1 but there is no browser at {CHROMIUM} "
-                        "(apt-get install -y chromium)", pytrace=False)
-        pytest.skip(f"no browser at {CHROMIUM} (apt-get install -y chromium)")
+    require_browser()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ Screenshots of each step go to artifacts/browser/ (git-ignored) for a person to 
 from __future__ import annotations
 
 from playwright import sync_api
-
 from support.app import APP_MARKS, CHELSEA
 from support.browser import CAT, click_pixel, image_src, open_tab, shot
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 
-from support.browser import ARTIFACTS, image_src, open_tab
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
+from support.browser import ARTIFACTS, image_src, open_tab
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
 

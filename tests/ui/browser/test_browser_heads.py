@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import re
 
-
-
-from support.browser import ARTIFACTS, image_src, open_tab
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
+from support.browser import ARTIFACTS, image_src, open_tab
+
 from vit_inspect.analysis import class_name
-from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.ui.tabs.heads import cell_at, heatmap
 from vit_inspect.ui.common import shown_model
+from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.tabs.heads import cell_at, heatmap
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
 

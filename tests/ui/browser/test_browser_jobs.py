@@ -10,16 +10,16 @@ import re
 
 import numpy as np
 from PIL import Image
-
-from support.browser import ARTIFACTS, CAT, image_src, open_tab
 from playwright import sync_api
-from vit_inspect.ui.common import shown_model
-from support.app import APP_MARKS, CHELSEA
 from support import REPO
+from support.app import APP_MARKS, CHELSEA
+from support.browser import ARTIFACTS, CAT, image_src, open_tab
+
+from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots.faithfulness import method_colours
+from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
-from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.ui.tabs.faithfulness import METHODS
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters

@@ -18,19 +18,18 @@ import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 from PIL import Image
-
-from support.browser import click_pixel, image_src, open_tab
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA, Server, pixels
+from support.browser import click_pixel, image_src, open_tab
 
-from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.analysis import class_name
-from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.ui.tabs.heads import HeadsTab, cell_at, heatmap
+from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.inspector import FIRST_PANELS, Inspector
+from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.panels import draw_panels
+from vit_inspect.ui.tabs.heads import HeadsTab, cell_at, heatmap
 from vit_inspect.ui.view import PATCH, READOUT
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters

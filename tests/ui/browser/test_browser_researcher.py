@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import re
 
-
-from support import dog_and_cat
-from support.browser import ARTIFACTS, image_src, open_tab
 from playwright import sync_api
+from support import dog_and_cat
 from support.app import APP_MARKS, CHELSEA, WEIGHTS
+from support.browser import ARTIFACTS, image_src, open_tab
 
 pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
 
