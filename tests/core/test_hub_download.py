@@ -19,6 +19,8 @@ from support.fake_hub import FakeHub
 
 from vit_inspect.core import hub
 
+pytestmark = pytest.mark.slow  # a loopback hub serving real downloads
+
 MIB = 2 ** 20
 PATCH_KEY = "vit.embeddings.patch_embeddings.projection.weight"
 CLIENT = """

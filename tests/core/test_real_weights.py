@@ -49,6 +49,7 @@ def test_capture_on_real_weights_matches_fused(deit):
     assert rec.attention.shape == (1, 12, 3, 197, 197)
 
 
+@pytest.mark.slow  # every 4th of 1000 ImageNet photos
 def test_imagenet_top1(deit):
     """Top-1 over ../shared's 1000 ImageNet photos; every 4th photo locally, all 1000 when CI is set."""
     if not (IMAGENET / "labels.csv").is_file():

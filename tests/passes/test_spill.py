@@ -139,6 +139,7 @@ def picture():
     return load_image(REPO / "assets" / "chelsea.png")
 
 
+@pytest.mark.slow  # a 518-px DINOv2-S pass
 def test_the_pass_spills_the_model_s_own_maps_and_redraws_read_them(tiny, picture, tmp_path):
     folder = SpillFolder(2 ** 30, root=tmp_path)
     result = analyze_image(tiny, picture, input_size=LARGE, relevance=False, spill=folder)

@@ -35,6 +35,7 @@ from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.view import View
 
 pytestmark = [
+    pytest.mark.slow,  # every endpoint of the served app under attack
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}"),
     pytest.mark.filterwarnings("ignore::Warning:gradio.queueing"),
 ]

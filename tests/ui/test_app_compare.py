@@ -7,7 +7,7 @@ from gradio_client import handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 from support.app import APP_MARKS, CHELSEA
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: served app with a second model
 
 
 def test_compare_through_the_api(server, client, tiny_weights):

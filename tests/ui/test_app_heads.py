@@ -55,7 +55,8 @@ CHELSEA = REPO / "assets" / "chelsea.png"
 CONTROLS = dict(layer=11, head=0, mean_heads=False, query=READOUT, row=0, col=0, head_fusion="mean",
                 discard_ratio=0.0, first_layer=0, last_layer=11, gradcam_layer=11)
 
-pytestmark = pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}")
+pytestmark = [pytest.mark.slow,  # served app, ablations and head importance
+              pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS}")]
 
 
 @dataclass(frozen=True)

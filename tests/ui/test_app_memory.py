@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow  # sessions filling the byte budget
 def test_an_evicted_session_is_told_to_rerun(tmp_path):
     config = AppConfig(weights=str(WEIGHTS), device="cpu")
     cache = ModelCache(config.cache_size)

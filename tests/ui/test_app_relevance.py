@@ -36,6 +36,8 @@ from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
 from vit_inspect.ui.view import READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
 
+pytestmark = pytest.mark.slow  # served app, many passes with relevance
+
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CONTROLS = dict(layer=11, head=0, mean_heads=False, query=READOUT, row=0, col=0, head_fusion="mean",

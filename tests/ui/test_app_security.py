@@ -48,6 +48,7 @@ def answer(client: Client, path: Path, layer: int) -> tuple[dict, np.ndarray]:
     return labels, pixels(attention)
 
 
+@pytest.mark.slow  # 8 clients at once
 def test_concurrent_clients_get_their_own_answers(server):
     photos = images()
     expected = {(str(p), layer): answer(Client(server.url, verbose=False), p, layer)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from support.app import APP_MARKS, CHELSEA, app_process, free_port
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: real app processes started and stopped
 
 FOLDERS = ("vit_inspect_gradio_", "vit_inspect_spill_")
 

@@ -5,11 +5,12 @@ Screenshots of each step go to artifacts/browser/ (git-ignored) for a person to 
 """
 from __future__ import annotations
 
+import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
 from support.browser import CAT, click_pixel, image_src, open_tab, shot
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 
 def test_upload_slide_click_and_switch_tabs(server, page, tmp_path):

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
 from support.browser import ARTIFACTS, image_src, open_tab
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 
 def shot(locator, name: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
 from support.browser import ARTIFACTS, image_src, open_tab
@@ -15,7 +16,7 @@ from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.tabs.heads import cell_at, heatmap
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 
 def test_heads_tab(server, page):

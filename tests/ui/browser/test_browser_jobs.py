@@ -9,6 +9,7 @@ import io
 import re
 
 import numpy as np
+import pytest
 from PIL import Image
 from playwright import sync_api
 from support import REPO
@@ -22,7 +23,7 @@ from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.tabs.faithfulness import METHODS
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 COFFEE = REPO / "assets" / "coffee.png"
 

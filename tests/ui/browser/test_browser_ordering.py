@@ -32,7 +32,7 @@ from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.tabs.heads import HeadsTab, cell_at, heatmap
 from vit_inspect.ui.view import PATCH, READOUT
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 HELD = {"type_patch": threading.Event(), "pick_patch": threading.Event(),  # set: that handler may answer
         "pick_head": threading.Event()}

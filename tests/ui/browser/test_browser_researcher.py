@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright import sync_api
 from support import dog_and_cat
 from support.app import APP_MARKS, CHELSEA, WEIGHTS
 from support.browser import ARTIFACTS, image_src, open_tab
 
-pytestmark = APP_MARKS  # the real weights' check and Gradio's warning filters
+pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 def shot(page, name: str, full: bool = False) -> None:
     page.screenshot(path=str(ARTIFACTS / f"r{name}.png"), full_page=full)
