@@ -13,11 +13,11 @@ from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, GEOMETRIES, LATER_
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.relevance import TOGGLE_LABEL
+from vit_inspect.ui.tabs import attention, model
 from vit_inspect.ui.tabs import compare as compare_ui
-from vit_inspect.ui.tabs.attention import attention_tab_layout, wire_attention_tab
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab
 from vit_inspect.ui.tabs.heads import HeadsTab
-from vit_inspect.ui.tabs.model import model_tab_layout, wire_model_tab
+from vit_inspect.ui.tabs.model import ModelTab
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS, SCALES, View
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
@@ -95,11 +95,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             crop = OutputImage(label="What the model sees (its input)", elem_id="crop", **map_out)
                         seen = OutputImage(label="Your upload: the outlined region is what the model saw",
                                         elem_id="seen-region", height=340, **map_out)
-                    with gr.Tab("Attention"):
-                        attention = attention_tab_layout(map_out)
-                        panel["attention"] = attention.panel
-                        layer, head, mean_heads, query, row, col = (attention.layer, attention.head, attention.mean_heads,
-                                                                    attention.query, attention.row, attention.col)
+                    attention_view = attention.layout()
+                    panel["attention"] = attention_view.panel
+                    layer, head, mean_heads, query, row, col = (attention_view.layer, attention_view.head, attention_view.mean_heads,
+                                                                attention_view.query, attention_view.row, attention_view.col)
                     with gr.Tab("All heads") as heads_tab:
                         gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
                                     "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
@@ -171,8 +170,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                     height=120, scale=3, elem_id="dataset-files")
                             dataset_button = gr.Button("Average over these images", scale=1)
                         dataset_note = gr.Markdown()
-                    with gr.Tab("Model") as model_tab:
-                        model_view = model_tab_layout(figure_out)
+                    model_view = model.layout()
                     with gr.Tab("Downloads"):
                         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
                                     "record plus every setting: model, weights, input geometry, layer, head, query, "
@@ -204,7 +202,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
         analyzed = gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
               inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
-              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention.geometry],
+              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention_view.geometry],
               api_name="analyze", **raw, **model_pass)
         for tab in tabs.children:  # the page records which tab it shows, in the page (no server call)
             gr.on([tab.select], None, outputs=[shown_tab], js=f"() => {json.dumps(tab.label)}", queue=False)
@@ -226,7 +224,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **raw)
-        wire_attention_tab(attention, session, controls, app.pick_patch, app.type_patch, DRAW_CONCURRENCY, raw)
+        attention.wire(attention_view, app, session, controls)
         retargeted = gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
               outputs=class_outputs, api_name="set_target", **raw, **model_pass)
         searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
@@ -240,7 +238,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                    shown_tab=shown_tab, **raw)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
-        wire_model_tab(app.model_tab, model_view, model_tab, key, raw)
+        model.wire(model_view, ModelTab(app.handle, app.cache.max_size), key)
         gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
               outputs=[download_files], api_name="downloads", **raw)
     return demo

@@ -23,9 +23,20 @@ from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
-from vit_inspect.ui.common import (describe, download_folder, geometry_updates, names_python_file, prediction_labels,
-                                   public_message, public_name, shown_model, shows_errors, upload_folders,
-                                   upload_source, weights_label)
+from vit_inspect.ui.common import (
+    describe,
+    download_folder,
+    geometry_updates,
+    names_python_file,
+    prediction_labels,
+    public_message,
+    public_name,
+    shown_model,
+    shows_errors,
+    upload_folders,
+    upload_source,
+    weights_label,
+)
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
@@ -33,7 +44,6 @@ from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
 from vit_inspect.ui.relevance import computed, with_relevance
 from vit_inspect.ui.session_store import SessionStore, Slot, module_nbytes
 from vit_inspect.ui.tabs.attention import map_geometry
-from vit_inspect.ui.tabs.model import ModelTab
 from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
 from vit_inspect.ui.view import PATCH, View
 from vit_inspect.ui.zerogpu import gpu_pass
@@ -105,7 +115,6 @@ class Inspector:
                       if config.spill_budget > 0 and not getattr(self.run_pass, "on_gpu", False) else None)
         self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = public_name(config.model)  # the operator's model as the dropdown shows it
-        self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
         self.order = DrawOrder()  # a panel shows the newest of a session's overlapping draws
 
     def handle(self, key: CacheKey) -> ViTHandle:
