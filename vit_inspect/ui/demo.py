@@ -13,9 +13,8 @@ from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, GEOMETRIES, LATER_
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.relevance import TOGGLE_LABEL
-from vit_inspect.ui.tabs import attention, model
+from vit_inspect.ui.tabs import attention, faithfulness, model
 from vit_inspect.ui.tabs import compare as compare_ui
-from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab
 from vit_inspect.ui.tabs.heads import HeadsTab
 from vit_inspect.ui.tabs.model import ModelTab
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS, SCALES, View
@@ -155,8 +154,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                                                             "later passes while ticked. Off, a pass is one forward "
                                                             "and one backward.")
                         panel["compare"] = OutputImage(label="All maps", elem_id="compare-maps", **figure_out)
-                    with gr.Tab("Faithfulness"):
-                        faithfulness = FaithfulnessTab()
+                    faithfulness_view = faithfulness.layout()
                     with gr.Tab("Attention distance") as distance_tab:
                         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
                                     "each head looks. The red dot is the layer and head chosen under **Attention**.")
@@ -231,7 +229,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
         gr.on([relevance_toggle.input], app.set_relevance, inputs=[session, relevance_toggle], inputs_kwargs=controls,
               outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
-        faithfulness.wire(app.handle, session, controls, relevance=app.with_relevance, **raw, **model_pass)
+        faithfulness.wire(faithfulness_view, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session, controls)
         heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
