@@ -13,9 +13,8 @@ from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, GEOMETRIES, LATER_
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.relevance import TOGGLE_LABEL
-from vit_inspect.ui.tabs import attention, faithfulness, model
+from vit_inspect.ui.tabs import attention, faithfulness, heads, model
 from vit_inspect.ui.tabs import compare as compare_ui
-from vit_inspect.ui.tabs.heads import HeadsTab
 from vit_inspect.ui.tabs.model import ModelTab
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS, SCALES, View
 
@@ -109,8 +108,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                             threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
                                                   elem_id="threshold")
                         panel["heads"] = OutputImage(label="All heads", elem_id="heads-grid", **figure_out)
-                    with gr.Tab("Heads") as heads_view:
-                        heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders, View.from_controls)
+                    heads_view = heads.layout(len(EXAMPLES), config.session_ttl_s)
                     with gr.Tab("Rollout"):
                         with gr.Row():
                             panel["rollout"] = OutputImage(label="Rollout", elem_id="rollout-map", **map_out)
@@ -230,10 +228,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.on([relevance_toggle.input], app.set_relevance, inputs=[session, relevance_toggle], inputs_kwargs=controls,
               outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
         faithfulness.wire(faithfulness_view, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session, controls)
-        heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
+        heads.wire(heads_view, heads.HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders,
+                                              View.from_controls),
+                   session, controls, [analyzed, retargeted, searched],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
-                   shown_tab=shown_tab, **raw)
+                   shown_tab=shown_tab)
         gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
               outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
         model.wire(model_view, ModelTab(app.handle, app.cache.max_size), key)
