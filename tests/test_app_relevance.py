@@ -26,7 +26,7 @@ from vit_inspect.core.images import ImageLimits  # noqa: E402
 from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.passes.pipeline import add_relevance, analyze_image  # noqa: E402
 from vit_inspect.ui.session_store import DROPPED, SessionStore  # noqa: E402
-from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
+from vit_inspect.ui.tabs.compare import CompareTab as Compare  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
 from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402

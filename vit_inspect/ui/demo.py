@@ -7,14 +7,13 @@ from pathlib import Path
 import gradio as gr
 
 from vit_inspect.ui import clicks
-from vit_inspect.ui.common import OutputImage, shows_errors, upload_folders, upload_source
+from vit_inspect.ui.common import OutputImage, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, GEOMETRIES, LATER_PANELS, MAX_DATASET_IMAGES, Inspector
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.relevance import TOGGLE_LABEL
-from vit_inspect.ui.tabs import attention, faithfulness, heads, model
-from vit_inspect.ui.tabs import compare as compare_ui
+from vit_inspect.ui.tabs import attention, compare, faithfulness, heads, model
 from vit_inspect.ui.tabs.model import ModelTab
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS, SCALES, View
 
@@ -175,8 +174,9 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                         download_button = gr.Button("Prepare downloads", variant="primary", elem_id="downloads-button")
                         download_files = gr.File(label="Files", file_count="multiple", interactive=False,
                                                  elem_id="download-files")
-                    compare_ui.compare_tab(app, image, key, models, model_pass=dict(concurrency_id="model_pass", concurrency_limit=1),
-                                           upload_source=upload_source, shows_errors=shows_errors)
+                    compare_view = compare.layout(models, config.session_ttl_s)
+
+        compare.wire(compare_view, compare.CompareTab(app, upload_source), image, key)
 
         controls = dict(layer=layer, head=head, mean_heads=mean_heads, query=query, row=row, col=col,
                         head_fusion=head_fusion, discard_ratio=discard_ratio, first_layer=first_layer,
