@@ -67,7 +67,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                     downloads_view = downloads.layout()
                     compare_view = compare.layout(models, config.session_ttl_s)
 
-        # The order of the events below is the order Gradio registers and runs them in: keep it.
+        # Events are registered in the order below, and the page runs the listeners of one trigger in that order.
         compare.wire(compare_view, compare.CompareTab(app, upload_source), given.image, key)
 
         panel = {"attention": attention_view.panel, "distance": distance_view.panel, "rollout": rollout_view.panel,
