@@ -30,7 +30,7 @@ from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402
 from vit_inspect.ui.session_store import DROPPED, SessionStore  # noqa: E402
-from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
+from vit_inspect.ui.tabs.compare import CompareTab as Compare  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
 from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
 from vit_inspect.ui.view import READOUT, View

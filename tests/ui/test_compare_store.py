@@ -17,7 +17,7 @@ from support import tiny_handle
 from vit_inspect.core.images import ImageLimits  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot  # noqa: E402
-from vit_inspect.ui.tabs.compare import Compare  # noqa: E402
+from vit_inspect.ui.tabs.compare import CompareTab as Compare  # noqa: E402
 
 
 def _png() -> bytes:

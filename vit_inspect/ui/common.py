@@ -1,5 +1,5 @@
-"""What every tab of the app shares: errors as sentences, the upload folder a client's file may name,
-and model names as web users see them (never a server folder)."""
+"""What every tab of the app shares: how its pictures are shown and its events run, errors as sentences,
+the upload folder a client's file may name, and model names as web users see them (never a server folder)."""
 from __future__ import annotations
 
 import atexit
@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+from types import MappingProxyType
 
 import gradio as gr
 import numpy as np
@@ -25,6 +26,17 @@ from vit_inspect.plots.canvas import encode_png
 from vit_inspect.ui.untrusted import client_file, redact_paths
 
 log = logging.getLogger("vit_inspect.app")
+
+# Options of an output picture: a map over the image (captioned in the picture), and a figure (titled in it).
+MAP_OUT = MappingProxyType(dict(interactive=False, format="png", buttons=["download", "fullscreen"]))
+FIGURE_OUT = MappingProxyType(dict(interactive=False, format="png", show_label=False,
+                                   buttons=["download", "fullscreen"]))
+# How events run. Model passes run one at a time on one queue (hooks are per model); redraws in parallel.
+MODEL_PASS = MappingProxyType(dict(concurrency_id="model_pass", concurrency_limit=1))
+DRAW_CONCURRENCY = 4
+# Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so that a NaN,
+# a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
+RAW = MappingProxyType(dict(preprocess=False))
 
 
 @contextmanager

@@ -1,246 +1,135 @@
-"""The app's page: `build_demo(config)` lays out the tabs and wires their events."""
+"""The app's page: `build_demo(config)` lays out the header, the input column and each tab, then wires the
+page's own events (the image pass, model loading, redraws) and each tab's."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import gradio as gr
 
-from vit_inspect.ui import clicks
-from vit_inspect.ui.common import OutputImage, shows_errors, upload_folders, upload_source
+from vit_inspect.ui import clicks, inputs
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, GEOMETRIES, LATER_PANELS, MAX_DATASET_IMAGES, Inspector
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
-from vit_inspect.ui.relevance import TOGGLE_LABEL
-from vit_inspect.ui.tabs import compare as compare_ui
-from vit_inspect.ui.tabs.attention import attention_tab_layout, wire_attention_tab
-from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab
-from vit_inspect.ui.tabs.heads import HeadsTab
-from vit_inspect.ui.tabs.model import model_tab_layout, wire_model_tab
-from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS, SCALES, View
-
-ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
-CURATED_MODELS = (
-    "deit_tiny_patch16_224",
-    "deit_small_patch16_224",
-    "deit_base_patch16_224",
-    "deit_small_distilled_patch16_224",
-    "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
-    "vit_small_patch16_224.augreg_in21k_ft_in1k",
-    "vit_base_patch16_224.augreg2_in21k_ft_in1k",
-    "vit_small_patch16_224.dino",
-    "vit_small_patch14_reg4_dinov2.lvd142m",
+from vit_inspect.ui.tabs import (
+    all_heads,
+    all_maps,
+    attention,
+    compare,
+    distance,
+    downloads,
+    faithfulness,
+    gradcam,
+    heads,
+    model,
+    predictions,
+    rollout,
 )
+from vit_inspect.ui.view import SCALES, View
 
-EXAMPLES = (  # (file in assets/, caption with the credit and licence from assets/README.md)
-    ("chelsea.png", "Chelsea the cat · Stéfan van der Walt · CC0"),
-    ("coffee.png", "Coffee · Rachel Michetti · CC0"),
-    ("astronaut.png", "Eileen Collins · NASA · public domain"),
-    ("rocket.jpg", "Falcon 9 launch · SpaceX · public domain"),
-    ("china.jpg", "China · danielbuechele (Flickr) · CC BY 2.0"),
-    ("flower.jpg", "Flower · vultilion (Flickr) · CC BY 2.0"),
-)
-
-
-DRAW_CONCURRENCY = 4  # redraws run in parallel; model passes run one at a time (hooks are per model)
+INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and how it sees. "
+         "Upload an image or pick an example; every slider and click redraws instantly from one pass of the "
+         "model. Every map has a colour bar with its unit; **Colour scale** chooses each map's own range or one "
+         "shared range.")
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
 
 def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None) -> gr.Blocks:
     """The app's Blocks. Loads nothing: the first page load or request loads the model through the cache."""
     app = Inspector(config, cache if cache is not None else ModelCache(config.cache_size))
-    models = CURATED_MODELS if config.model in CURATED_MODELS else (app.default_label, *CURATED_MODELS)
-    map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
-    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
-    panel: dict[str, gr.Image] = {}
+    models = inputs.CURATED_MODELS
+    if config.model not in models:
+        models = (app.default_label, *models)
     with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS) as demo:
-        key = gr.State(app.default_key)
-        session = gr.State(None, time_to_live=config.session_ttl_s)
-        gr.Markdown("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and "
-                    "how it sees. Upload an image or pick an example; every slider and click redraws instantly "
-                    "from one pass of the model. Every map has a colour bar with its unit; **Colour scale** "
-                    "chooses each map's own range or one shared range.")
+        key = gr.State(app.default_key)  # the model every event of this session uses
+        session = gr.State(None, time_to_live=config.session_ttl_s)  # the image's passes (inspector.Session)
+        gr.Markdown(INTRO)
         status = gr.Markdown("⏳ Loading the model…", elem_id="status")
         with gr.Row():
-            with gr.Column(scale=1, min_width=320):
-                image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=320,
-                                 sources=["upload", "clipboard", "webcam"], elem_id="input-image")
-                geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
-                                         elem_id="geometry", info="The model's own centre crop, the whole image "
-                                         "squashed to its input size, or the whole image with its aspect ratio "
-                                         "kept (a non-square patch grid; position embeddings interpolated).")
-                shorter_side = gr.Number(224, label="Shorter side for 'aspect kept' (pixels)", precision=0,
-                                         minimum=16, maximum=1024, elem_id="shorter-side")
-                gr.Examples([[str(ASSETS / name)] for name, _ in EXAMPLES], inputs=image, label="Examples",
-                            examples_per_page=len(EXAMPLES))
-                gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
-                with gr.Accordion("Change model", open=False) as model_box:
-                    model_name = gr.Dropdown(list(models), value=app.default_label, label="Model",
-                                             allow_custom_value=True, elem_id="model-name",
-                                             info="Or type any timm ViT name, or a Hugging Face id such as "
-                                                  "google/vit-base-patch16-224.")
-                    weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
-                                      file_types=[".safetensors"], type="filepath", elem_id="weights-file")
-                    load_button = gr.Button("Load model", variant="primary", elem_id="load-model")
+            given = inputs.layout(models, app.default_label)
             with gr.Column(scale=2):
                 scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
                                  info="Shared: one range over every layer and head (attention) or block "
                                       "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
                 shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the tab the page shows
                 with gr.Tabs() as tabs:
-                    with gr.Tab("Predictions"):
-                        with gr.Row():
-                            predictions = gr.Label(num_top_classes=5, label="Top-5 classes", elem_id="predictions")
-                            crop = OutputImage(label="What the model sees (its input)", elem_id="crop", **map_out)
-                        seen = OutputImage(label="Your upload: the outlined region is what the model saw",
-                                        elem_id="seen-region", height=340, **map_out)
-                    with gr.Tab("Attention"):
-                        attention = attention_tab_layout(map_out)
-                        panel["attention"] = attention.panel
-                        layer, head, mean_heads, query, row, col = (attention.layer, attention.head, attention.mean_heads,
-                                                                    attention.query, attention.row, attention.col)
-                    with gr.Tab("All heads") as heads_tab:
-                        gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
-                                    "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
-                                    "of the head's attention that goes to the prefix tokens, which the maps leave out.")
-                        with gr.Row():
-                            threshold_on = gr.Checkbox(False, label="Threshold mask", elem_id="threshold-on",
-                                                       info="Keep bright only the smallest set of patches holding "
-                                                            "the chosen share of each head's attention.")
-                            threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)",
-                                                  elem_id="threshold")
-                        panel["heads"] = OutputImage(label="All heads", elem_id="heads-grid", **figure_out)
-                    with gr.Tab("Heads") as heads_view:
-                        heads = HeadsTab(app, tuple(ASSETS / name for name, _ in EXAMPLES), upload_folders, View.from_controls)
-                    with gr.Tab("Rollout"):
-                        with gr.Row():
-                            panel["rollout"] = OutputImage(label="Rollout", elem_id="rollout-map", **map_out)
-                            with gr.Column():
-                                rollout_method = gr.Radio(list(ROLLOUTS), value=list(ROLLOUTS)[0], label="Method",
-                                                          elem_id="rollout-method",
-                                                          info="Gradient rollout weighs each layer's attention by "
-                                                               "its gradient for the class (Grad-CAM tab's class).")
-                                head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion",
-                                                       info="Attention rollout only; gradient rollout averages.")
-                                discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
-                                                          info="Fraction of the lowest attention dropped before "
-                                                               "rolling out.", elem_id="discard-slider")
-                                discard = gr.Radio(list(DISCARDS), value=list(DISCARDS)[0], label="Discard where",
-                                                   elem_id="discard-where")
-                                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer",
-                                                        elem_id="first-layer")
-                                last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)",
-                                                       elem_id="last-layer")
-                    with gr.Tab("Grad-CAM"):
-                        with gr.Row():
-                            class_search = gr.Textbox(label="Find a class: name or index, then Enter",
-                                                      placeholder="e.g. 1 (goldfish) or beagle", elem_id="class-search",
-                                                      max_lines=1, scale=2)
-                            target = gr.Dropdown([], label="Class to explain", scale=2, elem_id="target",
-                                                 info="The top 5 first, then what the search found.")
-                            versus = gr.Textbox(label="Versus class (optional): name or index, then Enter",
-                                                placeholder="e.g. tabby", elem_id="versus", max_lines=1, scale=2,
-                                                info="Gradients of logit A − logit B: why A and not B?")
-                            gradcam_layer = gr.Slider(0, 11, value=11, step=1, label="Grad-CAM block", scale=1)
-                        with gr.Row():
-                            panel["gradcam"] = OutputImage(label="Grad-CAM", elem_id="gradcam-map", **map_out)
-                            panel["relevance"] = OutputImage(label="Gradient-weighted attention (Chefer et al. 2021)",
-                                                          elem_id="relevance-map", **map_out)
-                    with gr.Tab("All maps") as compare_tab:
-                        gr.Markdown("Every map on the same input, each with the options set in its own tab: "
-                                    "layer, head and query under **Attention**, method and layers under **Rollout**, "
-                                    "class and block under **Grad-CAM**.")
-                        relevance_toggle = gr.Checkbox(False, label=TOGGLE_LABEL, elem_id="relevance-toggle",
-                                                       info="LeGrad and AttnLRP for this image and class, and for "
-                                                            "later passes while ticked. Off, a pass is one forward "
-                                                            "and one backward.")
-                        panel["compare"] = OutputImage(label="All maps", elem_id="compare-maps", **figure_out)
-                    with gr.Tab("Faithfulness"):
-                        faithfulness = FaithfulnessTab()
-                    with gr.Tab("Attention distance") as distance_tab:
-                        gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
-                                    "each head looks. The red dot is the layer and head chosen under **Attention**.")
-                        with gr.Row():
-                            panel["distance"] = OutputImage(label="This image", elem_id="distance-plot", **figure_out)
-                            dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot",
-                                                    **figure_out)
-                        with gr.Row():
-                            dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
-                                                    file_count="multiple", file_types=["image"], type="filepath",
-                                                    height=120, scale=3, elem_id="dataset-files")
-                            dataset_button = gr.Button("Average over these images", scale=1)
-                        dataset_note = gr.Markdown()
-                    with gr.Tab("Model") as model_tab:
-                        model_view = model_tab_layout(figure_out)
-                    with gr.Tab("Downloads"):
-                        gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
-                                    "record plus every setting: model, weights, input geometry, layer, head, query, "
-                                    "rollout options, class) and NumPy `.npz` (attention, Grad-CAM, relevance, mean "
-                                    "distance, the maps as shown, and the same settings as `settings_json`).")
-                        download_button = gr.Button("Prepare downloads", variant="primary", elem_id="downloads-button")
-                        download_files = gr.File(label="Files", file_count="multiple", interactive=False,
-                                                 elem_id="download-files")
-                    compare_ui.compare_tab(app, image, key, models, model_pass=dict(concurrency_id="model_pass", concurrency_limit=1),
-                                           upload_source=upload_source, shows_errors=shows_errors)
+                    predictions_view = predictions.layout()
+                    attention_view = attention.layout()
+                    all_heads_view = all_heads.layout()
+                    heads_view = heads.layout(len(inputs.EXAMPLES), config.session_ttl_s)
+                    rollout_view = rollout.layout()
+                    gradcam_view = gradcam.layout()
+                    all_maps_view = all_maps.layout()
+                    faithfulness_view = faithfulness.layout()
+                    distance_view = distance.layout()
+                    model_view = model.layout()
+                    downloads_view = downloads.layout()
+                    compare_view = compare.layout(models, config.session_ttl_s)
 
-        controls = dict(layer=layer, head=head, mean_heads=mean_heads, query=query, row=row, col=col,
-                        head_fusion=head_fusion, discard_ratio=discard_ratio, first_layer=first_layer,
-                        last_layer=last_layer, gradcam_layer=gradcam_layer, scale=scale, rollout_method=rollout_method,
-                        discard=discard, threshold_on=threshold_on, threshold=threshold)
-        geometry = [layer, head, first_layer, last_layer, gradcam_layer, row, col]
+        # Events are registered in the order below, and the page runs the listeners of one trigger in that order.
+        compare.wire(compare_view, compare.CompareTab(app, upload_source), given.image, key)
+
+        panel = {"attention": attention_view.panel, "distance": distance_view.panel, "rollout": rollout_view.panel,
+                 "gradcam": gradcam_view.panel, "relevance": gradcam_view.relevance, "compare": all_maps_view.panel,
+                 "heads": all_heads_view.panel}
+        controls = dict(layer=attention_view.layer, head=attention_view.head, mean_heads=attention_view.mean_heads,
+                        query=attention_view.query, row=attention_view.row, col=attention_view.col,
+                        head_fusion=rollout_view.head_fusion, discard_ratio=rollout_view.discard_ratio,
+                        first_layer=rollout_view.first_layer, last_layer=rollout_view.last_layer,
+                        gradcam_layer=gradcam_view.layer, scale=scale, rollout_method=rollout_view.method,
+                        discard=rollout_view.discard, threshold_on=all_heads_view.threshold_on,
+                        threshold=all_heads_view.threshold)
+        geometry = [attention_view.layer, attention_view.head, rollout_view.first_layer, rollout_view.last_layer,
+                    gradcam_view.layer, attention_view.row, attention_view.col]  # fitted to each model
         model_outputs = [model_view.pca, model_view.similarity, model_view.similarity_other]
-        cleared = [dataset_plot, dataset_note, download_files, model_view.files]  # shown for the previous model
-        model_pass = dict(concurrency_id="model_pass", concurrency_limit=1)
-        class_outputs = [session, target, *[panel[n] for n in CLASS_PANELS]]
-        # Handlers get the client's raw values and check them themselves (vit_inspect.ui.untrusted), so
-        # that a NaN, a string or a forged file reference gets a sentence rather than Gradio's bare "Error".
-        raw = dict(preprocess=False)
+        cleared = [distance_view.dataset_plot, distance_view.dataset_note, downloads_view.files, model_view.files]
 
         clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
-        gr.on([demo.load], app.startup, outputs=[status, model_box, *geometry], api_name="startup")
-        gr.on([load_button.click, model_name.select], app.load_model, inputs=[model_name, weights],
-              outputs=[key, status, model_box, *geometry, *model_outputs, *cleared], api_name="load_model", **raw,
-              ).failure(app.picker_name, inputs=[key], outputs=[model_name], api_name="restore_model_name")
-        analyzed = gr.on([image.change, key.change, geometry_mode.input, shorter_side.submit], app.analyze,
-              inputs=[image, key, geometry_mode, shorter_side], inputs_kwargs=controls | dict(relevance=relevance_toggle),
-              outputs=[session, predictions, crop, target, *[panel[n] for n in IMAGE_PANELS], seen, attention.geometry],
-              api_name="analyze", **raw, **model_pass)
+        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry], api_name="startup")
+        gr.on([given.load_button.click, given.model_name.select], app.load_model,
+              inputs=[given.model_name, given.weights],
+              outputs=[key, status, given.model_box, *geometry, *model_outputs, *cleared], api_name="load_model",
+              **RAW).failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name")
+        analyzed = gr.on(
+            [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
+            inputs=[given.image, key, given.geometry_mode, given.shorter_side],
+            inputs_kwargs=controls | dict(relevance=all_maps_view.relevance_toggle),
+            outputs=[session, predictions_view.predictions, predictions_view.crop, gradcam_view.target,
+                     *[panel[n] for n in IMAGE_PANELS], predictions_view.seen, attention_view.geometry],
+            api_name="analyze", **RAW, **MODEL_PASS)
         for tab in tabs.children:  # the page records which tab it shows, in the page (no server call)
             gr.on([tab.select], None, outputs=[shown_tab], js=f"() => {json.dumps(tab.label)}", queue=False)
         for name, tab in LATER_PANELS.items():  # the figures of a new image, once its maps are shown, if in view
             analyzed.success(app.redraw_if_shown(name, tab), inputs=[session, shown_tab], inputs_kwargs=controls,
                              outputs=panel[name], api_name=f"{name}_of_new_image", show_progress="hidden",
-                             concurrency_limit=DRAW_CONCURRENCY, **raw)
-        # Each panel redraws when a control it shows changes; panels showing other tabs' controls redraw
-        # when their tab opens.
-        scale_change = [scale.input]
-        redraws = {"attention": [layer.input, head.input, mean_heads.input, query.input, *scale_change],
-                   "rollout": [head_fusion.input, discard_ratio.input, first_layer.input, last_layer.input,
-                               rollout_method.input, discard.input, *scale_change],
-                   "gradcam": [gradcam_layer.input, *scale_change],
-                   "heads": [heads_tab.select, threshold_on.input, threshold.release, *scale_change],
-                   "distance": [distance_tab.select],
-                   "compare": [compare_tab.select]}
+                             concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        # Each panel redraws from the session's pass when a control it shows changes (maps with a colour range
+        # also on the colour scale); panels showing other tabs' controls redraw when their tab opens.
+        redraws = {"attention": [*attention_view.redraw_on, scale.input],
+                   "rollout": [*rollout_view.redraw_on, scale.input],
+                   "gradcam": [*gradcam_view.redraw_on, scale.input],
+                   "heads": [*all_heads_view.redraw_on, scale.input],
+                   "distance": distance_view.redraw_on,
+                   "compare": all_maps_view.redraw_on}
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
                   api_name=name, trigger_mode="always_last", show_progress="hidden",
-                  concurrency_limit=DRAW_CONCURRENCY, **raw)
-        wire_attention_tab(attention, session, controls, app.pick_patch, app.type_patch, DRAW_CONCURRENCY, raw)
-        retargeted = gr.on([target.input, versus.submit], app.set_target, inputs=[session, target, versus], inputs_kwargs=controls,
-              outputs=class_outputs, api_name="set_target", **raw, **model_pass)
-        searched = gr.on([class_search.submit], app.search_class, inputs=[session, class_search, versus],
-              inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **raw, **model_pass)
-        gr.on([relevance_toggle.input], app.set_relevance, inputs=[session, relevance_toggle], inputs_kwargs=controls,
-              outputs=[session, panel["compare"]], api_name="relevance", **raw, **model_pass)
-        faithfulness.wire(app.handle, session, controls, relevance=app.with_relevance, **raw, **model_pass)
-        heads.wire(session, controls, heads_view, [analyzed, retargeted, searched], shows_errors, model_pass,
+                  concurrency_limit=DRAW_CONCURRENCY, **RAW)
+
+        attention.wire(attention_view, app, session, controls)
+        retargeted, searched = gradcam.wire(gradcam_view, app, session, controls,
+                                            class_outputs=[session, gradcam_view.target,
+                                                           *[panel[n] for n in CLASS_PANELS]])
+        all_maps.wire(all_maps_view, app, session, controls)
+        faithfulness.wire(faithfulness_view, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session,
+                          controls)
+        heads.wire(heads_view, heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls),
+                   session, controls, refreshed=[analyzed, retargeted, searched],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
-                   shown_tab=shown_tab, **raw)
-        gr.on([dataset_button.click], app.dataset_distance, inputs=[dataset_files, key],
-              outputs=[dataset_plot, dataset_note], api_name="dataset_distance", **raw, **model_pass)
-        wire_model_tab(app.model_tab, model_view, model_tab, key, raw)
-        gr.on([download_button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
-              outputs=[download_files], api_name="downloads", **raw)
+                   shown_tab=shown_tab)
+        distance.wire(distance_view, distance.DistanceTab(app), key)
+        model.wire(model_view, model.ModelTab(app.handle, app.cache.max_size), key)
+        downloads.wire(downloads_view, app, session, controls)
     return demo

@@ -1,5 +1,6 @@
-"""The app's event handlers: UI values in, library calls, UI values out. A session's
-results live in the byte-bounded store; models in the shared cache."""
+"""The page-wide event handlers: model loading, the image pass and what is drawn from it (redraws, class
+switching, downloads); a tab's own handlers live in its module (`ui.tabs`). UI values in, library calls, UI
+values out. A session's results live in the byte-bounded store; models in the shared cache."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ from vit_inspect.analysis import class_name, search_classes
 from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import ViTHandle
-from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.passes.pipeline import add_relevance, analyze_image
 from vit_inspect.passes.records import analysis_record, class_record
 from vit_inspect.passes.result import ImageAnalysis
@@ -23,9 +23,20 @@ from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
-from vit_inspect.ui.common import (describe, download_folder, geometry_updates, names_python_file, prediction_labels,
-                                   public_message, public_name, shown_model, shows_errors, upload_folders,
-                                   upload_source, weights_label)
+from vit_inspect.ui.common import (
+    describe,
+    download_folder,
+    geometry_updates,
+    names_python_file,
+    prediction_labels,
+    public_message,
+    public_name,
+    shown_model,
+    shows_errors,
+    upload_folders,
+    upload_source,
+    weights_label,
+)
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
@@ -33,8 +44,7 @@ from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
 from vit_inspect.ui.relevance import computed, with_relevance
 from vit_inspect.ui.session_store import SessionStore, Slot, module_nbytes
 from vit_inspect.ui.tabs.attention import map_geometry
-from vit_inspect.ui.tabs.model import ModelTab
-from vit_inspect.ui.untrusted import client_file, client_files, finite_float, finite_int, flag, redact_paths, text
+from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, text
 from vit_inspect.ui.view import PATCH, View
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -42,7 +52,6 @@ log = logging.getLogger("vit_inspect.app")
 
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
-MAX_DATASET_IMAGES = 64  # images per attention-distance average
 CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
 
 # A new image's answer carries its maps; these figures (PIL pictures of 3-20 ms for DeiT-Ti; once about 1 s
@@ -90,7 +99,7 @@ def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) 
 
 
 class Inspector:
-    """The event handlers: UI values in, library calls, UI values out. Holds models, never user data."""
+    """The page-wide event handlers: UI values in, library calls, UI values out. Holds models, never user data."""
 
     def __init__(self, config: AppConfig, cache: ModelCache):
         self.config = config
@@ -105,7 +114,6 @@ class Inspector:
                       if config.spill_budget > 0 and not getattr(self.run_pass, "on_gpu", False) else None)
         self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = public_name(config.model)  # the operator's model as the dropdown shows it
-        self.model_tab = ModelTab(self.handle, cache.max_size)  # the Model tab's figures, drawn once per model
         self.order = DrawOrder()  # a panel shows the newest of a session's overlapping draws
 
     def handle(self, key: CacheKey) -> ViTHandle:
@@ -349,26 +357,6 @@ class Inspector:
         panels = draw_panels(CLASS_PANELS, session, view)
         self.order.supersede(session_hash(request), CLASS_PANELS)  # redraws in flight drew the previous class
         return session, gr.update(choices=choices, value=str(index)), *panels
-
-    @shows_errors
-    def dataset_distance(self, files: object, key: CacheKey, progress=gr.Progress()):
-        uploads = client_files(files, upload_folders(), self.config.limits.max_bytes, MAX_DATASET_IMAGES)
-        if not uploads:
-            raise InputError("Upload a few images first (they are averaged; the more, the steadier).")
-        if any(isinstance(source, bytes) for source, _ in uploads):
-            raise InputError("Upload the images to average as files.")
-        files = [source for source, _ in uploads]
-        progress(0, desc="Loading the model")
-        handle = self.handle(key)
-        stats = dataset_attention_distance(
-            handle, files, limits=self.config.limits, progress=lambda done, total: progress((done, total), unit="images"))
-        image = distance_plots.attention_distance_panel(  # PIL: 2 ms, against 150 ms for a matplotlib figure (bench_upload 6l)
-            stats.distances, image_width=handle.input_size[1],
-            title=f"{shown_model(handle)} · mean over {stats.num_images} images", selectable=False).background
-        note = f"Averaged over {stats.num_images} image(s)."
-        if stats.skipped:
-            note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
-        return image, note
 
     @shows_errors
     def downloads(self, session: Session | None, **controls) -> list[str]:

@@ -1,7 +1,7 @@
 """The per-image panels of the app: maps with colour bars and captions, all heads, all maps side by side.
 
-No gradio here: `draw_panels(names, session, view)` turns a session's cached pass and the controls' `View`
-(both defined in app.py) into images. Only app.py imports this module.
+No gradio here: `draw_panels(names, session, view)` turns a session's cached pass (`inspector.Session`) and
+the controls' `View` (`view`) into images, for the page's handlers (`inspector`).
 """
 from __future__ import annotations
 

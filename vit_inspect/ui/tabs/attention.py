@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
 
 import gradio as gr
 
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.ui.clicks import MAP_ID, clicked_pixel
-from vit_inspect.ui.common import OutputImage
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MAP_OUT, RAW, OutputImage
 from vit_inspect.ui.view import PATCH, READOUT
 
 # On the map's select event: the remembered pixel -> (row, col, "clicked patch") with the patch grid of the
@@ -44,6 +43,7 @@ PICK_JS = """(geometry, row, col, query) => {
 class AttentionView:
     """The Attention tab's components (``geometry`` is hidden: the patch grid of the input shown, for the browser)."""
 
+    tab: gr.Tab
     panel: gr.Image
     layer: gr.Slider
     head: gr.Slider
@@ -53,46 +53,51 @@ class AttentionView:
     col: gr.Number
     geometry: gr.JSON
 
+    @property
+    def redraw_on(self) -> list:
+        """The changes the map redraws on (besides the page's colour scale)."""
+        return [self.layer.input, self.head.input, self.mean_heads.input, self.query.input]
 
-def attention_tab_layout(map_out: dict) -> AttentionView:
-    """The tab's map and controls, inside the caller's ``gr.Tab`` (``map_out``: the app's map image options)."""
-    with gr.Row():
-        panel = OutputImage(label="Attention map: click a patch to query from it", elem_id=MAP_ID, **map_out)
-        with gr.Column():
-            layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
-            head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
-            mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)", elem_id="mean-heads")
-            query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
-                             info="Whose attention: the token the classifier reads, or a "
-                                  "patch (click the map, or type its row and column).")
-            with gr.Row():
-                row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13, elem_id="patch-row")
-                col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13, elem_id="patch-col")
-    geometry = gr.JSON(None, visible=False, elem_id="attention-geometry")
-    return AttentionView(panel, layer, head, mean_heads, query, row, col, geometry)
+
+def layout() -> AttentionView:
+    """The tab, its map and its controls, inside the page's ``gr.Tabs``."""
+    with gr.Tab("Attention") as tab:
+        with gr.Row():
+            panel = OutputImage(label="Attention map: click a patch to query from it", elem_id=MAP_ID, **MAP_OUT)
+            with gr.Column():
+                layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
+                head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
+                mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)", elem_id="mean-heads")
+                query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
+                                 info="Whose attention: the token the classifier reads, or a "
+                                      "patch (click the map, or type its row and column).")
+                with gr.Row():
+                    row = gr.Number(0, label="Patch row", precision=0, minimum=0, maximum=13, elem_id="patch-row")
+                    col = gr.Number(0, label="Patch column", precision=0, minimum=0, maximum=13, elem_id="patch-col")
+        geometry = gr.JSON(None, visible=False, elem_id="attention-geometry")
+    return AttentionView(tab, panel, layer, head, mean_heads, query, row, col, geometry)
 
 
 def map_geometry(result: ImageAnalysis) -> dict:
     """What the browser needs to turn a clicked pixel of the map into a patch: the input's (height, width),
     the patch's (height, width) in input pixels and the grid's (rows, columns)."""
-    layout = result.layout
-    return {"input": list(layout.input_size), "patch": [layout.patch_h, layout.patch_w],
-            "grid": [layout.grid_h, layout.grid_w]}
+    tokens = result.layout
+    return {"input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
+            "grid": [tokens.grid_h, tokens.grid_w]}
 
 
-def wire_attention_tab(view: AttentionView, session: gr.State, controls: dict,
-                       pick_patch: Callable, type_patch: Callable, concurrency_limit: int, raw: dict) -> None:
+def wire(view: AttentionView, app, session: gr.State, controls: dict) -> None:
     """The tab's own events: a click or a typed patch sets the query in the browser at once and draws it on the
-    server (``pick_patch``, ``type_patch``); "mean of heads" greys out the head slider. Its slider redraws are
-    wired with the other panels' (app.py)."""
+    server (the page's `Inspector` ``app``: ``pick_patch``, ``type_patch``); "mean of heads" greys out the head
+    slider. Its slider redraws are wired with the other panels' (`build_demo`)."""
     gr.on([view.panel.select], None, inputs=[view.geometry, view.row, view.col, view.query],
           outputs=[view.row, view.col, view.query], js=PICK_JS, queue=False)
-    gr.on([view.panel.select], pick_patch, inputs=[session], inputs_kwargs=controls,
+    gr.on([view.panel.select], app.pick_patch, inputs=[session], inputs_kwargs=controls,
           outputs=[view.row, view.col, view.query, view.panel], api_name="pick_patch", show_progress="hidden",
-          concurrency_limit=concurrency_limit, **raw)
+          concurrency_limit=DRAW_CONCURRENCY, **RAW)
     gr.on([view.row.input, view.col.input], None, outputs=[view.query], js=f"() => {json.dumps(PATCH)}", queue=False)
-    gr.on([view.row.input, view.col.input], type_patch, inputs=[session], inputs_kwargs=controls,
+    gr.on([view.row.input, view.col.input], app.type_patch, inputs=[session], inputs_kwargs=controls,
           outputs=[view.query, view.panel], api_name="type_patch", show_progress="hidden",
-          trigger_mode="always_last", concurrency_limit=concurrency_limit, **raw)
+          trigger_mode="always_last", concurrency_limit=DRAW_CONCURRENCY, **RAW)
     gr.on([view.mean_heads.change], lambda mean: gr.update(interactive=not mean), inputs=[view.mean_heads],
           outputs=[view.head], api_name="head_enabled", show_progress="hidden")

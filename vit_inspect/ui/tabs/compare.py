@@ -1,10 +1,10 @@
-"""The app's "Compare" tab: the same image through a second model, aligned views and agreement numbers.
+"""The Compare tab: the same image through a second model, aligned views and agreement numbers.
 
-Gradio lives here and in app.py only (the library never imports it). `compare_tab(app, image, key,
-models)` is called inside app.py's `gr.Tabs()`; `app` is its `Inspector` (model cache, limits, and the
-validated `load_model`). Both passes run on the model-pass queue through the app's pass (`app.run_pass`, under
-ZeroGPU when available, without LeGrad and AttnLRP, which this tab does not show); the comparison lives in the app's byte-bounded session store (`app.store`) and
-gr.State holds only its slot, so sliders redraw from there and an evicted comparison says so.
+The handlers (`CompareTab`) take the page's `Inspector` (model cache, limits, and the validated
+`load_model`). Both passes run on the model-pass queue through the app's pass (`app.run_pass`, under ZeroGPU
+when available, without LeGrad and AttnLRP, which this tab does not show); the comparison lives in the app's
+byte-bounded session store (`app.store`) and gr.State holds only its slot, so sliders redraw from there and
+an evicted comparison says so.
 """
 from __future__ import annotations
 
@@ -22,10 +22,17 @@ from vit_inspect.core.geometry import parse_size
 from vit_inspect.core.images import load_image
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
-from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
-                                            last_layer_heads, token_agreement)
+from vit_inspect.studies.comparison import (
+    MAP_TITLES,
+    Comparison,
+    aligned_maps,
+    compare_images,
+    comparison_label,
+    last_layer_heads,
+    token_agreement,
+)
 from vit_inspect.studies.model_report import model_report
-from vit_inspect.ui.common import OutputImage, public_name
+from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_name, shows_errors
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
 
@@ -116,12 +123,12 @@ def _background(remove: object, threshold: object) -> tuple[bool, float]:
             finite_float(threshold, "The background threshold", 0.0, 1.0, default=BACKGROUND_THRESHOLD))
 
 
-class Compare:
+class CompareTab:
     """The tab's handlers: UI values in, library calls, UI values out."""
 
     def __init__(self, app, upload_source):
-        self.app = app  # app.py's Inspector: model cache, limits, validated model loading
-        self.upload_source = upload_source  # app.py's reading of a raw gr.Image value
+        self.app = app  # the page's Inspector: model cache, limits, validated model loading
+        self.upload_source = upload_source  # the reading of a raw gr.Image value (`common.upload_source`)
 
     def load_second(self, name: str | None, weights: str | None, progress=gr.Progress()):
         key, described = self.app.load_model(name, weights, progress)[:2]  # the first model's checks and messages
@@ -226,20 +233,49 @@ class Compare:
         return slot, *pca_views(state, *background)
 
 
-def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict, upload_source, shows_errors) -> None:
-    """Lay out the Compare tab and wire its events; call inside app.py's `gr.Tabs()`.
+@dataclass(frozen=True)
+class CompareView:
+    """The Compare tab's components (``key_b``: model B's cache key; ``state``: the session's comparison slot)."""
 
-    `app` is the Inspector, `upload_source` and `shows_errors` app.py's upload reader and error decorator
-    (every handler's library exceptions become one sentence), `model_pass` the model queue's settings.
-    """
-    handlers = Compare(app, upload_source)
+    tab: gr.Tab
+    key_b: gr.State
+    state: gr.State
+    name_b: gr.Dropdown
+    weights_b: gr.File
+    size_b: gr.Textbox
+    load_b: gr.Button
+    run: gr.Button
+    status_b: gr.Markdown
+    top_a: gr.Label
+    top_b: gr.Label
+    layer: gr.Slider
+    note: gr.Markdown
+    table: gr.Dataframe
+    maps: gr.Image
+    distance: gr.Image
+    filters: gr.Image
+    similarity: gr.Image
+    mass: gr.Slider
+    heads_a: gr.Image
+    heads_b: gr.Image
+    remove_background: gr.Checkbox
+    threshold: gr.Slider
+    pca_files: gr.File
+    pca_button: gr.Button
+    pca_a: gr.Image
+    pca_b: gr.Image
+
+
+def layout(models, session_ttl_s: float) -> CompareView:
+    """The tab, its controls and figures, inside the page's ``gr.Tabs``; ``models`` are the names model B's
+    picker offers."""
     figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
-    with gr.Tab("Compare"):
+    with gr.Tab("Compare") as tab:
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
                     "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
                     "memory budget).")
         key_b = gr.State(None)
-        state = gr.State(None, time_to_live=app.config.session_ttl_s)
+        state = gr.State(None, time_to_live=session_ttl_s)
         with gr.Row():
             name_b = gr.Dropdown(list(models), value=None, label="Model B", allow_custom_value=True, scale=2,
                                  info="Curated list, any timm ViT name, or a Hugging Face id.", elem_id="compare-model")
@@ -261,13 +297,14 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
                              elem_id="compare-table")
         maps = OutputImage(label="Aligned maps", elem_id="compare-maps-ab", **figure_out)
         distance = OutputImage(label="Mean attention distance against relative depth (ViT Fig. 7 right, both models)",
-                            elem_id="compare-distance", **figure_out)
+                               elem_id="compare-distance", **figure_out)
         filters = OutputImage(label="Patch-embedding filters (ViT Fig. 7 left), A | B", **figure_out)
         similarity = OutputImage(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
         mass = gr.Slider(0.1, 1.0, value=DINO_MASS, step=0.05, label="DINO masks: share of attention mass kept",
                          elem_id="compare-mass")
         with gr.Row():
-            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a", **figure_out)
+            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a",
+                                  **figure_out)
             heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
         with gr.Row():
             remove_background = gr.Checkbox(False, label="Feature PCA: remove the background (first component)")
@@ -277,21 +314,34 @@ def compare_tab(app, image: gr.Image, key: gr.State, models, *, model_pass: dict
                                 file_count="multiple", file_types=["image"], type="filepath", height=100, scale=3)
             pca_button = gr.Button("Fit the PCA jointly", scale=1)
         with gr.Row():
-            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a", **figure_out)
+            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
+                                **figure_out)
             pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
+    return CompareView(tab, key_b, state, name_b, weights_b, size_b, load_b, run, status_b, top_a, top_b, layer, note,
+                       table, maps, distance, filters, similarity, mass, heads_a, heads_b, remove_background,
+                       threshold, pca_files, pca_button, pca_a, pca_b)
 
-    gr.on([load_b.click], shows_errors(handlers.load_second), inputs=[name_b, weights_b], outputs=[key_b, status_b],
-          api_name="compare_load_model", preprocess=False)
-    gr.on([run.click], shows_errors(handlers.run), inputs=[image, key, key_b, size_b, mass, remove_background, threshold],
-          outputs=[state, layer, note, top_a, top_b, maps, table, distance, filters, similarity, heads_a, heads_b,
-                   pca_a, pca_b], preprocess=False, api_name="compare_models", **model_pass)
-    gr.on([layer.input], shows_errors(handlers.relayer), inputs=[state, layer], outputs=[maps, table, note],
-          api_name="compare_layer", trigger_mode="always_last", show_progress="hidden", preprocess=False)
-    gr.on([mass.input], shows_errors(handlers.remask), inputs=[state, mass], outputs=[heads_a, heads_b], api_name="compare_mass",
-          trigger_mode="always_last", show_progress="hidden", preprocess=False)
-    gr.on([remove_background.input, threshold.input], shows_errors(handlers.repca), inputs=[state, remove_background, threshold],
-          outputs=[pca_a, pca_b], api_name="compare_pca", trigger_mode="always_last", show_progress="hidden",
-          preprocess=False)
-    gr.on([pca_button.click], shows_errors(handlers.joint_pca),
-          inputs=[state, pca_files, key, key_b, remove_background, threshold], outputs=[state, pca_a, pca_b],
-          api_name="compare_joint_pca", preprocess=False, **model_pass)
+
+def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State) -> None:
+    """The tab's events: model B loaded on its button, both passes on Compare (the page's ``image`` through
+    model A of ``key`` and model B), the slider and PCA options redrawn from the session's comparison, and
+    more images added to the joint PCA; every handler's library exceptions become one sentence."""
+    gr.on([view.load_b.click], shows_errors(handlers.load_second), inputs=[view.name_b, view.weights_b],
+          outputs=[view.key_b, view.status_b], api_name="compare_load_model", **RAW)
+    gr.on([view.run.click], shows_errors(handlers.run),
+          inputs=[image, key, view.key_b, view.size_b, view.mass, view.remove_background, view.threshold],
+          outputs=[view.state, view.layer, view.note, view.top_a, view.top_b, view.maps, view.table, view.distance,
+                   view.filters, view.similarity, view.heads_a, view.heads_b, view.pca_a, view.pca_b],
+          api_name="compare_models", **RAW, **MODEL_PASS)
+    gr.on([view.layer.input], shows_errors(handlers.relayer), inputs=[view.state, view.layer],
+          outputs=[view.maps, view.table, view.note], api_name="compare_layer", trigger_mode="always_last",
+          show_progress="hidden", **RAW)
+    gr.on([view.mass.input], shows_errors(handlers.remask), inputs=[view.state, view.mass],
+          outputs=[view.heads_a, view.heads_b], api_name="compare_mass", trigger_mode="always_last",
+          show_progress="hidden", **RAW)
+    gr.on([view.remove_background.input, view.threshold.input], shows_errors(handlers.repca),
+          inputs=[view.state, view.remove_background, view.threshold], outputs=[view.pca_a, view.pca_b],
+          api_name="compare_pca", trigger_mode="always_last", show_progress="hidden", **RAW)
+    gr.on([view.pca_button.click], shows_errors(handlers.joint_pca),
+          inputs=[view.state, view.pca_files, key, view.key_b, view.remove_background, view.threshold],
+          outputs=[view.state, view.pca_a, view.pca_b], api_name="compare_joint_pca", **RAW, **MODEL_PASS)

@@ -1,4 +1,4 @@
-"""The app's Faithfulness tab: layout and handler. Imported only by app.py (the library never imports gradio).
+"""The Faithfulness tab: which map can be trusted for this image, by deletion and insertion curves.
 
 On demand (a button, with a progress bar) it scores every map of the current image and class, plus the
 current Grad-CAM block, rollout options and attention layer/head when they differ from the defaults, by
@@ -21,7 +21,7 @@ from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.plots.faithfulness import curves_panel, ranked_rows
 from vit_inspect.studies.faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
-from vit_inspect.ui.common import OutputImage, public_message, public_name, shows_errors
+from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 
 HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
@@ -61,10 +61,21 @@ def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean
     return maps
 
 
-class FaithfulnessTab:
-    """Build inside a gr.Tab with `FaithfulnessTab()`, then `wire(...)` once the other controls exist."""
+@dataclass(frozen=True)
+class FaithfulnessView:
+    """The Faithfulness tab's components (``scored`` holds the session's `Scored` curves)."""
 
-    def __init__(self) -> None:
+    tab: gr.Tab
+    button: gr.Button
+    figure: gr.Image
+    table: gr.Dataframe
+    note: gr.Markdown
+    scored: gr.State
+
+
+def layout() -> FaithfulnessView:
+    """The tab, its button and its results, inside the page's ``gr.Tabs``."""
+    with gr.Tab("Faithfulness") as tab:
         gr.Markdown("Which map can you trust for this image? Each map's most relevant patches are removed "
                     "(deletion, positive perturbation) or inserted into a blurred copy (insertion), and the "
                     "model's score for the explained class is recorded (Petsiuk et al. 2018; Chefer et al. "
@@ -72,29 +83,35 @@ class FaithfulnessTab:
                     "Changing the Grad-CAM block, the rollout options or the attention layer/head adds that "
                     "choice at the next **Score**; maps already scored are kept. AttnLRP and LeGrad are "
                     "computed first when the pass lacks them (one more forward and backward pass).")
-        self.button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
-        self.figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
-                               show_label=False, elem_id="faithfulness-curves")
-        self.table = gr.Dataframe(headers=HEADERS, label="Areas under the curves, best method first",
-                                  interactive=False, elem_id="faithfulness-table")
-        self.note = gr.Markdown()
-        self.scored = gr.State(None)
+        button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
+        figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
+                             show_label=False, elem_id="faithfulness-curves")
+        table = gr.Dataframe(headers=HEADERS, label="Areas under the curves, best method first",
+                             interactive=False, elem_id="faithfulness-table")
+        note = gr.Markdown()
+        scored = gr.State(None)
+    return FaithfulnessView(tab, button, figure, table, note, scored)
 
-    def wire(self, handle_of: Callable, session: gr.State, controls: dict, relevance: Callable | None = None,
-             **event_options) -> None:
-        """``relevance(session, progress) -> session`` adds LeGrad and AttnLRP to the pass shown (the app's
-        `Inspector.with_relevance`); without it they are scored only when the pass already holds them."""
-        @shows_errors  # anything unforeseen is a sentence too, its traceback in the operator's log
-        def score(current, scored: Scored | None, progress=gr.Progress(), **values):
-            try:
-                return self._score(handle_of, current, scored, progress, values, relevance)
-            except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
-                raise gr.Error(public_message(exc), print_exception=False) from None
-            except ValueError as exc:
-                raise gr.Error(redact_paths(str(exc)), print_exception=False) from None
 
-        gr.on([self.button.click], score, inputs=[session, self.scored], inputs_kwargs=controls,
-              outputs=[self.scored, self.figure, self.table, self.note], api_name="faithfulness", **event_options)
+class FaithfulnessTab:
+    """The tab's handler. ``handle_of`` gives the model of a cache key; ``relevance(session, progress) ->
+    session`` adds LeGrad and AttnLRP to the pass shown (the app's `Inspector.with_relevance`); without it
+    they are scored only when the pass already holds them."""
+
+    def __init__(self, handle_of: Callable, relevance: Callable | None = None):
+        self.handle_of = handle_of
+        self.relevance = relevance
+
+    # Scores the maps of the session's image and class; ``values`` are the other tabs' raw controls.
+    # (A comment, not a docstring: Gradio would publish a docstring as the endpoint's API description.)
+    @shows_errors  # anything unforeseen is a sentence too, its traceback in the operator's log
+    def score(self, current, scored: Scored | None, progress=gr.Progress(), **values):
+        try:
+            return self._score(self.handle_of, current, scored, progress, values, self.relevance)
+        except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
+            raise gr.Error(public_message(exc), print_exception=False) from None
+        except ValueError as exc:
+            raise gr.Error(redact_paths(str(exc)), print_exception=False) from None
 
     @staticmethod
     def _score(handle_of: Callable, current, scored: Scored | None, progress, values: dict,
@@ -140,3 +157,9 @@ class FaithfulnessTab:
         if flagged:
             note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
         return Scored(key=key, curves=known), image, rows, note
+
+
+def wire(view: FaithfulnessView, handlers: FaithfulnessTab, session: gr.State, controls: dict) -> None:
+    """The tab's event: its button scores the session's maps, on the model-pass queue."""
+    gr.on([view.button.click], handlers.score, inputs=[session, view.scored], inputs_kwargs=controls,
+          outputs=[view.scored, view.figure, view.table, view.note], api_name="faithfulness", **RAW, **MODEL_PASS)

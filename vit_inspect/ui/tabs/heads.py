@@ -1,5 +1,4 @@
-"""The app's "Heads" tab: ablate heads live, rank them for this image, read the logit lens.
-Imported only by app.py (the library never imports gradio).
+"""The Heads tab: ablate heads live, rank them for this image, read the logit lens.
 
 For the session's model, image and class:
 - **Ablation** (`ablation.analyze_ablated`: one forward, one backward): the new top-5 beside the original,
@@ -42,7 +41,7 @@ from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
-from vit_inspect.ui.common import OutputImage
+from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, shows_errors
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
 from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
@@ -217,61 +216,91 @@ def lens_table(handle, result: ImageAnalysis) -> tuple[list[str], list[list], st
     return headers, rows, note
 
 
-class HeadsTab:
-    """Build inside a gr.Tab with `HeadsTab(...)`, then `wire(...)` once the shared controls exist.
-    `app` is app.py's Inspector (model cache, limits)."""
+@dataclass(frozen=True)
+class HeadsView:
+    """The Heads tab's components (``geometry`` is hidden: where the heatmaps' cells lie, for the browser;
+    ``state`` holds the session's `HeadsState`)."""
 
-    def __init__(self, app, reference_images: tuple[Path, ...], upload_folders: Callable[[], list[str]],
-                 view_of: Callable):
-        self.app = app
-        self.view_of = view_of  # app.py's View.from_controls: raw controls -> what to draw
-        self.reference_images = reference_images  # the default reference set of mean ablation
-        self.upload_folders = upload_folders
-        self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
-        self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
-        self.run_importance = gpu_pass(importance_of_crop)  # and the importance forwards
-        figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download", "fullscreen"])
+    tab: gr.Tab
+    spec: gr.Textbox
+    mode: gr.Radio
+    references: gr.File
+    ablate_button: gr.Button
+    effect: gr.Markdown
+    top: gr.Dataframe
+    maps: tuple[gr.Image, ...]  # the ablated model's ABLATED_PANELS
+    importance_button: gr.Button
+    cancel_button: gr.Button
+    importance: gr.Image
+    first_order: gr.Image
+    geometry: gr.JSON
+    importance_note: gr.Markdown
+    lens_note: gr.Markdown
+    lens_plot: gr.Image
+    lens: gr.Dataframe
+    state: gr.State
+
+
+def layout(examples: int, session_ttl_s: float) -> HeadsView:
+    """The tab, its controls and results, inside the page's ``gr.Tabs``; ``examples`` is the number of example
+    photos mean ablation averages over when no reference images are uploaded."""
+    with gr.Tab("Heads") as tab:
         gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
                     "change (one forward and one backward pass), rank every head by the drop of the class's "
                     "logit when it alone is ablated, and read the class token after every block (logit lens). "
                     "**Click a heatmap cell** to choose that layer and head in the other tabs. The class is the "
                     "one explained under **Grad-CAM**.")
         with gr.Row():
-            self.spec = gr.Textbox(label="Heads to ablate (layer:head, comma-separated, 0-based)",
-                                   placeholder="e.g. 3:1, 5:0", max_lines=1, scale=3, elem_id="ablate-heads")
-            self.mode = gr.Radio(list(ABLATION_MODES), value="zero", label="Ablation mode", scale=2,
-                                 elem_id="ablate-mode",
-                                 info="zero: the head's output is 0; mean: its mean over the reference images; "
-                                      "uniform: the head attends uniformly to every token.")
-        self.references = gr.File(label=f"Reference images for mean ablation (up to {MAX_REFERENCE_IMAGES}; "
-                                        f"none: the {len(reference_images)} example photos)",
-                                  file_count="multiple", file_types=["image"], type="filepath", height=100,
-                                  elem_id="ablate-references")
-        self.ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
-        self.effect = gr.Markdown(elem_id="ablate-effect")
-        self.top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
-                                elem_id="ablate-top")
+            spec = gr.Textbox(label="Heads to ablate (layer:head, comma-separated, 0-based)",
+                              placeholder="e.g. 3:1, 5:0", max_lines=1, scale=3, elem_id="ablate-heads")
+            mode = gr.Radio(list(ABLATION_MODES), value="zero", label="Ablation mode", scale=2,
+                            elem_id="ablate-mode",
+                            info="zero: the head's output is 0; mean: its mean over the reference images; "
+                                 "uniform: the head attends uniformly to every token.")
+        references = gr.File(label=f"Reference images for mean ablation (up to {MAX_REFERENCE_IMAGES}; "
+                                   f"none: the {examples} example photos)",
+                             file_count="multiple", file_types=["image"], type="filepath", height=100,
+                             elem_id="ablate-references")
+        ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
+        effect = gr.Markdown(elem_id="ablate-effect")
+        top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
+                           elem_id="ablate-top")
         with gr.Row():
-            map_out = dict(interactive=False, format="png", buttons=["download", "fullscreen"])
-            self.maps = [OutputImage(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **map_out)
-                         for name in ABLATED_PANELS]
+            maps = tuple(OutputImage(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **MAP_OUT)
+                         for name in ABLATED_PANELS)
         with gr.Row():
-            self.importance_button = gr.Button(
+            importance_button = gr.Button(
                 "Rank every head (one ablation per head, batched forward passes)", variant="primary",
                 elem_id="importance-button")
-            self.cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
+            cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
         with gr.Row():
-            self.importance = OutputImage(label="Drop of the class logit, each head ablated alone",
-                                          elem_id=HEATMAP_IDS["importance"], **figure_out)
-            self.first_order = OutputImage(label="First-order estimate (attention × gradient)",
-                                           elem_id=HEATMAP_IDS["first_order"], **figure_out)
-        self.geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
-        self.importance_note = gr.Markdown(elem_id="importance-note")
-        self.lens_note = gr.Markdown(elem_id="lens-note")
-        self.lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **figure_out)
-        self.lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
-                                 interactive=False, elem_id="lens-table")
-        self.state = gr.State(None, time_to_live=app.config.session_ttl_s)
+            importance = OutputImage(label="Drop of the class logit, each head ablated alone",
+                                     elem_id=HEATMAP_IDS["importance"], **FIGURE_OUT)
+            first_order = OutputImage(label="First-order estimate (attention × gradient)",
+                                      elem_id=HEATMAP_IDS["first_order"], **FIGURE_OUT)
+        geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
+        importance_note = gr.Markdown(elem_id="importance-note")
+        lens_note = gr.Markdown(elem_id="lens-note")
+        lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **FIGURE_OUT)
+        lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
+                            interactive=False, elem_id="lens-table")
+        state = gr.State(None, time_to_live=session_ttl_s)
+    return HeadsView(tab, spec, mode, references, ablate_button, effect, top, maps, importance_button, cancel_button,
+                     importance, first_order, geometry, importance_note, lens_note, lens_plot, lens, state)
+
+
+class HeadsTab:
+    """The tab's handlers. ``app`` is the page's `Inspector` (model cache, session store, limits)."""
+
+    def __init__(self, app, reference_images: tuple[Path, ...], upload_folders: Callable[[], list[str]],
+                 view_of: Callable):
+        self.app = app
+        self.view_of = view_of  # View.from_controls: raw controls -> what to draw
+        self.reference_images = reference_images  # the default reference set of mean ablation
+        self.upload_folders = upload_folders
+        self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
+        self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
+        self.run_importance = gpu_pass(importance_of_crop)  # and the importance forwards
 
     # ------------------------------------------------------------------------------------------ handlers
 
@@ -496,50 +525,48 @@ class HeadsTab:
             return fresh(state, session), *[gr.skip()] * (outputs - 1)
         return handler
 
-    # ------------------------------------------------------------------------------------------- wiring
 
-    def wire(self, session: gr.State, controls: dict, tab: gr.Tab, refreshed: list, shows_errors: Callable,
-             model_pass: dict, follow: list, shown_tab: gr.Textbox, **event_options) -> None:
-        """Events: `tab` opening and the `refreshed` dependencies (new image, new class) redraw from the
-        cache, the latter only while the page shows `tab` (`shown_tab`: the label of the tab it shows), as
-        does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
-        `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
-        each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
-        `controls` are the shared controls (layer, head, ...)."""
-        layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
-        redrawn = [*self.maps, self.importance, self.first_order]
-        overview = dict(fn=shows_errors(self.overview), inputs=[session, self.state], inputs_kwargs=controls,
-                        outputs=[self.state, self.importance, self.first_order, self.importance_note, self.lens_plot,
-                                 self.lens, self.lens_note, self.top, self.effect, self.geometry, *self.maps],
-                        show_progress="hidden", **event_options)
-        gr.on([tab.select], api_name="heads_overview", **overview)
-        if_shown = overview | dict(fn=shows_errors(self.overview_if_shown(tab.label, len(overview["outputs"]))),
-                                   inputs=[session, self.state, shown_tab])
-        for index, dependency in enumerate(refreshed):
-            dependency.success(api_name=f"heads_overview_{index}", **if_shown)
-        gr.on([self.ablate_button.click, self.spec.submit], shows_errors(refusals_warn(3 + len(self.maps))(self.ablate)),
-              inputs=[session, self.state, self.spec, self.mode, self.references], inputs_kwargs=controls,
-              outputs=[self.state, self.effect, self.top, *self.maps], api_name="ablate_heads",
-              **event_options, **model_pass)
-        gr.on([self.importance_button.click], shows_errors(refusals_warn(5)(self.rank)),
-              inputs=[session, self.state, self.mode, self.references], inputs_kwargs=controls,
-              outputs=[self.state, self.importance, self.first_order, self.importance_note, self.geometry],
-              api_name="head_importance", **event_options, **model_pass)
-        gr.on([self.cancel_button.click], shows_errors(self.cancel), outputs=[self.importance_note],
-              api_name="cancel_head_importance", queue=False, **event_options)
-        gr.on([layer.input, head.input, mean_heads.input], shows_errors(self.redraw_if_shown(tab.label)),
-              inputs=[session, self.state, shown_tab], inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw",
-              trigger_mode="always_last", show_progress="hidden", **event_options)
-        for which, image in (("importance", self.importance), ("first_order", self.first_order)):
-            gr.on([image.select], None, inputs=[self.geometry, layer, head, mean_heads],
-                  outputs=[layer, head, mean_heads], js=pick_cell_js(which), queue=False)  # in the page, at once
-            picked = gr.on([image.select], shows_errors(self.pick(which)), inputs=[session, self.state],
-                           outputs=[layer, head, mean_heads], api_name=f"pick_head_{which}", show_progress="hidden",
-                           **event_options)
-            picked = picked.success(shows_errors(self.redraw), inputs=[session, self.state], inputs_kwargs=controls,
-                                    outputs=redrawn, api_name=f"pick_head_{which}_redraw", show_progress="hidden",
-                                    **event_options)
-            for name, handler, output in follow:
-                picked = picked.success(handler, inputs=[session, shown_tab], inputs_kwargs=controls,
-                                        outputs=output, api_name=f"pick_head_{which}_{name}",
-                                        show_progress="hidden", **event_options)
+def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
+         shown_tab: gr.Textbox) -> None:
+    """Events: the tab opening and the `refreshed` dependencies (new image, new class) redraw from the
+    cache, the latter only while the page shows the tab (`shown_tab`: the label of the tab it shows), as
+    does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
+    `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
+    each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
+    `controls` are the shared controls (layer, head, ...)."""
+    layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
+    redrawn = [*view.maps, view.importance, view.first_order]
+    overview = dict(fn=shows_errors(handlers.overview), inputs=[session, view.state], inputs_kwargs=controls,
+                    outputs=[view.state, view.importance, view.first_order, view.importance_note, view.lens_plot,
+                             view.lens, view.lens_note, view.top, view.effect, view.geometry, *view.maps],
+                    show_progress="hidden", **RAW)
+    gr.on([view.tab.select], api_name="heads_overview", **overview)
+    if_shown = overview | dict(fn=shows_errors(handlers.overview_if_shown(view.tab.label, len(overview["outputs"]))),
+                               inputs=[session, view.state, shown_tab])
+    for index, dependency in enumerate(refreshed):
+        dependency.success(api_name=f"heads_overview_{index}", **if_shown)
+    gr.on([view.ablate_button.click, view.spec.submit],
+          shows_errors(refusals_warn(3 + len(view.maps))(handlers.ablate)),
+          inputs=[session, view.state, view.spec, view.mode, view.references], inputs_kwargs=controls,
+          outputs=[view.state, view.effect, view.top, *view.maps], api_name="ablate_heads", **RAW, **MODEL_PASS)
+    gr.on([view.importance_button.click], shows_errors(refusals_warn(5)(handlers.rank)),
+          inputs=[session, view.state, view.mode, view.references], inputs_kwargs=controls,
+          outputs=[view.state, view.importance, view.first_order, view.importance_note, view.geometry],
+          api_name="head_importance", **RAW, **MODEL_PASS)
+    gr.on([view.cancel_button.click], shows_errors(handlers.cancel), outputs=[view.importance_note],
+          api_name="cancel_head_importance", queue=False, **RAW)
+    gr.on([layer.input, head.input, mean_heads.input], shows_errors(handlers.redraw_if_shown(view.tab.label)),
+          inputs=[session, view.state, shown_tab], inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw",
+          trigger_mode="always_last", show_progress="hidden", **RAW)
+    for which, image in (("importance", view.importance), ("first_order", view.first_order)):
+        gr.on([image.select], None, inputs=[view.geometry, layer, head, mean_heads],
+              outputs=[layer, head, mean_heads], js=pick_cell_js(which), queue=False)  # in the page, at once
+        picked = gr.on([image.select], shows_errors(handlers.pick(which)), inputs=[session, view.state],
+                       outputs=[layer, head, mean_heads], api_name=f"pick_head_{which}", show_progress="hidden",
+                       **RAW)
+        picked = picked.success(shows_errors(handlers.redraw), inputs=[session, view.state], inputs_kwargs=controls,
+                                outputs=redrawn, api_name=f"pick_head_{which}_redraw", show_progress="hidden", **RAW)
+        for name, handler, output in follow:
+            picked = picked.success(handler, inputs=[session, shown_tab], inputs_kwargs=controls,
+                                    outputs=output, api_name=f"pick_head_{which}_{name}",
+                                    show_progress="hidden", **RAW)

@@ -18,7 +18,16 @@ from vit_inspect.core.errors import InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.model_report import pos_similarity_at
-from vit_inspect.ui.common import OutputImage, download_folder, public_name, shown_model, shows_errors, weights_label
+from vit_inspect.ui.common import (
+    FIGURE_OUT,
+    RAW,
+    OutputImage,
+    download_folder,
+    public_name,
+    shown_model,
+    shows_errors,
+    weights_label,
+)
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.untrusted import finite_int
 
@@ -100,8 +109,9 @@ class ModelTab:
 
 @dataclass(frozen=True)
 class ModelView:
-    """The Model tab's components (`model_tab_layout`)."""
+    """The Model tab's components."""
 
+    tab: gr.Tab
     pca: gr.Image
     similarity: gr.Image
     height: gr.Number
@@ -112,34 +122,35 @@ class ModelView:
     files: gr.File
 
 
-def model_tab_layout(figure_out: dict) -> ModelView:
-    """The Model tab's layout, built inside the app's ``gr.Tab("Model")``; ``figure_out`` are the app's
-    options for an output figure."""
-    gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
-    pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters", **figure_out)
-    gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
-                "as the model does it, at another input size (each full width; use the "
-                "fullscreen button to zoom):")
-    similarity = OutputImage(label="Position-embedding similarity at the model's own size",
-                             elem_id="similarity", **figure_out)
-    with gr.Row(equal_height=True):
-        height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
-        width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
-        similarity_button = gr.Button("Compare at this input size")
-    similarity_other = OutputImage(label="Position-embedding similarity at the other size",
-                                   elem_id="similarity-other", **figure_out)
-    download_button = gr.Button("Download these figures (PNG) and numbers (npz)", elem_id="model-downloads-button")
-    files = gr.File(label="Model files", file_count="multiple", interactive=False, elem_id="model-files")
-    return ModelView(pca, similarity, height, width, similarity_button, similarity_other, download_button, files)
+def layout() -> ModelView:
+    """The tab and its figures, inside the page's ``gr.Tabs``."""
+    with gr.Tab("Model") as tab:
+        gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
+        pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters", **FIGURE_OUT)
+        gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
+                    "as the model does it, at another input size (each full width; use the "
+                    "fullscreen button to zoom):")
+        similarity = OutputImage(label="Position-embedding similarity at the model's own size",
+                                 elem_id="similarity", **FIGURE_OUT)
+        with gr.Row(equal_height=True):
+            height = gr.Number(160, label="Other input height (pixels)", precision=0, minimum=1)
+            width = gr.Number(320, label="Other input width (pixels)", precision=0, minimum=1)
+            similarity_button = gr.Button("Compare at this input size")
+        similarity_other = OutputImage(label="Position-embedding similarity at the other size",
+                                       elem_id="similarity-other", **FIGURE_OUT)
+        download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
+                                    elem_id="model-downloads-button")
+        files = gr.File(label="Model files", file_count="multiple", interactive=False, elem_id="model-files")
+    return ModelView(tab, pca, similarity, height, width, similarity_button, similarity_other, download_button, files)
 
 
-def wire_model_tab(handlers: ModelTab, view: ModelView, tab: gr.Tab, key: gr.components.Component, raw: dict) -> None:
-    """The Model tab's events: its figures drawn when the tab opens, the other-size figure and the downloads on
-    their buttons (``raw``: the app's options for handlers that check their own inputs)."""
-    gr.on([tab.select], handlers.filter_figure, inputs=[key], outputs=view.pca, api_name="filter_figure")
-    gr.on([tab.select], handlers.native_similarity, inputs=[key], outputs=view.similarity,
+def wire(view: ModelView, handlers: ModelTab, key: gr.State) -> None:
+    """The tab's events: its figures drawn when the tab opens, the other-size figure and the downloads on
+    their buttons, each for the model of ``key``."""
+    gr.on([view.tab.select], handlers.filter_figure, inputs=[key], outputs=view.pca, api_name="filter_figure")
+    gr.on([view.tab.select], handlers.native_similarity, inputs=[key], outputs=view.similarity,
           api_name="native_similarity")
     gr.on([view.similarity_button.click], handlers.pos_similarity, inputs=[key, view.height, view.width],
-          outputs=[view.similarity_other], api_name="pos_similarity", **raw)
+          outputs=[view.similarity_other], api_name="pos_similarity", **RAW)
     gr.on([view.download_button.click], handlers.model_downloads, inputs=[key, view.height, view.width],
-          outputs=[view.files], api_name="model_downloads", **raw)
+          outputs=[view.files], api_name="model_downloads", **RAW)
