@@ -39,23 +39,33 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vit_inspect.analysis import attention_map, chefer_relevance, gradcam_from_tokens, mean_attention_distance, rollout
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.images import load_image
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.capture import capture_attention
+from vit_inspect.passes.pipeline import analyze_image, readout_query, relevance_maps
+from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 from vit_inspect.plots import canvas
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
-from vit_inspect.analysis import (attention_map, chefer_relevance, gradcam_from_tokens, mean_attention_distance,
-                                  rollout)
-from vit_inspect.passes.capture import capture_attention
-from vit_inspect.core.images import load_image
-from vit_inspect.core.handle import ViTHandle
-from vit_inspect.core.load import load_model
-from vit_inspect.passes.result import ImageAnalysis
-from vit_inspect.passes.pipeline import analyze_image, readout_query, relevance_maps
-from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
 
 from .bench_rollout_redraw import load_package
-from .common import (MODELS, REPO, THREADS, markdown_table, measure, plain_forward, plain_forward_backward,
-                     plain_forward_input_backward,
-                     plain_model, print_header, set_threads, verdict)
+from .common import (
+    MODELS,
+    REPO,
+    THREADS,
+    markdown_table,
+    measure,
+    plain_forward,
+    plain_forward_backward,
+    plain_forward_input_backward,
+    plain_model,
+    print_header,
+    set_threads,
+    verdict,
+)
 
 ANALYSIS_TARGET = 1.15  # analysis ÷ plain forward + backward, at most
 REDRAW_TARGET = 0.25  # redraw ÷ plain forward, at most, for REDRAW_TARGET_MODEL

@@ -20,12 +20,11 @@ import time
 
 import numpy as np
 
-from vit_inspect.jobs.engine import EngineOptions
-from vit_inspect.jobs.run import run_job
-from vit_inspect.jobs.evaluate import read_labels, select_files
-from vit_inspect.jobs.distance import AttentionDistanceJob
-from vit_inspect.jobs.evaluate import EvaluateJob
 from vit_inspect.core.images import find_images
+from vit_inspect.jobs.distance import AttentionDistanceJob
+from vit_inspect.jobs.engine import EngineOptions
+from vit_inspect.jobs.evaluate import EvaluateJob, read_labels, select_files
+from vit_inspect.jobs.run import run_job
 
 from .common import SHARED, markdown_table, measure, print_header, set_threads
 

@@ -19,12 +19,11 @@ import itertools
 import time
 from typing import Callable, Mapping
 
-import torch
 
-from vit_inspect.studies.ablation import analyze_ablated, head_importance
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.studies.ablation import analyze_ablated, head_importance
 
 from .common import REPO, Timing, markdown_table, plain_forward, plain_model, print_header, set_threads, verdict
 

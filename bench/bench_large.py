@@ -60,8 +60,12 @@ MB = 1e6
 def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
     """The first release's `analyze_image`: every map recorded and stacked, kept in float16; mean
     distance, Chefer relevance and Grad-CAM from the full stacks. Returns its arrays."""
-    from vit_inspect.analysis import (chefer_relevance, gradcam_from_tokens, gradient_fused_attention,
-                                      mean_attention_distance)
+    from vit_inspect.analysis import (
+        chefer_relevance,
+        gradcam_from_tokens,
+        gradient_fused_attention,
+        mean_attention_distance,
+    )
     from vit_inspect.passes.capture import capture_attention
     from vit_inspect.passes.pipeline import autocast_dtype, readout_query
 

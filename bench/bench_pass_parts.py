@@ -30,14 +30,20 @@ from typing import Callable, Iterator
 
 import torch
 
-from vit_inspect.passes import attention_store, head_pass
-from vit_inspect.passes import pipeline
-from vit_inspect.passes import threads
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
+from vit_inspect.passes import attention_store, head_pass, pipeline, threads
 
-from .common import (REPO, THREADS, markdown_table, measure, plain_forward_input_backward, plain_model,
-                     print_header, set_threads)
+from .common import (
+    REPO,
+    THREADS,
+    markdown_table,
+    measure,
+    plain_forward_input_backward,
+    plain_model,
+    print_header,
+    set_threads,
+)
 
 PARTS = ("forward reductions", "gradient reductions", "head pass", "preview", "preprocessing")
 

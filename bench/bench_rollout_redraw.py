@@ -62,8 +62,8 @@ def options(handle, layout) -> dict[str, dict]:
 
 
 def run(key: str, before, repeats: int, image: Path) -> list[list[object]]:
-    from vit_inspect.passes.attention_store import rollout
     from vit_inspect.core.images import load_image
+    from vit_inspect.passes.attention_store import rollout
     from vit_inspect.passes.pipeline import analyze_image
 
     torch.manual_seed(0)

@@ -22,8 +22,8 @@ from .common import markdown_table, measure, print_header
 
 
 def run(key: str, repeats: int, image: Path) -> list[list[object]]:
-    from vit_inspect.passes.attention_store import rollout
     from vit_inspect.core.images import load_image
+    from vit_inspect.passes.attention_store import rollout
     from vit_inspect.passes.pipeline import analyze_image
     from vit_inspect.passes.spill import SpillFolder, worth_spilling
 

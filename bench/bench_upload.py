@@ -56,11 +56,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, print_header, set_threads
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import Inspector, LATER_PANELS
+from vit_inspect.ui.inspector import LATER_PANELS, Inspector
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import View
+
+from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, print_header, set_threads
 
 
 class _Quiet:
@@ -108,19 +109,21 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
 
-    from vit_inspect.plots import compare as compare_plots, faithfulness as faithfulness_plot, model as model_plots
-    from vit_inspect.plots import distance as distance_plots
-    from vit_inspect.plots import heads as head_plots
     from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
     from vit_inspect.analysis.faithfulness import DEL_INS_FRACTIONS, Curves
     from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
-    from vit_inspect.studies.comparison import aligned_maps, compare_images, last_layer_heads
     from vit_inspect.core.geometry import InputGeometry
     from vit_inspect.core.images import load_image
-    from vit_inspect.ui.model_cache import ModelCache
+    from vit_inspect.plots import compare as compare_plots
+    from vit_inspect.plots import distance as distance_plots
+    from vit_inspect.plots import faithfulness as faithfulness_plot
+    from vit_inspect.plots import heads as head_plots
+    from vit_inspect.plots import model as model_plots
+    from vit_inspect.studies.comparison import aligned_maps, compare_images, last_layer_heads
     from vit_inspect.studies.model_report import model_report
-    from vit_inspect.ui.tabs import heads as heads_ui
+    from vit_inspect.ui.model_cache import ModelCache
     from vit_inspect.ui.panels import draw_panels
+    from vit_inspect.ui.tabs import heads as heads_ui
 
     weights = args.weights or next((p for p in (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors",
                                                 SHARED / "models" / "deit_tiny_patch16_224.safetensors")

@@ -16,15 +16,14 @@ import sys
 import numpy as np
 import torch
 
-from vit_inspect.studies.ablation import head_importance
 from vit_inspect.analysis.heads import spearman
 from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
-from vit_inspect.core.images import load_image
-from vit_inspect.passes.interventions import ablate_heads
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
+from vit_inspect.passes.interventions import ablate_heads
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.core.images import find_images
+from vit_inspect.studies.ablation import head_importance
 
 from .common import SHARED, set_threads
 

@@ -12,20 +12,8 @@ from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
-from vit_inspect.ui.tabs import (
-    all_heads,
-    all_maps,
-    attention,
-    compare,
-    distance,
-    downloads,
-    faithfulness,
-    gradcam,
-    heads,
-    model,
-    predictions,
-    rollout,
-)
+from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, distance, downloads, faithfulness, gradcam,
+                                 heads, model, predictions, rollout)
 from vit_inspect.ui.view import SCALES, View
 
 INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and how it sees. "

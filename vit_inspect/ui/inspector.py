@@ -23,20 +23,9 @@ from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
-from vit_inspect.ui.common import (
-    describe,
-    download_folder,
-    geometry_updates,
-    names_python_file,
-    prediction_labels,
-    public_message,
-    public_name,
-    shown_model,
-    shows_errors,
-    upload_folders,
-    upload_source,
-    weights_label,
-)
+from vit_inspect.ui.common import (describe, download_folder, geometry_updates, names_python_file, prediction_labels,
+                                   public_message, public_name, shown_model, shows_errors, upload_folders,
+                                   upload_source, weights_label)
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash

@@ -22,15 +22,8 @@ from vit_inspect.core.geometry import parse_size
 from vit_inspect.core.images import load_image
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
-from vit_inspect.studies.comparison import (
-    MAP_TITLES,
-    Comparison,
-    aligned_maps,
-    compare_images,
-    comparison_label,
-    last_layer_heads,
-    token_agreement,
-)
+from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
+                                            last_layer_heads, token_agreement)
 from vit_inspect.studies.model_report import model_report
 from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_name, shows_errors
 from vit_inspect.ui.session_store import Slot

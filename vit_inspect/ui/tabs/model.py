@@ -18,16 +18,8 @@ from vit_inspect.core.errors import InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.model_report import pos_similarity_at
-from vit_inspect.ui.common import (
-    FIGURE_OUT,
-    RAW,
-    OutputImage,
-    download_folder,
-    public_name,
-    shown_model,
-    shows_errors,
-    weights_label,
-)
+from vit_inspect.ui.common import (FIGURE_OUT, RAW, OutputImage, download_folder, public_name, shown_model,
+                                   shows_errors, weights_label)
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.untrusted import finite_int
 
