@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import torch
 
-from vit_inspect.analysis.heads import spearman
 from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
+from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model

@@ -13,7 +13,6 @@ from vit_inspect.analysis.heads import (
     head_entropy,
     high_norm_patches,
     prefix_attention_share,
-    spearman,
     token_norms,
 )
 from vit_inspect.analysis.logit_lens import (
@@ -78,18 +77,6 @@ def test_token_norms_and_high_norm_patches():
         np.testing.assert_allclose(norms, [10, 1, 1, 5, 1], rtol=1e-15)
     wide = np.random.default_rng(0).normal(size=(3, 7, 384)).astype(np.float32)
     np.testing.assert_allclose(token_norms(torch.from_numpy(wide)), token_norms(wide), rtol=1e-13)
-
-
-def test_spearman_matches_scipy_and_hand_values():
-    stats = pytest.importorskip("scipy.stats")
-    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    # d = rank differences (0, 0, 1, -1): rho = 1 - 6 * 2 / (4 * 15) = 0.8
-    assert spearman([1, 2, 3, 4], [1, 2, 4, 3]) == pytest.approx(0.8)
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(size=36), rng.normal(size=36)
-    b[:6] = 0.5  # ties
-    assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
 
 
 def test_lens_ranks_topk_and_settled_depth():

@@ -9,8 +9,9 @@ from support import IMAGENET, PHOTOS
 from bench.facts_heads import (
     layer_vs_head_kl,  # the same measurement as the README's fact
 )
-from vit_inspect.analysis.heads import head_entropy, spearman
+from vit_inspect.analysis.heads import head_entropy
 from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
+from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.core.images import find_images, load_image
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image

@@ -13,9 +13,6 @@ from vit_inspect.analysis.compare import (
     matching_layer,
     relative_depth,
     resample_map,
-    spearman,
-    top_overlap,
-    top_patches,
 )
 from vit_inspect.analysis.dino import feature_pca
 from vit_inspect.analysis.masks import mass_mask
@@ -86,29 +83,6 @@ def test_identical_maps_agree_fully_and_reversed_maps_not_at_all():
     # identical maps on different grids (a 5x5 block-average of the same ramp) still rank the same way
     coarse = grid.reshape(5, 2, 5, 2).mean(axis=(1, 3))
     assert map_agreement(coarse, grid).spearman > 0.99
-
-
-def test_top_overlap_by_hand():
-    a = np.zeros((4, 5))
-    b = np.zeros((4, 5))
-    a.flat[[3, 7]] = [5.0, 4.0]  # k = ceil(0.1 * 20) = 2 top cells: 3 and 7
-    b.flat[[3, 12]] = [1.0, 2.0]  # top cells 3 and 12
-    assert top_patches(a).sum() == 2
-    assert top_overlap(a, b) == 0.5
-    b.flat[3] = 0.0
-    b.flat[19] = 1.0  # top cells 12 and 19: disjoint from a's
-    assert top_overlap(a, b) == 0.0
-    assert top_overlap(a, a, fraction=1.0) == 1.0
-
-
-def test_spearman_matches_scipy_with_ties():
-    from scipy.stats import spearmanr
-
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 5, size=(7, 9)).astype(float)  # many ties
-    b = a + rng.normal(size=a.shape)
-    assert spearman(a, b) == pytest.approx(spearmanr(a.ravel(), b.ravel()).statistic, abs=1e-12)
-    assert np.isnan(spearman(np.ones((3, 3)), b[:3, :3]))
 
 
 # ------------------------------------------------------------------------------------ DINO masks

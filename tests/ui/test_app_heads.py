@@ -12,7 +12,7 @@ import pytest
 from support import REPO, tiny_handle
 
 gr = pytest.importorskip("gradio")
-from vit_inspect.analysis.heads import spearman  # noqa: E402
+from vit_inspect.analysis.rank_correlation import spearman  # noqa: E402
 from vit_inspect.core.errors import VitInspectError  # noqa: E402
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402

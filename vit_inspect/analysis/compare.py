@@ -1,9 +1,9 @@
 """Comparing two models (or two tokens of one model): relative depth and agreement of two maps.
 
 No paper defines a cross-model map comparison for ViTs; the two numbers are the standard ones of the
-saliency-comparison literature: Spearman's rank correlation and the top-k intersection (Ghorbani, Abid &
-Zou 2019, "Interpretation of Neural Networks is Fragile", Sec. 3; Adebayo et al. 2018, "Sanity Checks
-for Saliency Maps", use the rank correlation), stated precisely below so that they can be reproduced.
+saliency-comparison literature: Spearman's rank correlation (`analysis.rank_correlation`) and the top-k
+intersection (`analysis.top_overlap`, Ghorbani, Abid & Zou 2019, "Interpretation of Neural Networks is
+Fragile", Sec. 3; Adebayo et al. 2018, "Sanity Checks for Saliency Maps", use the rank correlation).
 """
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels of the original image
+from vit_inspect.analysis.rank_correlation import spearman
+from vit_inspect.analysis.top_overlap import TOP_FRACTION, top_overlap
 
-TOP_FRACTION = 0.1  # share of patches counted as a map's "top" patches
+Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels of the original image
 
 
 def relative_depth(layer: int, depth: int) -> float:
@@ -92,40 +93,6 @@ def common_grid(map_a: np.ndarray, map_b: np.ndarray, box_a: Box | None = None,
     (ha, wa), (hb, wb) = cells(map_a, box_a), cells(map_b, box_b)
     shape = (max(ha, hb), max(wa, wb))
     return resample_map(map_a, box_a, region, shape), resample_map(map_b, box_b, region, shape)
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation of two equally shaped maps: Pearson's correlation of their ranks
-    (ties get the average rank). In [-1, 1]; 1 for identically ordered maps; NaN if a map is constant."""
-    from scipy.stats import rankdata
-
-    if a.shape != b.shape:
-        raise ValueError(f"maps of different shapes {a.shape} and {b.shape}; resample them with common_grid")
-    ra, rb = rankdata(a.ravel()), rankdata(b.ravel())
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    norm = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    return float(ra @ rb) / norm if norm > 0 else float("nan")
-
-
-def top_patches(grid_map: np.ndarray, fraction: float = TOP_FRACTION) -> np.ndarray:
-    """Boolean mask of the k = ceil(fraction * cells) largest cells (ties: the earlier cell in row-major order)."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    flat = grid_map.ravel()
-    k = math.ceil(fraction * flat.size)
-    order = np.argsort(-flat, kind="stable")[:k]
-    mask = np.zeros(flat.size, dtype=bool)
-    mask[order] = True
-    return mask.reshape(grid_map.shape)
-
-
-def top_overlap(a: np.ndarray, b: np.ndarray, fraction: float = TOP_FRACTION) -> float:
-    """Share of map `a`'s top-`fraction` cells that are also among `b`'s: |T_a ∩ T_b| / k, in [0, 1]
-    (both sets have k cells, so this is symmetric): 1 for the same top cells, 0 for disjoint ones."""
-    if a.shape != b.shape:
-        raise ValueError(f"maps of different shapes {a.shape} and {b.shape}; resample them with common_grid")
-    top_a, top_b = top_patches(a, fraction), top_patches(b, fraction)
-    return float((top_a & top_b).sum() / top_a.sum())
 
 
 @dataclass(frozen=True)

@@ -61,22 +61,3 @@ def high_norm_patches(norms: np.ndarray, layout: TokenLayout, factor: float = 2.
     """
     patch_norms = layout.patches(np.asarray(norms), axis=-1)
     return layout.to_grid(patch_norms > factor * np.median(patch_norms))
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation: the Pearson correlation of the ranks (ties get their mean rank)."""
-    def ranks(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64).ravel()
-        order = np.argsort(x, kind="stable")
-        r = np.empty(len(x))
-        r[order] = np.arange(1, len(x) + 1)
-        for value in np.unique(x):  # average ranks of ties
-            tied = x == value
-            r[tied] = r[tied].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    if ra.size != rb.size or ra.size < 2:
-        raise ValueError(f"spearman needs two equally long sequences of at least 2 values, got {ra.size} and {rb.size}")
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
-    return float((ra * rb).sum() / denominator) if denominator > 0 else float("nan")

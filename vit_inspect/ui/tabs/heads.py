@@ -32,8 +32,8 @@ from typing import Callable
 import gradio as gr
 import numpy as np
 
-from vit_inspect.analysis.heads import spearman
 from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
+from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.core.errors import Cancelled, InputError, VitInspectError
 from vit_inspect.passes.interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
 from vit_inspect.passes.records import lens_record
