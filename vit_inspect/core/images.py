@@ -215,6 +215,13 @@ class Preprocess:
         std = torch.tensor(self.std).view(3, 1, 1)
         return x.sub_(mean).div_(std).unsqueeze(0)
 
+    def to_rgb(self, pixels: torch.Tensor) -> np.ndarray:
+        """(1, 3, H, W) or (3, H, W) normalised pixels -> (H, W, 3) uint8: x * std + mean, times 255, rounded
+        and clipped (the inverse of `normalize` up to that rounding)."""
+        x = pixels.detach().reshape(3, *pixels.shape[-2:]).float().cpu()
+        x = x * torch.tensor(self.std).view(3, 1, 1) + torch.tensor(self.mean).view(3, 1, 1)
+        return np.ascontiguousarray((x * 255.0).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy())
+
     def apply(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, np.ndarray]:
         """(model input (1, 3, H, W) float32, the RGB crop it came from (H, W, 3) uint8)."""
         rgb_image = image if image.mode == "RGB" else image.convert("RGB")  # resizing never changes `image`

@@ -80,9 +80,26 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     DINOv2-S/14 and -L/14 at 518 px) also writes every layer's float16 maps to a file there, and the result's
     redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
     """
-    with blas_one_thread():
+    with blas_one_thread(), torch.enable_grad():  # the backward needs it even when called under no_grad
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
                               relevance, spill)
+
+
+def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None = None, gradients: bool = True,
+                   autocast: bool = False, contrast: int | None = None, relevance: bool = True) -> ImageAnalysis:
+    """`analyze_image` of a model input given as it is: (1, 3, H, W) or (3, H, W) pixels already normalised
+    with the model's mean and std (e.g. ``handle.preprocess.apply(picture)[0]`` plus a perturbation), H and W
+    whole patches. The same pass, so the same maps as ``analyze_image`` of the picture they came from; the
+    result's `rgb` is the input denormalised and rounded to uint8 (for display only), with no preview."""
+    pixels = pixels[None] if pixels.ndim == 3 else pixels
+    if pixels.ndim != 4 or pixels.shape[:2] != (1, 3):
+        raise VitInspectError(f"analyze_pixels takes one (1, 3, H, W) input, got shape {tuple(pixels.shape)}.")
+    size = (int(pixels.shape[2]), int(pixels.shape[3]))
+    check_input_size(handle, size)
+    rgb = handle.preprocess.to_rgb(pixels)
+    with blas_one_thread(), torch.enable_grad():
+        return _analyze_input(handle, pixels.detach(), rgb, (0.0, 0.0, float(size[1]), float(size[0])), None,
+                              (size[1], size[0]), "crop", target, gradients, autocast, contrast, relevance)
 
 
 def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
@@ -94,6 +111,13 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     preview = in_background(preview_rgb, picture, PREVIEW_SIDE)
     pixels, rgb, box = model_input(handle, picture, input_size, geometry)
     preview = preview()
+    return _analyze_input(handle, pixels, rgb, box, preview, picture.size, "crop" if geometry is None else geometry.mode,
+                          target, gradients, autocast, contrast, relevance, spill)
+
+
+def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode, target, gradients, autocast,
+                   contrast, relevance, spill=None) -> ImageAnalysis:
+    """The pass itself, on the model input `pixels` (1, 3, H, W) whose uint8 picture is `rgb`."""
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
@@ -151,8 +175,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
         patch_features=features.reshape(layout.grid_h, layout.grid_w, -1),
         contrast=contrast if use_grad else None, gradient=gradient,
-        geometry="crop" if geometry is None else geometry.mode, seen_box=box,
-        preview=preview, source_size=picture.size)
+        geometry=geometry_mode, seen_box=box, preview=preview, source_size=source_size)
 
 
 def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,
