@@ -1,4 +1,5 @@
-"""`vit-inspect evaluate FOLDER --labels labels.csv`: faithfulness of every method over a folder.
+"""`vit-inspect evaluate FOLDER --labels labels.csv`: faithfulness of every method over a folder; with
+`--sanity`, the sanity checks instead.
 
 Each image goes through `faithfulness.evaluate_image` (a pure per-image function, so a folder engine
 can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). The command runs
@@ -6,6 +7,11 @@ can map it over workers) and into a `FaithfulnessAccumulator` (mergeable sums). 
 table of mean AUC ± standard error, and writes per-image curves (`curves.npz`, gathered from the files
 the workers write under `OUT/evaluate/curves/`), the table (`table.json`, `table.csv`) and the per-image
 AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards already done.
+
+`--sanity` runs `jobs.sanity.SanityJob` on the same engines: per image the randomisation tests (cascading and,
+unless `--no-independent`, independent) and the random-logit test for the predicted class (`--robustness`
+adds max-sensitivity and infidelity), summed into mean ± s.e. per method, test and step; it prints the
+summary table and writes `sanity.json` and `sanity.csv` under `--out`. Labels only select files here.
 """
 from __future__ import annotations
 
@@ -20,17 +26,20 @@ import numpy as np
 from vit_inspect.analysis.faithfulness import CURVES, PerturbationSettings
 from vit_inspect.cli.common import engine_flags, engine_options, model_options, progress
 from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.evaluate import format_table, gather_curves, read_labels, select_files
 from vit_inspect.jobs.run import run_job
 from vit_inspect.studies.faithfulness import DEFAULT_BATCH_SIZE, METHODS
+from vit_inspect.studies.sanity import SANITY_METHODS
 
 
 def add_parser(sub) -> None:
     evaluate = sub.add_parser("evaluate", help="faithfulness (pos/neg perturbation, deletion/insertion) of each "
                                                "map over a labelled folder")
     evaluate.add_argument("folder", metavar="FOLDER")
-    evaluate.add_argument("--labels", required=True, help="CSV with 'filename' and 'class_index' columns")
+    evaluate.add_argument("--labels", help="CSV with 'filename' and 'class_index' columns (needed for "
+                                            "faithfulness; with --sanity it only selects the files)")
     evaluate.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
     evaluate.add_argument("--limit", type=int, help="at most N images")
     evaluate.add_argument("--every", type=int, default=1, help="every K-th labelled file of the sorted folder")
@@ -40,6 +49,14 @@ def add_parser(sub) -> None:
                           help=f"perturbed inputs per forward, one image at a time (default {DEFAULT_BATCH_SIZE})")
     evaluate.add_argument("--images-per-batch", type=int, default=4,
                           help="images the engine hands a worker at once (default 4)")
+    evaluate.add_argument("--sanity", action="store_true",
+                          help="sanity checks (model randomisation, random logit) instead of faithfulness")
+    evaluate.add_argument("--no-independent", action="store_true",
+                          help="with --sanity: leave out the independent randomisation (one pass per block)")
+    evaluate.add_argument("--robustness", action="store_true",
+                          help="with --sanity: add max-sensitivity and infidelity (needs captum)")
+    evaluate.add_argument("--seed", type=int, default=0, help="with --sanity: seed of the re-drawn weights and the "
+                                                              "random class (default 0)")
     engine_flags(evaluate, batch_size=False)
     model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
                                      "(and the shards of a folder-level job)")
@@ -49,17 +66,23 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from vit_inspect.jobs.evaluate import EvaluateJob, EvaluateWorker
 
-    methods = tuple(args.methods.split(",")) if args.methods else tuple(METHODS)
+    methods = tuple(args.methods.split(",")) if args.methods else tuple(SANITY_METHODS if args.sanity else METHODS)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
     if args.batch_size < 1 or args.images_per_batch < 1:
         raise VitInspectError("--batch-size and --images-per-batch must be at least 1.")
-    labels = read_labels(args.labels)
+    if args.labels is None and not args.sanity:
+        raise VitInspectError("Faithfulness needs --labels (a CSV with 'filename' and 'class_index' columns).")
+    labels = read_labels(args.labels) if args.labels else {p.name: 0 for p in find_images([args.folder])}
     files = select_files(args.folder, labels, args.every, args.limit)
     if not files:
-        raise VitInspectError("No labelled images found: file names in the folder must match the labels file.")
+        raise VitInspectError("No labelled images found: file names in the folder must match the labels file."
+                              if args.labels else f"No images found under {args.folder!r}.")
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    if args.sanity:
+        run_sanity(args, handle, methods, files)
+        return
     settings = PerturbationSettings(removal=args.removal)
     out = Path(args.out) if args.out else None
     curves_dir = out / "evaluate" / "curves" if out else None
@@ -91,3 +114,32 @@ def run(args: argparse.Namespace) -> None:
             writer = csv.DictWriter(handle_csv, fieldnames=["image", "label", "target", "method", *CURVES])
             writer.writeheader()
             writer.writerows(rows)
+
+
+def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files: list[Path]) -> None:
+    """`--sanity`: `jobs.sanity.SanityJob` on the engine chosen; the summary table, `sanity.json`, `sanity.csv`."""
+    from vit_inspect.jobs.sanity import SanityJob, SanityWorker, format_sanity_table, table_record, write_sanity_csv
+    from vit_inspect.studies.robustness import RobustnessSettings
+    from vit_inspect.studies.sanity import SanitySettings
+
+    settings = SanitySettings(seed=args.seed, independent=not args.no_independent,
+                              robustness=RobustnessSettings(seed=args.seed) if args.robustness else None)
+    job = SanityJob.for_handle(handle, methods, settings, device=args.device, model_file=args.model_file)
+    worker = SanityWorker(handle, job) if args.engine == "local" else None
+    result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
+                        progress=progress, worker=worker)
+    for name, reason in result.skipped:
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    record = table_record(result)
+    print(format_sanity_table(record), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        robustness = settings.robustness
+        record = {"model": handle.name, "weights": Path(handle.weights).name, "engine": args.engine,
+                  "settings": {"seed": settings.seed, "independent": settings.independent,
+                               "random_class": "drawn with the seed among the other classes",
+                               "robustness": None if robustness is None else vars(robustness)},
+                  "skipped": [name for name, _ in result.skipped], **record}
+        (out / "sanity.json").write_text(json.dumps(record, indent=1))
+        write_sanity_csv(record, out / "sanity.csv")

@@ -51,11 +51,15 @@ def model_scorer(handle: ViTHandle) -> ScoreFn:
     return score
 
 
+def pixel_digest(rgb: np.ndarray) -> int:
+    """A 64-bit number from the image's pixels, to seed generators that must be the same for the same image."""
+    return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=8).digest(), "little")
+
+
 def image_permutation(rgb: np.ndarray, num_patches: int, seed: int = 0) -> np.random.Generator:
     """A generator seeded from the image's pixels: the tie-breaking permutation and the random map are
     the same every time the same image is scored."""
-    digest = hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=8).digest()
-    return np.random.default_rng([int.from_bytes(digest, "little"), seed, num_patches])
+    return np.random.default_rng([pixel_digest(rgb), seed, num_patches])
 
 
 def score_maps(score_fn: ScoreFn, pixels: torch.Tensor, layout: TokenLayout, maps: dict[str, np.ndarray],
