@@ -135,7 +135,8 @@ def test_mprt_spearman_per_quantus_layer_equals_ours(deit_handle):
     scores = metric(model=deit_handle.model, x_batch=x.numpy(), y_batch=y, a_batch=a_batch,
                     explain_func=_explain("gradcam"), device="cpu", batch_size=1)
     layers = [name for name in scores if name != "original"]
-    assert len(layers) == 75 and layers[:3] == ["head", "norm", "blocks.11.mlp.fc2"] and layers[-1] == "patch_embed.proj"
+    assert len(layers) == 75 and layers[:3] == ["head", "norm", "blocks.11.mlp.fc2"]
+    assert layers[-1] == "patch_embed.proj"
     trained = _grid_maps(deit_handle.model, x, int(y[0]), "gradcam")
     generator = PyTorchModel(deit_handle.model, channel_first=True).get_random_layer_generator("top_down", SEED)
     for index, (name, model) in enumerate(generator):

@@ -2,17 +2,18 @@
 
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
 prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
-likewise print JSON. Progress goes to stderr; an error is one line on stderr and a non-zero exit.
+likewise print JSON; `sanity` prints a table per image, or with `--json` one JSON object per line. Progress
+goes to stderr; an error is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from vit_inspect.cli import analyze, compare, evaluate, heads, model
+from vit_inspect.cli import analyze, compare, evaluate, heads, model, sanity
 from vit_inspect.core.errors import VitInspectError
 
-COMMANDS = (analyze, model, heads, evaluate, compare)  # each adds its subcommand with `add_parser(sub)`
+COMMANDS = (analyze, model, heads, evaluate, compare, sanity)  # each adds its subcommand with `add_parser(sub)`
 
 
 def build_parser() -> argparse.ArgumentParser:

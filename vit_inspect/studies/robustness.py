@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from vit_inspect.analysis.faithfulness import PerturbationSettings, compose, replacement_images
+from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.tokens import TokenLayout
 
@@ -56,6 +57,16 @@ class RobustnessSettings:
             raise ValueError("sample counts and the batch size must be at least 1")
 
 
+def captum_metric(name: str) -> Callable:
+    """`captum.metrics.<name>`, imported here; a sentence saying how to install captum when it is missing."""
+    try:
+        import captum.metrics
+    except ImportError:
+        raise VitInspectError("Max-sensitivity and infidelity need captum: pip install \"vit_inspect[sanity]\" "
+                              "(or leave the robustness metrics out).") from None
+    return getattr(captum.metrics, name)
+
+
 def _key(row: torch.Tensor) -> bytes:
     return hashlib.blake2b(row.detach().float().cpu().contiguous().numpy().tobytes(), digest_size=16).digest()
 
@@ -70,7 +81,7 @@ def max_sensitivity(handle: ViTHandle, pixels: torch.Tensor, clean: dict[str, np
     """Max-sensitivity of each map in `clean` (method -> map of the (1, 3, H, W) normalised input `pixels`)
     through `captum.metrics.sensitivity_max`; `maps_of` recomputes every method's map for a perturbed
     input (one analysis pass). `progress()` is called after each pass."""
-    from captum.metrics import sensitivity_max
+    sensitivity_max = captum_metric("sensitivity_max")
 
     pixels = pixels.detach().float().cpu()
     cache = {_key(pixels[0]): clean}
@@ -101,7 +112,7 @@ def max_sensitivity(handle: ViTHandle, pixels: torch.Tensor, clean: dict[str, np
 
         value = sensitivity_max(explain, pixels, perturb_func=noise, perturb_radius=settings.radius,
                                 n_perturb_samples=settings.sensitivity_samples,
-                                max_examples_per_batch=settings.batch_size)
+                                max_examples_per_batch=min(settings.batch_size, settings.sensitivity_samples))
         result[method] = float(value.reshape(-1)[0])
     return result
 
@@ -126,7 +137,7 @@ def infidelity(handle: ViTHandle, pixels: torch.Tensor, target: int, maps: dict[
                layout: TokenLayout, settings: RobustnessSettings = RobustnessSettings()) -> dict[str, float]:
     """Infidelity of each map (method -> (grid_h, grid_w)) of the (1, 3, H, W) normalised input `pixels` for
     class `target` through `captum.metrics.infidelity` (``normalize=True``), with random patch removals."""
-    from captum.metrics import infidelity as captum_infidelity
+    captum_infidelity = captum_metric("infidelity")
 
     pixels = pixels.detach().float().cpu()
     image, size = pixels[0], tuple(pixels.shape[-2:])  # (3, H, W)
@@ -159,6 +170,7 @@ def infidelity(handle: ViTHandle, pixels: torch.Tensor, target: int, maps: dict[
         attributions = on_pixels(np.asarray(grid_map)[None] / per_pixel, layout, size)  # I^T Φ = Σ removed Φ
         value = captum_infidelity(forward, perturb, pixels, attributions,
                                   n_perturb_samples=settings.infidelity_samples,
-                                  max_examples_per_batch=settings.batch_size, normalize=True)
+                                  max_examples_per_batch=min(settings.batch_size, settings.infidelity_samples),
+                                  normalize=True)
         result[method] = float(value.reshape(-1)[0])
     return result

@@ -9,8 +9,8 @@
   model is random explains the input, not the model.
 - **Random logit** (Sixt, Granz & Landgraf 2020, "When Explanations Lie", Sec. 5; Quantus `RandomLogit`): the
   map of the explained class against the map of another class, drawn uniformly among the other classes by a
-  generator seeded with the seed and the image's pixels (`random_class`), or chosen. A map that stays similar ignores the class (raw attention and rollout do by
-  construction: they have no class).
+  generator seeded with the seed and the image's pixels (`random_class`), or chosen. A map that stays similar
+  ignores the class (raw attention and rollout do by construction: they have no class).
 - **Robustness**: max-sensitivity and infidelity through captum (`studies.robustness`).
 
 The similarities: Spearman's rank correlation of the raw maps (`analysis.rank_correlation`), SSIM of the
@@ -189,6 +189,13 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
 
     analysis, trained = run(target)
     explained = int(analysis.target)
+    other = None
+    if settings.random_logit:  # checked before the other passes
+        other = settings.random_class if settings.random_class is not None else random_class(
+            len(handle.labels), explained, [settings.seed, pixel_digest(analysis.rgb)])
+        if not 0 <= other < len(handle.labels) or other == explained:
+            raise VitInspectError(f"The random-logit class must be another class of the model (0 to "
+                                  f"{len(handle.labels) - 1}, not {explained}); got {other}.")
     fresh = fresh_weights(handle, settings.seed)
     step_maps = [trained]
     with ExitStack() as stack:
@@ -203,14 +210,8 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
             with randomised(handle, [block], fresh):
                 block_maps.append(run(explained)[1])
         independent = {m: tuple(similarity(trained[m], b[m]) for b in block_maps) for m in trained}
-    other = None
     random_logit: dict[str, Similarity] = {}
-    if settings.random_logit:
-        other = settings.random_class if settings.random_class is not None else random_class(
-            len(handle.labels), explained, [settings.seed, pixel_digest(analysis.rgb)])
-        if not 0 <= other < len(handle.labels) or other == explained:
-            raise VitInspectError(f"The random-logit class must be another class of the model (0 to "
-                                  f"{len(handle.labels) - 1}, not {explained}); got {other}.")
+    if other is not None:
         contrast = run(other)[1]
         random_logit = {m: similarity(trained[m], contrast[m]) for m in trained}
     sensitivity: dict[str, float] = {}

@@ -1,0 +1,77 @@
+"""`vit-inspect sanity`: the JSON record exactly as specified, the table, the figures, one-line errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import DEIT_WEIGHTS, PHOTOS
+
+from vit_inspect.cli.main import main
+
+SIMILARITY_KEYS = {"spearman", "ssim", "top10_overlap"}
+
+
+@pytest.fixture(scope="module")
+def deit_args():
+    if not DEIT_WEIGHTS.is_file():
+        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
+    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.slow
+def test_json_record_without_the_optional_tests(capsys, deit_args):
+    code, out, _ = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--json",
+                        "--target", "285", "--random-class", "281", "--no-independent", "--no-robustness", *deit_args)
+    assert code == 0
+    record = json.loads(out)
+    assert record["target"] == {"index": 285, "label": "Egyptian cat"}
+    assert record["random_class"] == {"index": 281, "label": "tabby, tabby cat"}
+    assert record["settings"]["robustness"] is None and record["settings"]["pass_threshold"] == 0.5
+    gradcam = record["methods"]["gradcam"]
+    assert [s["randomised_from_block"] for s in gradcam["cascading"]] == [None, *range(11, -1, -1), "embedding"]
+    assert gradcam["cascading"][0] == {"randomised_from_block": None, "spearman": 1.0, "ssim": 1.0,
+                                       "top10_overlap": 1.0}
+    assert gradcam["independent"] == [] and gradcam["max_sensitivity"] is None and gradcam["infidelity"] is None
+    assert set(gradcam["random_logit"]) == SIMILARITY_KEYS
+    assert gradcam["passes_randomisation"] is (gradcam["cascading"][-1]["spearman"] < 0.5)
+
+
+@pytest.mark.slow
+def test_full_record_table_and_figures(capsys, tmp_path, deit_args):
+    image = str(PHOTOS / "coffee.png")
+    code, out, err = _run(capsys, "sanity", image, "--methods", "attention,gradcam", "--json", "--samples", "3",
+                          "--removals", "8", "--out", str(tmp_path), *deit_args)
+    assert code == 0 and "passes" in err
+    record = json.loads(out)
+    assert set(record) == {"image", "model", "weights", "target", "random_class", "settings", "methods"}
+    assert record["target"]["label"] == "espresso" and record["random_class"]["index"] != record["target"]["index"]
+    assert record["settings"]["robustness"]["sensitivity_samples"] == 3
+    for method in ("attention", "gradcam"):
+        entry = record["methods"][method]
+        assert set(entry) == {"cascading", "independent", "random_logit", "max_sensitivity", "infidelity",
+                              "passes_randomisation"}
+        assert len(entry["cascading"]) == 14
+        assert [s["block"] for s in entry["independent"]] == list(range(12))
+        assert all(set(s) == SIMILARITY_KEYS | {"block"} for s in entry["independent"])
+        assert entry["max_sensitivity"] >= 0 and entry["infidelity"] >= 0
+    assert record["methods"]["attention"]["random_logit"] == {"spearman": 1.0, "ssim": 1.0, "top10_overlap": 1.0}
+    assert (tmp_path / "coffee_cascading.png").stat().st_size > 10_000
+    assert (tmp_path / "coffee_similarity.png").stat().st_size > 10_000
+    code, table, _ = _run(capsys, "sanity", image, "--methods", "attention", "--no-independent", "--no-robustness",
+                          *deit_args)
+    assert code == 0 and table.startswith("coffee.png: espresso (class 967), random logit: ")
+    assert "| attention |" in table and table.count("\n| ") == 3  # header, rule, one method
+
+
+def test_errors_are_one_line(capsys, deit_args):
+    code, out, err = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam,edges", *deit_args)
+    assert code == 1 and out == "" and err.startswith("error: Unknown method(s) edges") and err.count("\n") == 1
+    code, _, err = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--target", "285",
+                        "--random-class", "285", "--no-independent", "--no-robustness", *deit_args)
+    assert code == 1 and "another class" in err and err.count("\n") == 1
