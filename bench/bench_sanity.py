@@ -1,0 +1,74 @@
+"""The cascading randomisation test of every method on one image, against the floor: the plain analysis passes
+it needs.
+
+1. `sanity_check` with the cascading test only (no independent test, no random logit, no robustness) for all
+   methods: 1 + depth + 1 analysis passes (the trained model, then from the last block down to the patch
+   embedding), plus drawing the fresh weights, copying them in and out, and the three similarities per map
+   and step ÷ the same number of plain `analyze_pixels` passes (relevance included, as the methods need)
+   on the unmodified model, one after another                                   target <= 1.3
+2. the seconds that the test takes, per model
+
+DeiT-Ti uses the real weights from ../shared when present (random otherwise), ViT-B/16 random weights
+(timing does not depend on them). CPU, THREADS torch threads (``--threads``); the machine may be shared:
+the two candidates are timed interleaved in one run.
+
+    python -m bench.bench_sanity [--models NAME ...] [--repeats 3] [--threads 2] [--image assets/chelsea.png]
+"""
+from __future__ import annotations
+
+import argparse
+
+from vit_inspect.core.images import load_image
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.pipeline import analyze_pixels
+from vit_inspect.studies.sanity import SANITY_METHODS, SanitySettings, sanity_check
+
+from .common import MODELS, REPO, SHARED, THREADS, markdown_table, measure, print_header, set_threads, verdict
+
+CASCADING_ONLY = SanitySettings(independent=False, random_logit=False, robustness=None)
+
+
+def bench_model(name: str, picture, repeats: int, summary: list[list[str]]) -> None:
+    weights = SHARED / "models" / f"{name}.safetensors"
+    handle = load_model(name, weights=weights if weights.is_file() else None, pretrained=weights.is_file(),
+                        device="cpu")
+    pixels, _ = handle.preprocess.apply(picture)
+    target = int(analyze_pixels(handle, pixels, relevance=False).target)
+    passes = handle.depth + 2
+
+    def ours() -> None:
+        sanity_check(handle, picture, SANITY_METHODS, target=target, settings=CASCADING_ONLY)
+
+    def floor() -> None:
+        for _ in range(passes):
+            analyze_pixels(handle, pixels, target=target, relevance=True)
+
+    timings = measure({"cascading test, all methods": ours, f"{passes} plain passes": floor}, repeats=repeats)
+    ours_t, floor_t = timings["cascading test, all methods"], timings[f"{passes} plain passes"]
+    ratio = ours_t.median / floor_t.median
+    print(f"#### {name} ({handle.weights.split('/')[-1]}): {len(SANITY_METHODS)} methods, {passes} passes\n")
+    print(markdown_table(("candidate", "seconds, median (min–max)"), [(k, v.s()) for k, v in timings.items()]))
+    print()
+    summary.append(["cascading test ÷ plain passes", name, ours_t.s(), floor_t.s(), f"{ratio:.3f}", "<= 1.3",
+                    verdict(ratio, 1.3, at_most=True)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per candidate (after 1 warm-up)")
+    parser.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
+    parser.add_argument("--image", default=str(REPO / "assets" / "chelsea.png"))
+    args = parser.parse_args()
+    set_threads(args.threads)
+    picture = load_image(args.image)
+    print_header("The cascading randomisation test of one image")
+    summary: list[list[str]] = []
+    for name in args.models:
+        bench_model(name, picture, args.repeats, summary)
+    print("### Summary\n")
+    print(markdown_table(("measure", "model", "ours (s)", "floor (s)", "ratio", "target", "held"), summary))
+
+
+if __name__ == "__main__":
+    main()
