@@ -8,30 +8,15 @@ import sys
 import numpy as np
 import pytest
 from safetensors.torch import save_file
-from support import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
-
-from vit_inspect.cli.main import main
+from support import IMAGENET, PHOTOS, REPO, make_tiny_timm, run_cli
 
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
                 "legrad", "attnlrp"}
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-@pytest.fixture(scope="module")
-def deit_args():
-    if not DEIT_WEIGHTS.is_file():
-        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
-
-
 def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--out", str(tmp_path), *deit_args)
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--out", str(tmp_path), *deit_args)
     assert code == 0
     lines = out.strip().splitlines()
     assert len(lines) == 1
@@ -52,9 +37,9 @@ def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):
 
 
 def test_analyze_without_relevance(capsys, deit_args):
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--no-relevance", *deit_args)
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--no-relevance", *deit_args)
     fast = json.loads(out)
-    code_full, out_full, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), *deit_args)
+    code_full, out_full, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), *deit_args)
     full = json.loads(out_full)
     assert code == code_full == 0 and set(fast) == ANALYZE_KEYS
     assert fast["legrad"] is None and fast["attnlrp"] is None and np.array(full["attnlrp"]).shape == (14, 14)
@@ -63,7 +48,7 @@ def test_analyze_without_relevance(capsys, deit_args):
 
 
 def test_analyze_target_and_nonsquare(capsys, deit_args):
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "coffee.png"), "--target", "967", "--input-size", "224x320",
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "coffee.png"), "--target", "967", "--input-size", "224x320",
                         *deit_args)
     record = json.loads(out)
     assert code == 0 and record["grid"] == [14, 20] and np.array(record["chefer"]).shape == (14, 20)
@@ -74,7 +59,7 @@ def test_model_command_with_images(capsys, tmp_path, deit_args):
     folder.mkdir()
     for path in sorted(IMAGENET.glob("*.JPEG"))[:4]:
         (folder / path.name).write_bytes(path.read_bytes())
-    code, out, err = _run(capsys, "model", "--images", str(folder), "--out", str(tmp_path), *deit_args)
+    code, out, err = run_cli(capsys, "model", "--images", str(folder), "--out", str(tmp_path), *deit_args)
     assert code == 0
     record = json.loads(out)
     assert np.array(record["filter_pca"]["components"]).shape == (28, 16, 16, 3)
@@ -113,7 +98,7 @@ def test_model_figures_name_the_model(tmp_path, deit_args, monkeypatch):
 def test_tiny_model_from_weights_file(capsys, tmp_path):
     path = tmp_path / "tiny.safetensors"
     save_file(make_tiny_timm("cls").state_dict(), str(path))
-    code, out, err = _run(capsys, "analyze", str(PHOTOS / "rocket.jpg"), "--model", "deit_tiny_patch16_224",
+    code, out, err = run_cli(capsys, "analyze", str(PHOTOS / "rocket.jpg"), "--model", "deit_tiny_patch16_224",
                           "--weights", str(path))
     assert code == 1 and out == ""
     assert err.startswith("error: The weights in 'tiny.safetensors' do not fit") and err.count("\n") == 1
@@ -125,14 +110,14 @@ def test_tiny_model_from_weights_file(capsys, tmp_path):
      "No weights file"),
 ])
 def test_errors_are_one_line(capsys, argv, message):
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 1 and out == "" and message in err and err.count("\n") == 1
 
 
 def test_bad_image_is_one_line(capsys, tmp_path, deit_args):
     bad = tmp_path / "bad.jpg"
     bad.write_text("<html></html>")
-    code, out, err = _run(capsys, "analyze", str(bad), *deit_args)
+    code, out, err = run_cli(capsys, "analyze", str(bad), *deit_args)
     assert code == 1 and "not an image format" in err and err.count("\n") == 1
 
 
@@ -142,7 +127,7 @@ def test_python_dash_m_entry_point():
 
 
 def test_analyze_target_contrast_and_geometry_are_recorded(capsys, deit_args):
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--target", "285", "--contrast", "281",
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--target", "285", "--contrast", "281",
                         "--geometry", "keep", "--shorter-side", "112", *deit_args)
     assert code == 0
     record = json.loads(out.strip().splitlines()[0])
@@ -160,12 +145,12 @@ def test_analyze_target_contrast_and_geometry_are_recorded(capsys, deit_args):
 ])
 def test_sizes_the_model_cannot_take_are_one_line(capsys, extra, message, deit_args):
     # before this check timm stopped with an AssertionError, and 4000x4000 asked the allocator for 47 GB at once
-    code, out, err = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), *extra, *deit_args)
+    code, out, err = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), *extra, *deit_args)
     assert code == 1 and out == "" and message in err and err.count("\n") == 1
 
 
 def test_input_size_with_squash_is_honoured(capsys, deit_args):
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--input-size", "224x320",
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), "--input-size", "224x320",
                         "--geometry", "squash", "--no-relevance", *deit_args)
     record = json.loads(out)
     assert code == 0 and record["input_geometry"] == "squash" and record["input_size"] == [224, 320]
@@ -186,7 +171,7 @@ def test_two_images_with_one_stem_keep_both_figures(capsys, tmp_path, deit_args)
     other = tmp_path / "elsewhere"
     other.mkdir()
     (other / "chelsea.png").write_bytes((PHOTOS / "coffee.png").read_bytes())
-    code, out, _ = _run(capsys, "analyze", str(PHOTOS / "chelsea.png"), str(other / "chelsea.png"), "--no-relevance",
+    code, out, _ = run_cli(capsys, "analyze", str(PHOTOS / "chelsea.png"), str(other / "chelsea.png"), "--no-relevance",
                         "--out", str(tmp_path / "out"), *deit_args)
     labels = [json.loads(line)["target"]["label"] for line in out.strip().splitlines()]
     assert code == 0 and labels[0] == "Egyptian cat" and labels[1].startswith("espresso")

@@ -7,26 +7,11 @@ import shutil
 
 import numpy as np
 import pytest
-from support import DEIT_WEIGHTS, PHOTOS
-
-from vit_inspect.cli.main import main
-
-
-@pytest.fixture(scope="module")
-def deit_args():
-    if not DEIT_WEIGHTS.is_file():
-        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+from support import PHOTOS, run_cli
 
 
 def test_heads_everything_on_chelsea(capsys, tmp_path, deit_args):
-    code, out, err = _run(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", "3:1,5:0", "--importance",
+    code, out, err = run_cli(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", "3:1,5:0", "--importance",
                           "--lens", "--out", str(tmp_path), *deit_args)
     assert code == 0, err
     record = json.loads(out)
@@ -55,11 +40,11 @@ def test_heads_everything_on_chelsea(capsys, tmp_path, deit_args):
 
 
 def test_heads_mean_mode_needs_and_uses_a_reference(capsys, tmp_path, deit_args):
-    code, _, err = _run(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate", "0:0", "--mode", "mean", *deit_args)
+    code, _, err = run_cli(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate", "0:0", "--mode", "mean", *deit_args)
     assert code == 1 and "--reference" in err and "Traceback" not in err
     for name in ("chelsea.png", "astronaut.png"):
         shutil.copy(PHOTOS / name, tmp_path / name)
-    code, out, err = _run(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate=-1:2,11:0,-1:1,11:2", "--mode", "mean",
+    code, out, err = run_cli(capsys, "heads", str(PHOTOS / "coffee.png"), "--ablate=-1:2,11:0,-1:1,11:2", "--mode", "mean",
                           "--reference", str(tmp_path), *deit_args)
     assert code == 0, err
     ablation = json.loads(out)["ablation"]
@@ -70,5 +55,5 @@ def test_heads_mean_mode_needs_and_uses_a_reference(capsys, tmp_path, deit_args)
 
 @pytest.mark.parametrize("heads, message", [("12:0", "does not exist"), ("3-1", "layer:head"), ("0:3", "does not exist")])
 def test_heads_bad_head_sets_are_one_line_errors(capsys, deit_args, heads, message):
-    code, out, err = _run(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", heads, *deit_args)
+    code, out, err = run_cli(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", heads, *deit_args)
     assert code == 1 and out == "" and message in err and len(err.strip().splitlines()) == 1

@@ -4,29 +4,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import DEIT_WEIGHTS, PHOTOS
-
-from vit_inspect.cli.main import main
+from support import PHOTOS, run_cli
 
 SIMILARITY_KEYS = {"spearman", "ssim", "top10_overlap"}
 
 
-@pytest.fixture(scope="module")
-def deit_args():
-    if not DEIT_WEIGHTS.is_file():
-        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.slow
 def test_json_record_without_the_optional_tests(capsys, deit_args):
-    code, out, _ = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--json",
+    code, out, _ = run_cli(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--json",
                         "--target", "285", "--random-class", "281", "--no-independent", "--no-robustness", *deit_args)
     assert code == 0
     record = json.loads(out)
@@ -45,7 +30,7 @@ def test_json_record_without_the_optional_tests(capsys, deit_args):
 @pytest.mark.slow
 def test_full_record_table_and_figures(capsys, tmp_path, deit_args):
     image = str(PHOTOS / "coffee.png")
-    code, out, err = _run(capsys, "sanity", image, "--methods", "attention,gradcam", "--json", "--samples", "3",
+    code, out, err = run_cli(capsys, "sanity", image, "--methods", "attention,gradcam", "--json", "--samples", "3",
                           "--removals", "8", "--out", str(tmp_path), *deit_args)
     assert code == 0 and "passes" in err
     record = json.loads(out)
@@ -63,15 +48,15 @@ def test_full_record_table_and_figures(capsys, tmp_path, deit_args):
     assert record["methods"]["attention"]["random_logit"] == {"spearman": 1.0, "ssim": 1.0, "top10_overlap": 1.0}
     assert (tmp_path / "coffee_cascading.png").stat().st_size > 10_000
     assert (tmp_path / "coffee_similarity.png").stat().st_size > 10_000
-    code, table, _ = _run(capsys, "sanity", image, "--methods", "attention", "--no-independent", "--no-robustness",
+    code, table, _ = run_cli(capsys, "sanity", image, "--methods", "attention", "--no-independent", "--no-robustness",
                           *deit_args)
     assert code == 0 and table.startswith("coffee.png: espresso (class 967), random logit: ")
     assert "| attention |" in table and table.count("\n| ") == 3  # header, rule, one method
 
 
 def test_errors_are_one_line(capsys, deit_args):
-    code, out, err = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam,edges", *deit_args)
+    code, out, err = run_cli(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam,edges", *deit_args)
     assert code == 1 and out == "" and err.startswith("error: Unknown method(s) edges") and err.count("\n") == 1
-    code, _, err = _run(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--target", "285",
+    code, _, err = run_cli(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--target", "285",
                         "--random-class", "285", "--no-independent", "--no-robustness", *deit_args)
     assert code == 1 and "another class" in err and err.count("\n") == 1

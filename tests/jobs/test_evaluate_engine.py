@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from support import DEIT_WEIGHTS, IMAGENET, tiny_handle, write_folder
+from support import DEIT_WEIGHTS, IMAGENET, cli_on_both_engines, tiny_handle, write_folder
 
 from vit_inspect.core.images import find_images
 from vit_inspect.jobs.engine import EngineOptions, Sums
@@ -87,30 +87,18 @@ def test_cli_local_and_ray_print_the_same_table(tmp_path, capsys):
     pytest.importorskip("ray", reason="Ray Data is an optional extra: pip install -r requirements-ray.txt")
     if not DEIT_WEIGHTS.is_file():
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    import ray
-
-    from vit_inspect.cli.main import main
-    from vit_inspect.jobs.ray_engine import start_ray
-
     folder = _shared_folder(tmp_path)
-    started = start_ray(num_cpus=2)
-    try:
-        outputs = {}
-        for engine in ("local", "ray"):
-            code = main(["evaluate", str(folder), "--labels", str(folder / "labels.csv"), "--methods",
-                         "random,attention", "--engine", engine, "--images-per-batch", "2", "--shard-size", "2",
-                         "--weights", str(DEIT_WEIGHTS), "--device", "cpu", "--out", str(tmp_path / engine)])
-            assert code == 0
-            outputs[engine] = capsys.readouterr()
-    finally:
-        if started:
-            ray.shutdown()
-    local, on_ray = outputs["local"], outputs["ray"]
-    assert local.out == on_ray.out and local.out.startswith("3 images, clean top-1")
-    assert "| attention |" in local.out and "| random |" in local.out
-    skipped = [line for line in local.err.splitlines() if line.startswith("skipped ")]
+    outputs = cli_on_both_engines(capsys, lambda engine: [
+        "evaluate", str(folder), "--labels", str(folder / "labels.csv"), "--methods", "random,attention", "--engine",
+        engine, "--images-per-batch", "2", "--shard-size", "2", "--weights", str(DEIT_WEIGHTS), "--device", "cpu",
+        "--out", str(tmp_path / engine)])
+    assert [code for code, _, _ in outputs.values()] == [0, 0]
+    (_, local_out, local_err), (_, ray_out, ray_err) = outputs["local"], outputs["ray"]
+    assert local_out == ray_out and local_out.startswith("3 images, clean top-1")
+    assert "| attention |" in local_out and "| random |" in local_out
+    skipped = [line for line in local_err.splitlines() if line.startswith("skipped ")]
     assert len(skipped) == 1 and skipped[0].startswith("skipped broken.jpg: ")
-    assert skipped == [line for line in on_ray.err.splitlines() if line.startswith("skipped ")]
+    assert skipped == [line for line in ray_err.splitlines() if line.startswith("skipped ")]
     tables = {e: json.loads((tmp_path / e / "table.json").read_text()) for e in outputs}
     assert tables["ray"]["skipped"] == tables["local"]["skipped"] == ["broken.jpg"]
     for method, curves in tables["local"]["methods"].items():

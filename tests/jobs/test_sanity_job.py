@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from support import DEIT_WEIGHTS, IMAGENET, tiny_handle, write_folder
+from support import DEIT_WEIGHTS, IMAGENET, cli_on_both_engines, tiny_handle, write_folder
 
 from vit_inspect.core.images import find_images
 from vit_inspect.jobs.engine import EngineOptions, Sums
@@ -108,25 +108,13 @@ def test_cli_local_and_ray_give_the_same_numbers(tmp_path, capsys):
     pytest.importorskip("ray", reason="Ray Data is an optional extra: pip install -r requirements-ray.txt")
     if not DEIT_WEIGHTS.is_file():
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
-    import ray
-
-    from vit_inspect.cli.main import main
-    from vit_inspect.jobs.ray_engine import start_ray
-
     folder = _shared_folder(tmp_path)
-    started = start_ray(num_cpus=2)
-    try:
-        outputs = {}
-        for engine in ("local", "ray"):
-            code = main(["evaluate", str(folder), "--sanity", "--methods", "attention,gradcam", "--no-independent",
-                         "--engine", engine, "--images-per-batch", "1", "--shard-size", "1",
-                         "--weights", str(DEIT_WEIGHTS), "--device", "cpu", "--out", str(tmp_path / engine)])
-            assert code == 0
-            outputs[engine] = capsys.readouterr()
-    finally:
-        if started:
-            ray.shutdown()
-    assert outputs["local"].out == outputs["ray"].out and outputs["local"].out.startswith("2 images;")
+    outputs = cli_on_both_engines(capsys, lambda engine: [
+        "evaluate", str(folder), "--sanity", "--methods", "attention,gradcam", "--no-independent", "--engine", engine,
+        "--images-per-batch", "1", "--shard-size", "1", "--weights", str(DEIT_WEIGHTS), "--device", "cpu",
+        "--out", str(tmp_path / engine)])
+    assert [code for code, _, _ in outputs.values()] == [0, 0]
+    assert outputs["local"][1] == outputs["ray"][1] and outputs["local"][1].startswith("2 images;")
     tables = {e: json.loads((tmp_path / e / "sanity.json").read_text()) for e in outputs}
     assert tables["ray"]["skipped"] == tables["local"]["skipped"] == ["broken.jpg"]
     for method, entry in tables["local"]["methods"].items():

@@ -120,3 +120,27 @@ def offline_hub_cache(root: Path, repo: str, config) -> None:
     config.save_pretrained(folder / "snapshots" / revision)
     (folder / "refs").mkdir()
     (folder / "refs" / "main").write_text(revision)
+
+
+def run_cli(capsys, *argv):
+    """(exit code, stdout, stderr) of `vit-inspect ARGV...` run in this process."""
+    from vit_inspect.cli.main import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def cli_on_both_engines(capsys, argv_for) -> dict:
+    """engine -> (exit code, stdout, stderr) of `vit-inspect` run with ``argv_for(engine)`` on the local engine
+    and on a local Ray of 2 CPUs (started here if none runs, and shut down afterwards)."""
+    import ray
+
+    from vit_inspect.jobs.ray_engine import start_ray
+
+    started = start_ray(num_cpus=2)
+    try:
+        return {engine: run_cli(capsys, *argv_for(engine)) for engine in ("local", "ray")}
+    finally:
+        if started:
+            ray.shutdown()
