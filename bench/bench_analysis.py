@@ -63,6 +63,7 @@ from .common import (
     plain_forward_input_backward,
     plain_model,
     print_header,
+    report,
     set_threads,
     verdict,
 )
@@ -425,7 +426,9 @@ def main() -> None:
     for name in args.models:
         bench_model(name, picture, args.repeats, summary, other, idle_s=args.idle_ms / 1e3)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
+    name = "analysis" if args.idle_ms == 0 else f"analysis_idle{args.idle_ms:g}ms"
+    print(report(name, ("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary,
+                 key=("measure", "model")))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from .common import (
     plain_forward,
     plain_model,
     print_header,
+    report,
     set_threads,
     verdict,
 )
@@ -98,7 +99,8 @@ def main() -> None:
     for name in args.models:
         bench_model(name, paths, args.batch_size, args.repeats, summary)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
+    print(report("dataset", ("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary,
+                 key=("measure", "model")))
 
 
 if __name__ == "__main__":

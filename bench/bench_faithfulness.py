@@ -41,6 +41,7 @@ from .common import (
     plain_forward,
     plain_model,
     print_header,
+    report,
     set_threads,
     verdict,
 )
@@ -97,7 +98,8 @@ def main() -> None:
     for name in args.models:
         bench_model(name, picture, args.repeats, args.batch_size, summary)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours (s)", "floor (s)", "ratio", "target", "held"), summary))
+    print(report("faithfulness_speed", ("measure", "model", "ours (s)", "floor (s)", "ratio", "target", "held"),
+                 summary, key=("measure", "model")))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,22 @@ import itertools
 import time
 from typing import Callable, Mapping
 
-
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.studies.ablation import analyze_ablated, head_importance
 
-from .common import REPO, Timing, markdown_table, plain_forward, plain_model, print_header, set_threads, verdict
+from .common import (
+    REPO,
+    Timing,
+    markdown_table,
+    plain_forward,
+    plain_model,
+    print_header,
+    report,
+    set_threads,
+    verdict,
+)
 
 ABLATION_TARGET = 1.2  # ablated analysis ÷ analysis pass, at most
 IMPORTANCE_TARGET = 4.0  # importance ÷ one batched forward over L·H rows, at most
@@ -88,7 +97,8 @@ def main() -> None:
                          f"{heads} rows", f"{importance:.2f}", f"≤ {IMPORTANCE_TARGET}",
                          verdict(importance, IMPORTANCE_TARGET, at_most=True)))
     print("### Summary\n")
-    print(markdown_table(("model", "clock", "ratio", "value", "target", "held"), rows))
+    print(report("heads", ("model", "clock", "ratio", "value", "target", "held"), rows,
+                 key=("model", "clock", "ratio")))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .common import REPO, markdown_table, measure, print_header, set_threads
+from .common import REPO, measure, print_header, report, set_threads
 
 # key -> (timm name, create_model kwargs, input (H, W), label)
 MODELS = {
@@ -266,6 +266,8 @@ def main() -> None:
         print(json.dumps(worker(*args.worker, args.repeats, args.device, args.half, args.image, args.threads)))
         return
     set_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.cuda.init()  # the results' machine line names the GPU the workers ran on
     print_header(f"Large ViTs: today's design vs the compact one ({args.device}{', autocast half' if args.half else ''})")
     rows, raw = [], []
     for key in args.models:
@@ -296,9 +298,10 @@ def main() -> None:
                          f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
                          f"{r['forward_s']:.3f} s"])
             print(f"done: {key} {design}", file=sys.stderr, flush=True)
-    print(markdown_table(("model, input", "design", "tokens N", "kept per image", "peak RSS (or GPU) of the process",
-                          "RSS after loading the model", "analysis ÷ plain", "slowest redraw ÷ plain forward",
-                          "plain forward"), rows))
+    print(report(f"large_{args.device}{'_half' if args.half else ''}",
+                 ("model, input", "design", "tokens N", "kept per image", "peak RSS (or GPU) of the process",
+                  "RSS after loading the model", "analysis ÷ plain", "slowest redraw ÷ plain forward",
+                  "plain forward"), rows, key=("model, input", "design")))
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))
 
