@@ -193,14 +193,22 @@ def plain_cell(cell: object) -> str:
     return re.sub(r"\*\*|`", "", str(cell))
 
 
-def report(name: str, headers: Sequence[str], rows: Sequence[Sequence[object]], key: Sequence[str]) -> str:
+def run_context() -> dict[str, str]:
+    """This run's `CONTEXT`: torch threads, today's date, the command and the machine."""
+    return {"threads": str(torch.get_num_threads()), "date": datetime.date.today().isoformat(),
+            "command": command(), "machine": machine_line()}
+
+
+def report(name: str, headers: Sequence[str], rows: Sequence[Sequence[object]], key: Sequence[str],
+           context: Mapping[str, str] | None = None) -> str:
     """The markdown table of ``rows``; the same rows are written to ``bench/results/<name>.csv``.
 
-    Every CSV row ends with the torch threads, the date, the command and the machine (`CONTEXT`). Rows of
-    earlier runs whose ``key`` columns (plus the thread count) match no new row are kept, so the file holds
-    the latest result for every model, option and thread count measured; git keeps the history."""
+    Every CSV row ends with the torch threads, the date, the command and the machine (`CONTEXT`; this run's,
+    or ``context`` when the rows were measured elsewhere and kept as raw results). Rows of earlier runs whose
+    ``key`` columns (plus the thread count) match no new row are kept, so the file holds the latest result
+    for every model, option and thread count measured; git keeps the history."""
     columns = [*headers, *CONTEXT]
-    context = [str(torch.get_num_threads()), datetime.date.today().isoformat(), command(), machine_line()]
+    context = [(context or run_context())[k] for k in CONTEXT]
     fresh = [[plain_cell(cell) for cell in row] + context for row in rows]
     path = RESULTS / f"{name}.csv"
     kept = []
