@@ -19,7 +19,7 @@ THREADS torch threads.
     python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--threads 2] [--image assets/chelsea.png]
                                    [--before-tree DIR] [--idle-ms 30]
 
-    git archive 8c11791 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the pass with
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 """
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ def measured(job):
 
 DATASET_JOB = MEASURE + """
 import glob, sys
-from vit_inspect.jobs.engine import EngineOptions, run_job
-from vit_inspect.jobs.workers import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.jobs.engine import EngineOptions
+from vit_inspect.jobs.run import run_job
+from vit_inspect.jobs.distance import AttentionDistanceJob, AttentionDistanceWorker
 from vit_inspect.core.load import load_model
 worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
 files = sorted(glob.glob(sys.argv[1] + "/*.png"))

@@ -6,7 +6,7 @@ forwards of the same number of inputs.
    in the same batches (inputs built once, outside the timing)                   target <= 1.2
 2. the seconds that scoring takes, and the one analysis pass that made the maps (for scale)
 
-DeiT-Ti uses the real weights from ../shared when present (random otherwise), ViT-B/16 random weights
+DeiT-Ti uses the real weights from the data folder beside the checkout when present (random otherwise), ViT-B/16 random weights
 (timing does not depend on them). CPU, THREADS torch threads; the machine may be shared: ratios are
 measured interleaved in one run.
 

@@ -7,7 +7,7 @@
 
 Random weights (timing does not depend on them), CPU, THREADS torch threads, candidates interleaved.
 Besides wall-clock time each candidate's process CPU time is measured (`time.process_time`, all
-threads): on a machine shared with other jobs it is far less disturbed by their load than wall time,
+threads): on a busy machine it is far less disturbed by other jobs' load than wall time,
 and the ratios are given for both.
 
     python -m bench.bench_heads [--models deit_tiny_patch16_224] [--repeats 5] [--batch-size 16]

@@ -6,7 +6,7 @@
    If the app has no ENDPOINT (it is being rewritten) or it needs inputs this script cannot fill,
    only the HTTP time is reported, with the endpoints the app does have.
 
-Weights come from checkpoints/ (or ../shared/models when checkpoints/ lacks them), never the network.
+Weights come from checkpoints/ (or the data folder beside the checkout when checkpoints/ lacks them), never the network.
 
     python -m bench.bench_startup [--repeats 3] [--image assets/chelsea.png] [--timeout 300]
 """

@@ -26,7 +26,7 @@ from vit_inspect.core.handle import ViTHandle
 
 THREADS = 2  # torch intra-op threads in every benchmark, set explicitly so that runs compare
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"  # ../shared: the ImageNet samples and weights beside the checkout
+SHARED = REPO.parent / "shared"  # the data folder beside the checkout: ImageNet samples and weights
 MODELS = ("deit_tiny_patch16_224", "vit_base_patch16_224")
 RESULTS = Path(__file__).resolve().parent / "results"  # one CSV per table; BENCHMARKS.md quotes them
 CONTEXT = ("threads", "date", "command", "machine")  # columns every results row ends with

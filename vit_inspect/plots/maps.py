@@ -160,7 +160,7 @@ def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[s
     ``units``, default "value", and the map's name as its caption), ``columns`` panels per row left to
     right, ``MOSAIC_GAP`` white pixels apart, under the wrapped ``title``. Maps named in ``relu_names``
     are ReLU'd; ``ranges`` fixes a map's colour range (default: its own min-max, `map_range`). A matplotlib
-    figure of four maps took ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
+    figure of four maps takes ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
     if not maps:
         raise ValueError("no maps to show")
     if columns < 1:
@@ -180,7 +180,7 @@ HEAD_TILE_PIXELS = 224  # longest side of one head's overlay in heads_panel (lar
 def heads_panel(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
                  vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
                  columns: int = 6) -> np.ndarray:
-    """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it took
+    """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it takes
     ≈ 30x as long; `bench.bench_upload`): every head (``maps`` (heads, grid_h, grid_w)) as an overlay
     (`overlay`) on one shared colour range (default: the
     min-max over all heads) on the photo scaled (bilinear) to at most HEAD_TILE_PIXELS a side, its title above
