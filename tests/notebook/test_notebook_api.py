@@ -15,6 +15,7 @@ from support import DEIT_WEIGHTS, PHOTOS, tiny_handle
 
 import vit_inspect as vi
 from vit_inspect.notebook import api
+from vit_inspect.notebook.result import legible
 from vit_inspect.passes.records import analysis_record
 from vit_inspect.plots.canvas import figure_to_png, map_range
 from vit_inspect.plots.maps import PASS_MAPS, maps_panel, overlay
@@ -114,7 +115,10 @@ def test_the_result_shows_itself_in_jupyter(tiny):
     [data] = re.findall(r'src="data:image/jpeg;base64,([^"]+)"', page)
     shown = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
     maps = tiny.maps()
-    expected = maps_panel(tiny.result.rgb, {PASS_MAPS[k][0]: v for k, v in maps.items()},
+    enlarged = legible(tiny.result.rgb)  # the 32-px crop, each pixel a 4x4 block
+    assert enlarged.shape == (128, 128, 3)
+    np.testing.assert_array_equal(enlarged[::4, ::4], tiny.result.rgb)
+    expected = maps_panel(enlarged, {PASS_MAPS[k][0]: v for k, v in maps.items()},
                           relu_names=(PASS_MAPS["gradcam"][0],), units=dict(PASS_MAPS.values()))
     assert shown.shape == expected.shape
     assert np.abs(shown.astype(int) - expected).mean() < 4  # the JPEG preview of the same picture

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     analyze.add_argument("--half", action="store_true", help="half-precision autocast (float16 on CUDA, bfloat16 "
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     analyze.add_argument("--no-relevance", action="store_true", help="skip AttnLRP and LeGrad (their keys are "
-                         "null): one forward and one ordinary backward per image, about 0.4x the time of the full pass")
+                         "null): one forward and one ordinary backward per image, about a third of the full pass")
     model_options(analyze)
     analyze.set_defaults(func=run)
 

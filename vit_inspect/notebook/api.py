@@ -34,7 +34,7 @@ def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHand
 
     One forward pass with attention capture and, for a model with a classification head, one backward
     pass from the logit of ``target`` (default: the top class), minus ``contrast``'s logit when given;
-    with ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 2.5x the time of the pass
+    with ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 3x the time of the pass
     without them). ``geometry``: "crop" (the model's centre crop, the default), "squash" (the whole image
     resized) or "keep" (the whole image, aspect ratio kept, on a non-square patch grid). The pass itself is
     `analyze_image`; the returned `Analysis` holds its `ImageAnalysis` as ``.result``.

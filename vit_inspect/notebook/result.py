@@ -22,6 +22,15 @@ UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weig
          "chefer": "relevance (logit units)", "legrad": "relevance (logit units)",
          "attnlrp": "relevance (logit units)"}
 
+LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
+
+
+def legible(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 enlarged by a whole factor (each pixel a block) until its shorter side is at least
+    `LEGIBLE_SIDE`; a large enough image is returned as it is."""
+    factor = -(-LEGIBLE_SIDE // min(rgb.shape[:2]))
+    return rgb if factor <= 1 else np.repeat(np.repeat(rgb, factor, axis=0), factor, axis=1)
+
 
 @dataclass(frozen=True)
 class Analysis:
@@ -77,9 +86,9 @@ class Analysis:
         if options:
             raise ValueError(f"the {name} map takes no option {', '.join(sorted(options))}")
         if values is None:
-            raise ValueError(f"{self.handle.name} has no {name} map in this result: "
-                             + ("it has no classification head" if result.target is None else
-                                "LeGrad and AttnLRP need analyze(..., relevance=True) and a timm or Hugging Face model"))
+            why = ("it has no classification head" if result.target is None else
+                   "LeGrad and AttnLRP need analyze(..., relevance=True) and a timm or Hugging Face model")
+            raise ValueError(f"{self.handle.name} has no {name} map in this result: {why}")
         return values
 
     def maps(self) -> dict[str, np.ndarray]:
@@ -138,11 +147,12 @@ class Analysis:
         return path
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: the title, the top-5 classes and every map of the pass (PIL panels, drawn in ms)."""
+        """Jupyter's view: the title, the top-5 classes and every map of the pass (PIL panels, drawn in ms),
+        a small crop enlarged to be seen (`legible`)."""
         from vit_inspect.plots.maps import PASS_MAPS, RELU_MAPS, maps_panel
 
         maps = self.maps()
-        picture = maps_panel(self.result.rgb, {PASS_MAPS[k][0]: v for k, v in maps.items()},
+        picture = maps_panel(legible(self.result.rgb), {PASS_MAPS[k][0]: v for k, v in maps.items()},
                              relu_names=tuple(PASS_MAPS[k][0] for k in RELU_MAPS), units=dict(PASS_MAPS.values()))
         top = topk_table(self.top()) if self.result.probs.size else "<p>This model has no classification head.</p>"
         return (f"<div><p><b>{html.escape(self.title())}</b></p>{top}"
