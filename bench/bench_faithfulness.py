@@ -23,28 +23,11 @@ from vit_inspect.analysis.faithfulness import plan_perturbations
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.studies.faithfulness import (
-    DEFAULT_BATCH_SIZE,
-    METHODS,
-    image_permutation,
-    model_scorer,
-    score_maps,
-    standard_maps,
-)
+from vit_inspect.studies.faithfulness import (DEFAULT_BATCH_SIZE, METHODS, image_permutation, model_scorer,
+                                              score_maps, standard_maps)
 
-from .common import (
-    MODELS,
-    REPO,
-    SHARED,
-    markdown_table,
-    measure,
-    plain_forward,
-    plain_model,
-    print_header,
-    report,
-    set_threads,
-    verdict,
-)
+from .common import (MODELS, REPO, SHARED, markdown_table, measure, plain_forward, plain_model, print_header,
+                     report, set_threads, verdict)
 
 
 def bench_model(name: str, picture, repeats: int, batch_size: int, summary: list[list[str]]) -> None:

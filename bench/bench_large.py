@@ -15,7 +15,8 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 "today" is the first release's pass plus a stack of vit-explain's gradient-weighted attention (depth, N, N)
 float16, kept here (`analyze_today`) as the design to beat; "main" is another checkout's own `analyze_image` (every method of that
 version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
--x -C /tmp/main_tree`); "compact" is this checkout's, "app" this checkout's pass as the app runs it (`relevance=False`:
+-x -C /tmp/main_tree`), "main_app" that version's pass as the app runs it; "compact" is this checkout's, "app" this
+checkout's pass as the app runs it (`relevance=False`:
 no AttnLRP or LeGrad, which the app adds on request; on the CPU with the app's default spill folder, so a model
 with heads * N >= 0.015 D^2 (`spill.worth_spilling`) also writes its maps to disk, shown beside the kept bytes).
 
@@ -53,7 +54,7 @@ MODELS = {
     "dinov2l_518": ("vit_large_patch14_reg4_dinov2", {}, (518, 518), "DINOv2-L/14 + 4 registers, 518 (no head)"),
 }
 DEFAULT_MODELS = ("deit_ti_224", "vitb_224", "vitb_384", "dinov2s_518", "dinov2l_518")
-DESIGNS = ("today", "main", "compact", "app")
+DESIGNS = ("today", "main", "main_app", "compact", "app")
 MB = 1e6
 
 
@@ -62,12 +63,8 @@ MB = 1e6
 def analyze_today(handle, picture: Image.Image, autocast: bool = False) -> dict:
     """The first release's `analyze_image`: every map recorded and stacked, kept in float16; mean
     distance, Chefer relevance and Grad-CAM from the full stacks. Returns its arrays."""
-    from vit_inspect.analysis import (
-        chefer_relevance,
-        gradcam_from_tokens,
-        gradient_fused_attention,
-        mean_attention_distance,
-    )
+    from vit_inspect.analysis import (chefer_relevance, gradcam_from_tokens, gradient_fused_attention,
+                                      mean_attention_distance)
     from vit_inspect.passes.capture import capture_attention
     from vit_inspect.passes.pipeline import autocast_dtype, readout_query
 
@@ -199,13 +196,13 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         sync()
 
     held = {}
-    spill = SpillFolder(DEFAULT_SPILL_BUDGET) if design == "app" and not cuda else None  # the app's default
+    spill = SpillFolder(DEFAULT_SPILL_BUDGET) if design in ("app", "main_app") and not cuda else None  # the app's default
 
     def analysis():
         held.pop("result", None)
         if design == "today":
             held["result"] = analyze_today(handle, picture, autocast=half)
-        elif design == "app":  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`), the
+        elif design in ("app", "main_app"):  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`), the
             # app's spill folder (many-token models write their maps to disk; not in the kept bytes, as in the app)
             held["result"] = analyze_image(handle, picture, autocast=half, relevance=False, spill=spill)
         else:
@@ -317,7 +314,7 @@ def main() -> None:
         for design in args.designs:  # one subprocess at a time: peak memory is each one's own
             flags = ["--worker", key, design, "--repeats", str(args.repeats), "--threads", str(args.threads),
                      "--device", args.device, "--image", str(args.image)] + (["--half"] if args.half else [])
-            if design == "main":  # that version's vit_inspect first on the path, this bench module
+            if design in ("main", "main_app"):  # that version's vit_inspect first on the path, this bench module
                 if args.main_tree is None:
                     parser.error("design 'main' needs --main-tree")
                 command = [sys.executable, "-c", "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "

@@ -34,7 +34,8 @@ from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes import attention_store, head_pass, pipeline, threads
 
-from .common import REPO, THREADS, measure, plain_forward_input_backward, plain_model, print_header, report, set_threads
+from .common import (REPO, THREADS, measure, plain_forward_input_backward, plain_model, print_header, report,
+                     set_threads)
 
 PARTS = ("forward reductions", "gradient reductions", "head pass", "preview", "preprocessing")
 
@@ -76,8 +77,8 @@ def stubs() -> dict[str, list[tuple[object, str, object]]]:
         self._distance_sums[layer] = sums[("distance", layer)]
         if self.keep_maps:
             if self._kept is None:
-                self._kept = torch.empty((self.depth, *probs.shape[1:]), dtype=torch.float16).numpy()
-            torch.from_numpy(self._kept[layer]).copy_(probs[0].detach())
+                self._kept = torch.empty((self.depth, *probs.shape[1:]), dtype=torch.float16, device=probs.device)
+            self._kept[layer].copy_(probs[0].detach())
             self._kept_layers.add(layer)
 
     def stats_replayed(self, layer, probs):

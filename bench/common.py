@@ -32,6 +32,19 @@ RESULTS = Path(__file__).resolve().parent / "results"  # one CSV per table; BENC
 CONTEXT = ("threads", "date", "command", "machine")  # columns every results row ends with
 
 
+def other_module(package, *paths: str):
+    """A module of another version's package by the first of ``paths`` (dotted, below the package) it has: a
+    version from before the layered subpackages kept, say, `pipeline` where this one has `passes.pipeline`."""
+    import importlib
+
+    for path in paths:
+        try:
+            return importlib.import_module(f"{package.__name__}.{path}")
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(f"{package.__name__} has none of {', '.join(paths)}")
+
+
 def set_threads(threads: int = THREADS) -> None:
     """Fix torch's intra-op thread count (and the inter-op one, which must be set before any work)."""
     torch.set_num_threads(threads)
