@@ -97,7 +97,7 @@ HISTORY = re.compile(
     r"|eleventh|twelfth|[a-z]+teenth|twentieth|\d+(st|nd|rd|th)) (session|round)\b"
     r"|\bdevelopers?\b|\bmachine (was |is )?shared\b|\.\./shared"
     r"|\b(against|before|baseline|since|tree|archive) [0-9a-f]{7,40}\b", re.I)
-PROJECT_TEXT = ["README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs/**/*.md", "docs/notebooks/*.ipynb",
+PROJECT_TEXT = ["README.md", "*/README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs/**/*.md", "docs/notebooks/*.ipynb",
                 "vit_inspect/**/*.py", "bench/*.py", "examples/*.py", "app.py"]
 
 
