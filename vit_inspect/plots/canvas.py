@@ -85,6 +85,8 @@ def blend_tables(cmap: str, alpha: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def add_colorbar(fig: Figure, low: float, high: float, unit: str, cmap: str = "inferno", **where):
+    """A colour bar from ``low`` to ``high`` labelled with ``unit`` on ``fig``, placed by ``where`` (matplotlib's
+    ``Figure.colorbar`` keywords, e.g. ``ax=``); a constant range is widened by 1e-12 so it still draws."""
     mappable = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(low, high if high > low else low + 1e-12),
                                             cmap=cmap)
     bar = fig.colorbar(mappable, **where)
