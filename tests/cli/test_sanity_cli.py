@@ -60,3 +60,6 @@ def test_errors_are_one_line(capsys, deit_args):
     code, _, err = run_cli(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--methods", "gradcam", "--target", "285",
                         "--random-class", "285", "--no-independent", "--no-robustness", *deit_args)
     assert code == 1 and "another class" in err and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "sanity", str(PHOTOS / "chelsea.png"), "--radius", "0", *deit_args)
+    assert code == 1 and err.startswith("error: --radius, --samples or --removals: the radius must be > 0")
+    assert err.count("\n") == 1

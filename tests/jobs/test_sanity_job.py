@@ -15,7 +15,8 @@ from support import DEIT_WEIGHTS, IMAGENET, cli_on_both_engines, tiny_handle, wr
 from vit_inspect.core.images import find_images
 from vit_inspect.jobs.engine import EngineOptions, Sums
 from vit_inspect.jobs.run import run_job
-from vit_inspect.jobs.sanity import FolderSanity, SanityJob, SanityWorker, format_sanity_table, table_record
+from vit_inspect.jobs.sanity import (FolderSanity, SanityJob, SanityWorker, format_sanity_table, format_steps_table,
+                                    table_record)
 from vit_inspect.studies.sanity import (ImageSanity, SanityAccumulator, SanitySettings, Similarity, sanity_check,
                                         steps_of)
 
@@ -52,6 +53,25 @@ def test_accumulator_by_hand_with_an_undefined_value():
                                         images)
     assert back.images == 3
     np.testing.assert_array_equal(back.table()["cascading"]["m"][0], mean)
+
+
+def test_tables_by_hand():
+    accumulator = SanityAccumulator()
+    for spearmans, logit in (([1.0, 0.6, 0.2], 0.5), ([1.0, 0.2, 0.4], 0.1)):
+        accumulator.add(_fake(spearmans, logit))
+    record = table_record(FolderSanity(accumulator, (), depth=1))
+    assert record["methods"]["m"]["max_sensitivity"] == {"mean": 0.25, "se": 0.0, "n": 2}
+    summary = format_sanity_table(record).splitlines()
+    assert summary[0].startswith("2 images;") and "| max-sensitivity | infidelity |" in summary[1]
+    # every layer random: Spearman (.2 + .4) / 2 = .3, s.e. = sd .1414 / sqrt 2 = .1; SSIM half of it; both pass
+    assert summary[3] == ("| m | 0.30 ± 0.10 | 0.15 ± 0.05 | 0.50 ± 0.00 | 0.30 ± 0.20 | 0.00 ± 0.00 | 1.00 ± 0.00 "
+                          "| 0.25 ± 0 | – | 100 % |")
+    steps = format_steps_table(record).splitlines()
+    assert steps[0] == "| method | trained | from 0 | + embedding |"
+    assert steps[2] == "| m | 1.00 ± 0.00 | 0.40 ± 0.20 | 0.30 ± 0.10 |"
+    assert format_steps_table(record, "ssim").splitlines()[2] == "| m | 0.50 ± 0.00 | 0.20 ± 0.10 | 0.15 ± 0.05 |"
+    with pytest.raises(ValueError, match="unknown similarity"):
+        format_steps_table(record, "pearson")
 
 
 def test_sums_of_two_halves_equal_one_accumulator():
@@ -110,7 +130,8 @@ def test_cli_local_and_ray_give_the_same_numbers(tmp_path, capsys):
         pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
     folder = _shared_folder(tmp_path)
     outputs = cli_on_both_engines(capsys, lambda engine: [
-        "evaluate", str(folder), "--sanity", "--methods", "attention,gradcam", "--no-independent", "--engine", engine,
+        "evaluate", str(folder), "--sanity", "--methods", "attention,gradcam", "--no-independent", "--robustness",
+        "--samples", "2", "--removals", "4", "--engine", engine,
         "--images-per-batch", "1", "--shard-size", "1", "--weights", str(DEIT_WEIGHTS), "--device", "cpu",
         "--out", str(tmp_path / engine)])
     assert [code for code, _, _ in outputs.values()] == [0, 0]
@@ -123,7 +144,13 @@ def test_cli_local_and_ray_give_the_same_numbers(tmp_path, capsys):
             for name in ("spearman", "ssim", "top10_overlap"):
                 assert step_ray[name]["mean"] == pytest.approx(step[name]["mean"], abs=1e-9)
         assert other["random_logit"] == entry["random_logit"]
+        for kind in ("max_sensitivity", "infidelity"):
+            assert entry[kind]["n"] == 2 and other[kind]["mean"] == pytest.approx(entry[kind]["mean"], rel=1e-9)
+    assert tables["local"]["settings"]["robustness"] == {"radius": 0.02, "sensitivity_samples": 2,
+                                                         "infidelity_samples": 4, "removal_probability": 0.1,
+                                                         "batch_size": 8, "seed": 0}
     with (tmp_path / "local" / "sanity.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert {r["test"] for r in rows} == {"cascading", "random_logit", "passes_randomisation"}
+    assert {r["test"] for r in rows} == {"cascading", "random_logit", "max_sensitivity", "infidelity",
+                                       "passes_randomisation"}
     assert len([r for r in rows if r["method"] == "gradcam" and r["test"] == "cascading"]) == 14

@@ -5,9 +5,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import DEFAULT_MODEL
 from vit_inspect.jobs.engine import ENGINES, EngineOptions
 from vit_inspect.plots import canvas
+from vit_inspect.studies.robustness import RobustnessSettings
 
 
 def model_options(p: argparse.ArgumentParser,
@@ -41,6 +43,29 @@ def engine_options(args: argparse.Namespace, batch_size: int | None = None) -> E
     call when the command's own --batch-size means something else."""
     return EngineOptions(batch_size=batch_size or args.batch_size, shard_size=args.shard_size, out=args.out,
                          ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
+
+
+def robustness_flags(p: argparse.ArgumentParser, when: str = "") -> None:
+    """The perturbation flags of max-sensitivity and infidelity (`studies.robustness.RobustnessSettings`);
+    `when` starts each help text (e.g. "with --robustness: ")."""
+    defaults = RobustnessSettings()
+    p.add_argument("--radius", type=float, default=defaults.radius,
+                   help=f"{when}max-sensitivity: L-inf radius of the input noise on the 0..1 pixel scale "
+                        f"(default {defaults.radius}, about 5 grey levels)")
+    p.add_argument("--samples", type=int, default=defaults.sensitivity_samples,
+                   help=f"{when}max-sensitivity: noisy inputs per image (default {defaults.sensitivity_samples})")
+    p.add_argument("--removals", type=int, default=defaults.infidelity_samples,
+                   help=f"{when}infidelity: random patch removals per image (default {defaults.infidelity_samples}, "
+                        f"each patch removed with probability {defaults.removal_probability})")
+
+
+def robustness_settings(args: argparse.Namespace) -> RobustnessSettings:
+    """The `robustness_flags` (and --seed) as settings; a sentence for a number out of range."""
+    try:
+        return RobustnessSettings(radius=args.radius, sensitivity_samples=args.samples,
+                                  infidelity_samples=args.removals, seed=args.seed)
+    except ValueError as exc:
+        raise VitInspectError(f"--radius, --samples or --removals: {exc}.") from None
 
 
 def save_png(fig, path: Path) -> None:

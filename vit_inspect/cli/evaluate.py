@@ -11,7 +11,8 @@ AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards alre
 `--sanity` runs `jobs.sanity.SanityJob` on the same engines: per image the randomisation tests (cascading and,
 unless `--no-independent`, independent) and the random-logit test for the predicted class (`--robustness`
 adds max-sensitivity and infidelity), summed into mean ± s.e. per method, test and step; it prints the
-summary table and writes `sanity.json` and `sanity.csv` under `--out`. Labels only select files here.
+summary table and the Spearman per cascading step, and writes `sanity.json` and `sanity.csv` under `--out`.
+Labels only select files here.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_inspect.analysis.faithfulness import CURVES, PerturbationSettings
-from vit_inspect.cli.common import engine_flags, engine_options, model_options, progress
+from vit_inspect.cli.common import (engine_flags, engine_options, model_options, progress, robustness_flags,
+                                   robustness_settings)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
@@ -57,6 +59,7 @@ def add_parser(sub) -> None:
                           help="with --sanity: add max-sensitivity and infidelity (needs captum)")
     evaluate.add_argument("--seed", type=int, default=0, help="with --sanity: seed of the re-drawn weights and the "
                                                               "random class (default 0)")
+    robustness_flags(evaluate, when="with --sanity --robustness, ")
     engine_flags(evaluate, batch_size=False)
     model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
                                      "(and the shards of a folder-level job)")
@@ -117,13 +120,13 @@ def run(args: argparse.Namespace) -> None:
 
 
 def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files: list[Path]) -> None:
-    """`--sanity`: `jobs.sanity.SanityJob` on the engine chosen; the summary table, `sanity.json`, `sanity.csv`."""
-    from vit_inspect.jobs.sanity import SanityJob, SanityWorker, format_sanity_table, table_record, write_sanity_csv
-    from vit_inspect.studies.robustness import RobustnessSettings
+    """`--sanity`: `jobs.sanity.SanityJob` on the engine chosen; the two tables, `sanity.json`, `sanity.csv`."""
+    from vit_inspect.jobs.sanity import (SanityJob, SanityWorker, format_sanity_table, format_steps_table, table_record,
+                                        write_sanity_csv)
     from vit_inspect.studies.sanity import SanitySettings
 
     settings = SanitySettings(seed=args.seed, independent=not args.no_independent,
-                              robustness=RobustnessSettings(seed=args.seed) if args.robustness else None)
+                              robustness=robustness_settings(args) if args.robustness else None)
     job = SanityJob.for_handle(handle, methods, settings, device=args.device, model_file=args.model_file)
     worker = SanityWorker(handle, job) if args.engine == "local" else None
     result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
@@ -131,7 +134,8 @@ def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files
     for name, reason in result.skipped:
         print(f"skipped {name}: {reason}", file=sys.stderr)
     record = table_record(result)
-    print(format_sanity_table(record), flush=True)
+    print(format_sanity_table(record) + "\n\nSpearman with the trained map along the cascading randomisation:\n"
+          + format_steps_table(record), flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -15,14 +15,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from vit_inspect.cli.common import figure_stems, model_options, progress_line, save_png
+from vit_inspect.cli.common import (figure_stems, model_options, progress_line, robustness_flags, robustness_settings,
+                                   save_png)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.records import class_record
 from vit_inspect.plots import sanity as sanity_plots
 from vit_inspect.studies.faithfulness import METHODS
-from vit_inspect.studies.robustness import RobustnessSettings
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
 
 
@@ -41,22 +41,13 @@ def add_parser(sub) -> None:
     sanity.add_argument("--no-independent", action="store_true", help="leave out the independent randomisation")
     sanity.add_argument("--no-robustness", action="store_true", help="leave out max-sensitivity and infidelity "
                                                                      "(which need captum)")
-    defaults = RobustnessSettings()
-    sanity.add_argument("--radius", type=float, default=defaults.radius,
-                        help=f"max-sensitivity: L-inf radius of the input noise on the 0..1 pixel scale "
-                             f"(default {defaults.radius}, about 5 grey levels)")
-    sanity.add_argument("--samples", type=int, default=defaults.sensitivity_samples,
-                        help=f"max-sensitivity: noisy inputs per image (default {defaults.sensitivity_samples})")
-    sanity.add_argument("--removals", type=int, default=defaults.infidelity_samples,
-                        help=f"infidelity: random patch removals per image (default {defaults.infidelity_samples}, "
-                             f"each patch removed with probability {defaults.removal_probability})")
+    robustness_flags(sanity)
     model_options(sanity, out_help="folder for the cascading figure and the similarity curves")
     sanity.set_defaults(func=run)
 
 
 def settings_of(args: argparse.Namespace) -> SanitySettings:
-    robustness = None if args.no_robustness else RobustnessSettings(
-        radius=args.radius, sensitivity_samples=args.samples, infidelity_samples=args.removals, seed=args.seed)
+    robustness = None if args.no_robustness else robustness_settings(args)
     return SanitySettings(seed=args.seed, random_class=args.random_class, independent=not args.no_independent,
                           robustness=robustness)
 

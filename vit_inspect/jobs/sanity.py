@@ -118,27 +118,55 @@ def table_record(result: FolderSanity) -> dict:
     return {"images": result.accumulator.images, "pass_threshold": PASS_THRESHOLD, "methods": methods}
 
 
+def _mean_se(value: dict | None, digits: int = 2) -> str:
+    """"mean ± se" of a `table_record` cell; "–" when undefined."""
+    if not value or value["mean"] is None:
+        return "–"
+    se = value["se"]
+    return f"{value['mean']:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
+
+
+def _robust(value: dict | None) -> str:
+    """max-sensitivity and infidelity: three significant digits, whatever their scale."""
+    if not value or value["mean"] is None:
+        return "–"
+    return f"{value['mean']:.3g}" + ("" if value["se"] is None else f" ± {value['se']:.2g}")
+
+
 def format_sanity_table(record: dict) -> str:
     """A Markdown table: per method, the similarities once every layer is random (the last cascading step),
-    the random-logit similarities, and the share of images that pass; mean ± s.e."""
-    def cell(value: dict | None, digits: int = 2) -> str:
-        if not value or value["mean"] is None:
-            return "–"
-        se = value["se"]
-        return f"{value['mean']:.{digits}f}" + ("" if se is None else f" ± {se:.{digits}f}")
-
+    the random-logit similarities, max-sensitivity and infidelity (when run) and the share of images that
+    pass; mean ± s.e."""
     images = record["images"]
+    robust = any(entry.get("max_sensitivity") for entry in record["methods"].values())
     lines = [f"{images} image{'' if images == 1 else 's'}; a map passes the randomisation test when its Spearman "
              f"with the trained map, every layer random, is below {record['pass_threshold']}",
              "| method | random model: Spearman | SSIM | top-10 % | random logit: Spearman | SSIM | top-10 % "
-             "| passes |", "| --- |" + " --- |" * 7]
+             + ("| max-sensitivity | infidelity " if robust else "") + "| passes |",
+             "| --- |" + " --- |" * (9 if robust else 7)]
     for method, entry in record["methods"].items():
         last = entry["cascading"][-1]
         logit = entry.get("random_logit") or {}
         passes = entry.get("passes_randomisation")
         share = "–" if not passes or passes["mean"] is None else f"{100 * passes['mean']:.0f} %"
-        lines.append(f"| {method} | " + " | ".join([cell(last[s]) for s in SIMILARITIES]
-                                                   + [cell(logit.get(s)) for s in SIMILARITIES] + [share]) + " |")
+        cells = [_mean_se(last[s]) for s in SIMILARITIES] + [_mean_se(logit.get(s)) for s in SIMILARITIES]
+        if robust:
+            cells += [_robust(entry.get("max_sensitivity")), _robust(entry.get("infidelity"))]
+        lines.append(f"| {method} | " + " | ".join(cells + [share]) + " |")
+    return "\n".join(lines)
+
+
+def format_steps_table(record: dict, similarity: str = "spearman") -> str:
+    """A Markdown table of one similarity along the cascading test: one row per method, one column per step
+    (the trained model, "from block b" for every block from the last one down, "+ embedding"); mean ± s.e."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"unknown similarity {similarity!r}; use one of {', '.join(SIMILARITIES)}")
+    methods = record["methods"]
+    steps = [e["randomised_from_block"] for e in next(iter(methods.values()))["cascading"]] if methods else []
+    names = ["trained" if s is None else "+ embedding" if s == "embedding" else f"from {s}" for s in steps]
+    lines = [f"| method | {' | '.join(names)} |", "| --- |" + " --- |" * len(names)]
+    for method, entry in methods.items():
+        lines.append(f"| {method} | " + " | ".join(_mean_se(e[similarity]) for e in entry["cascading"]) + " |")
     return "\n".join(lines)
 
 
