@@ -52,8 +52,8 @@ def _job(**options) -> AttentionDistanceJob:
 def test_ray_gives_the_same_numbers_and_skips_as_local(local_ray, files):
     local, _ = run_job(_job(), files, "local", EngineOptions(batch_size=4))
     progress = []
-    on_ray, info = run_job(_job(), files[::-1], "ray", EngineOptions(batch_size=3, shard_size=5, concurrency=2,
-                                                                    cpus_per_actor=0.5),
+    # two actors on two CPUs, each reserving the default CPU: the engine leaves one CPU to the decode tasks
+    on_ray, info = run_job(_job(), files[::-1], "ray", EngineOptions(batch_size=3, shard_size=5, concurrency=2),
                            progress=lambda d, t: progress.append((d, t)))
     np.testing.assert_allclose(on_ray.distances, local.distances, rtol=1e-5)
     assert on_ray.num_images == local.num_images == 10

@@ -131,6 +131,15 @@ def _actor_resources(ray, options: EngineOptions) -> tuple[float, int]:
     return num_gpus, max(1, int(cluster_gpus // num_gpus)) if num_gpus else 1
 
 
+def _cpus_per_actor(ray, options: EngineOptions, actors: int) -> float:
+    """CPUs Ray reserves for each model actor: `cpus_per_actor`, lowered where the actors would reserve the
+    cluster's last CPU, so that one read + decode task (1 CPU) can always run; else the actors would wait for
+    images that no task is ever scheduled to decode (``--concurrency 2`` on a local Ray of 2 CPUs). The
+    reservation is Ray's bookkeeping: the operating system shares the cores among the processes either way."""
+    room = max(ray.cluster_resources().get("CPU", 1) - 1, 0) / actors
+    return min(options.cpus_per_actor, room)
+
+
 def _decode_tasks(ray, actors: int) -> int:
     """Concurrent read + decode tasks: one per cluster CPU. A task pool whose size differs from the
     actor pool's is never fused into the actors by Ray Data, so decoding stays spread over tasks."""
@@ -156,7 +165,7 @@ def _run(ray, job: FolderJob, shards: Sequence[Shard], options: EngineOptions, s
                         compute=ray.data.TaskPoolStrategy(size=decode_tasks))
                    .map_batches(JobActor, fn_constructor_args=(job, options.max_batch_bytes), batch_size=None,
                                 batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=concurrency),
-                                num_cpus=options.cpus_per_actor, num_gpus=num_gpus))
+                                num_cpus=_cpus_per_actor(ray, options, concurrency), num_gpus=num_gpus))
     finally:
         context.target_max_block_size = saved
     by_index = {shard.index: shard for shard in shards}
