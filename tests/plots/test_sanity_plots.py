@@ -30,7 +30,9 @@ def test_step_labels():
 def test_cascading_figure_shows_every_steps_map_over_the_crop():
     result = _result()
     fig = cascading_figure(GRAY, result, title="t")
-    axes = np.array(fig.axes).reshape(2, 5)
+    axes = np.array(fig.axes[:-1]).reshape(2, 5)
+    bar = fig.axes[-1]  # the colour bar: each map's own range as 0..1
+    assert bar.get_ylabel() == "each map min-max normalised" and bar.get_ylim() == (0.0, 1.0)
     assert [ax.get_title() for ax in axes[0]] == ["input", "trained", "from block 1", "from block 0", "+ embedding"]
     np.testing.assert_array_equal(axes[0, 0].images[0].get_array(), GRAY)
     for row, method in enumerate(result.maps):

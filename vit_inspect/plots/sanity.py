@@ -6,6 +6,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from vit_inspect.plots.canvas import add_colorbar
 from vit_inspect.plots.maps import overlay
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SIMILARITIES, ImageSanity
 
@@ -25,7 +26,8 @@ def cascading_figure(rgb: np.ndarray, result: ImageSanity, title: str = "") -> F
     """Adebayo et al.'s Fig. 2 for one image: one row per method, one column per cascading step (the trained
     model, then every block from the last one down randomised, then the patch embedding too), each map
     min-max normalised to its own range (as the paper shows them, so only the pattern is compared) and drawn
-    over the crop the model saw, first column the crop itself. The class explained is the same in every column."""
+    over the crop the model saw, first column the crop itself. The class explained is the same in every column.
+    One colour bar on the right: 0 is each map's lowest value, 1 its highest."""
     methods = list(result.maps)
     if not methods:
         raise ValueError("no maps to show")
@@ -44,6 +46,7 @@ def cascading_figure(rgb: np.ndarray, result: ImageSanity, title: str = "") -> F
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0, 0].set_title("input", fontsize="x-small")
+    add_colorbar(fig, 0.0, 1.0, "each map min-max normalised", ax=axes, shrink=0.6, pad=0.01)
     fig.suptitle(title or "Cascading randomisation (last block first), each map normalised", fontsize="small")
     return fig
 
