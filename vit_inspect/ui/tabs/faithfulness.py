@@ -19,12 +19,12 @@ import numpy as np
 
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.plots.faithfulness import curves_panel, ranked_rows
+from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, ranked_rows
 from vit_inspect.studies.faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
 from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 
-HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
+HEADERS = ["map", "mean rank ↓", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
 
 
@@ -86,7 +86,7 @@ def layout() -> FaithfulnessView:
         button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
         figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
                              show_label=False, elem_id="faithfulness-curves")
-        table = gr.Dataframe(headers=HEADERS, label="Areas under the curves, best method first",
+        table = gr.Dataframe(headers=HEADERS, label=f"Areas under the curves, sorted by {SORTED_BY}",
                              interactive=False, elem_id="faithfulness-table")
         note = gr.Markdown()
         scored = gr.State(None)
