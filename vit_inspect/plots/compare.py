@@ -19,16 +19,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import canvas
 from vit_inspect.plots import model as model_plots
-from vit_inspect.plots.canvas import (
-    SMALL_TEXT,
-    font_of,
-    grid_of,
-    map_range,
-    normalized,
-    plot_axes,
-    rgb_of,
-    titled,
-)
+from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, map_range, normalized, plot_axes, rgb_of, titled
 from vit_inspect.plots.maps import PANEL_INCHES, heads_panel, map_panel, overlay
 from vit_inspect.studies.comparison import MAP_TITLES, AlignedMap, Comparison
 from vit_inspect.studies.model_report import model_report, pos_similarity_at
@@ -77,13 +68,15 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
     return fig
 
 
-def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> np.ndarray:
+def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str,
+                       classes: tuple[str, str] | None = None) -> np.ndarray:
     """What `aligned_maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (the app's Compare tab
     redraws it when model A's layer changes: a matplotlib figure took ≈ 0.8 s for two DeiT-Ti, this ≈ 20 ms):
     one row per map kind under its agreement numbers (Spearman, top-10 % overlap), model A's map on its own
     crop beside model B's at the aligned layer, each a `plots.maps.map_panel` with its own colour bar over its
     own range (Grad-CAM after a ReLU) and a caption naming the model, layer (with its relative depth) and
-    class; the layer mapping and where agreement is measured above all."""
+    class (``classes``: each model's class in words, e.g. "tabby (#281)"; default its index); the layer
+    mapping and where agreement is measured above all."""
     if not aligned:
         raise ValueError("no maps to compare")
     a, b = comparison.a, comparison.b
@@ -91,10 +84,12 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
     for item in aligned:
         relu = item.kind == "gradcam"
         panels = []
-        for result, name, grid_map, layer in ((a, name_a, item.map_a, item.layer_a), (b, name_b, item.map_b, item.layer_b)):
+        for index, (result, name, grid_map, layer) in enumerate(((a, name_a, item.map_a, item.layer_a),
+                                                                  (b, name_b, item.map_b, item.layer_b))):
             where = ", all layers" if item.kind in ("rollout", "relevance") else (
                 f", layer {layer} of {result.depth} (rel. depth {relative_depth(layer, result.depth):.2f})")
-            target = "" if result.target is None else f", class {result.target}"
+            target = "" if result.target is None or item.kind in ("attention", "rollout") else (
+                f", class {classes[index] if classes else result.target}")
             low, high = map_range(grid_map, relu)
             panels.append(map_panel(result.rgb, grid_map, f"{name}{where}{target}",
                                     "map value" + (" (ReLU)" if relu else ""), vmin=low, vmax=high, relu=relu))
