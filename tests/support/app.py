@@ -17,13 +17,14 @@ from PIL import Image
 from support import REPO
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import EXPLAIN_PANELS
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CATS = ("Egyptian cat", "tabby", "tiger cat")
-ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry", "status", "query")
 APP_MARKS = [  # each served-app test module: pytestmark = APP_MARKS
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
                                                      "(bash .ci/run copies them from ../shared/models)"),
@@ -79,7 +80,12 @@ class Server:
 
 
 def analyze(client: Client, path: Path = CHELSEA) -> dict:
-    return dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+    """/analyze's outputs by name, with the Explain section's maps filled in as the page draws them next
+    (/explain_maps_of_new_image); the figures drawn only in view stay as the answer left them (None)."""
+    answer = dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+    if answer["predictions"] is None and answer["first_attention"] is None:
+        return answer  # no image: nothing follows
+    return answer | dict(zip(EXPLAIN_PANELS, client.predict(api_name="/explain_maps_of_new_image"), strict=True))
 
 
 def pixels(path: str) -> np.ndarray:

@@ -10,7 +10,8 @@ from support import REPO, tiny_handle
 
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.plots.faithfulness import SORTED_BY, WORSE, ranked_rows, verdict
+from vit_inspect.plots.faithfulness import SORTED_BY, WORSE, paper_name, ranked_rows, verdict
+from vit_inspect.studies.faithfulness import METHODS
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab, chosen_maps  # noqa: E402
@@ -122,7 +123,7 @@ def test_handler_scores_caches_and_adds_choices():
         forwards.clear()
         scored2, _, rows2, _ = FaithfulnessTab._score(lambda key: handle, session, scored, Progress(),
                                                       {"gradcam_layer": 0})
-        assert "gradcam block 0" in scored2.curves and len(rows2) == 9
+        assert "Grad-CAM, block 0 (signed)" in scored2.curves and len(rows2) == 9
         assert 0 < sum(forwards) < first  # only the new map's inputs (no clean/blur images again)
         assert scored2.curves["attnlrp"] is scored.curves["attnlrp"]
     finally:
@@ -141,9 +142,14 @@ def test_chosen_maps_only_add_what_differs_from_the_defaults():
     assert len(defaults) == 8
     extra = chosen_maps(result, np.random.default_rng(0), layer=0, head=1, mean_heads=False, gradcam_layer=0,
                         head_fusion="max", discard_ratio=0.5, first_layer=0, last_layer=1)
-    assert set(extra) - set(defaults) == {"gradcam block 0", "rollout max, discard 0.50, layers 0-1",
-                                          "attention layer 0, head 1"}
-    np.testing.assert_array_equal(extra["gradcam block 0"], result.gradcam[0])
+    assert set(extra) - set(defaults) == {"Grad-CAM, block 0 (signed)",
+                                          "attention rollout (max of heads), layers 0-1, discard 0.50",
+                                          "raw attention, layer 0, head 1"}
+    np.testing.assert_array_equal(extra["Grad-CAM, block 0 (signed)"], result.gradcam[0])
+    # a backward range is swapped, as the Rollout tab swaps it, and named so
+    backward = chosen_maps(result, np.random.default_rng(0), layer=1, mean_heads=True, gradcam_layer=1,
+                           first_layer=1, last_layer=0, head_fusion="max")
+    assert "attention rollout (max of heads), layers 0-1 (From and To swapped), discard 0.00" in backward
 
 
 @pytest.mark.slow
@@ -155,12 +161,18 @@ def test_tab_through_the_api_on_the_real_weights():
     try:
         client = Client(server.url, verbose=False)
         analyze(client)
-        figure, table, note = client.predict(api_name="/faithfulness")
+        figure, table, note, *verdicts = client.predict(api_name="/faithfulness")
         methods = [row[0] for row in table["data"]]
-        # the 8 standard maps, plus the attention tab's own choice (the app opens on head 0, not the mean)
-        assert set(methods) == {"random", "attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad",
-                                "attnlrp", "attention layer 11, head 0"}
-        assert f"Scored {len(methods)} maps" in note and methods.index("attnlrp") < methods.index("random")
+        # the 8 standard maps by their papers' names, plus the attention tab's own choice (head 0, not the mean)
+        assert set(methods) == {paper_name(m) for m in METHODS} | {"raw attention, layer 11, head 0"}
+        assert f"Scored {len(methods)} maps" in note
+        assert methods.index(paper_name("attnlrp")) < methods.index(paper_name("random"))
+        ranks = [float(row[1]) for row in table["data"]]
+        assert ranks == sorted(ranks)  # sorted by the mean rank it shows
+        # the first view's verdicts: its three maps' places among these
+        for verdict_line, method in zip(verdicts, ("attention", "rollout", "chefer")):
+            place = methods.index(paper_name(method)) + 1
+            assert verdict_line.startswith(f"Faithfulness: {place}") and f"of {len(methods)} maps" in verdict_line
         assert (REPO / "app.py").is_file() and figure
     finally:
         server.demo.close()

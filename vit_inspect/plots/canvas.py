@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw, ImageFont
 MASK_DIM = 0.3  # brightness kept outside a threshold mask
 SMALL_TEXT = 12  # pixels: tick labels, axis labels, legends and tile titles (never smaller on a screen)
 TEXT = 13  # pixels: captions and titles
-COLORBAR_PIXELS = 118  # width of map_panel's colour bar column, tick labels and unit included
+COLORBAR_PIXELS = 100  # width of map_panel's colour bar column, tick labels and unit included
 CAPTION_LINE_PIXELS = 16  # height of one caption line under a map_panel
 MOSAIC_GAP = 10  # white pixels between two panels of maps_panel
 SCATTER_PLOT_PIXELS = (380, 280)  # (width, height) of attention_distance_panel's axes

@@ -8,14 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import (
-    SCATTER_PLOT_PIXELS,
-    SMALL_TEXT,
-    font_of,
-    plot_axes,
-    rgb_of,
-    titled,
-)
+from vit_inspect.plots.canvas import SCATTER_PLOT_PIXELS, SMALL_TEXT, font_of, plot_axes, rgb_of, titled
 
 DISTANCE_FIGURE_INCHES = (5.0, 4.0)  # (width, height) of the attention-distance scatter
 HIGHLIGHT_COLOR = "tab:red"

@@ -7,13 +7,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import ImageDraw
 
-from vit_inspect.analysis.faithfulness import (
-    CURVES,
-    DEL_INS_FRACTIONS,
-    LOWER_IS_BETTER,
-    Curves,
-    better,
-)
+from vit_inspect.analysis.faithfulness import CURVES, DEL_INS_FRACTIONS, LOWER_IS_BETTER, Curves, better
 from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, plot_axes, titled
 
 RANDOM = "random"

@@ -11,14 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import (
-    COLORBAR_PIXELS,
-    SMALL_TEXT,
-    draw_colorbar,
-    font_of,
-    titled,
-    write_upwards,
-)
+from vit_inspect.plots.canvas import COLORBAR_PIXELS, SMALL_TEXT, draw_colorbar, font_of, titled, write_upwards
 
 HEATMAP_INCHES = (4.0, 5.0)  # (width, height) of a layers x heads heatmap
 LENS_INCHES = (6.0, 3.5)

@@ -9,23 +9,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import (
-    CAPTION_LINE_PIXELS,
-    COLORBAR_PIXELS,
-    SMALL_TEXT,
-    TEXT,
-    add_colorbar,
-    blend_tables,
-    color_index,
-    draw_colorbar,
-    font_of,
-    grid_of,
-    map_range,
-    normalized,
-    titled,
-    upsample,
-    wrap_to,
-)
+from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, SMALL_TEXT, TEXT, add_colorbar,
+                                      blend_tables, color_index, draw_colorbar, font_of, grid_of, map_range, normalized,
+                                      titled, upsample, wrap_to)
 
 MARKER_COLOR = (0, 255, 255)  # cyan, visible on the inferno/viridis palettes and on most photos
 MARKER_WIDTH_FRACTION = 0.125  # marker outline width as a fraction of the smaller patch side (>= 1 px)
@@ -176,7 +162,7 @@ def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[s
     return titled(grid_of(panels, columns), title)
 
 
-HEAD_TILE_PIXELS = 224  # longest side of one head's overlay in heads_panel (larger crops are scaled down)
+HEAD_TILE_PIXELS = 216  # longest side of one head's overlay in heads_panel (larger crops are scaled down)
 
 
 def heads_panel(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",

@@ -13,16 +13,8 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
 from vit_inspect.analysis.filters import FilterPCA
-from vit_inspect.plots.canvas import (
-    COLORBAR_PIXELS,
-    SMALL_TEXT,
-    draw_colorbar,
-    font_of,
-    grid_of,
-    normalized,
-    titled,
-    write_upwards,
-)
+from vit_inspect.plots.canvas import (COLORBAR_PIXELS, SMALL_TEXT, draw_colorbar, font_of, grid_of, normalized, titled,
+                                      write_upwards)
 
 TILE_INCHES = 1.0  # side of one tile in the filter and position-embedding grids
 TITLE_INCHES = 0.5  # room for a figure title above a grid of tiles
