@@ -66,7 +66,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         analyzed = gr.on(
             [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
-            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle),
+            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
             outputs=[session, given.predictions, page.overview.crop, given.target, *[panel[n] for n in IMAGE_PANELS],
                      page.overview.seen, page.attention.geometry, status, page.attention.query],
             api_name="analyze", **RAW, **MODEL_PASS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, view_map
 from vit_inspect.ui.relevance import computed, with_relevance
-from vit_inspect.ui.session_store import SessionStore, Slot, module_nbytes
+from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.tabs.attention import map_geometry
 from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, text
@@ -44,6 +45,7 @@ log = logging.getLogger("vit_inspect.app")
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")  # the panels a new class redraws
+CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # a refused class: the session, the list and its panels kept
 
 # A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
 # the pass is done; every other panel it clears. The Explain section's single maps are drawn by the event that
@@ -217,27 +219,24 @@ class Inspector:
     def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
                 progress=gr.Progress(), request: gr.Request = None, **controls):
         relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
+        current = controls.pop("current", None)  # the session's pass so far (a state: read when this event runs)
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return (None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None,
                     gr.skip(), READOUT)
         source, name = upload
         geometry = self.geometry_of(geometry_mode, shorter_side)
-        progress(0.1, desc="Loading the model")
         handle = self.handle(key)
-        progress(0.4, desc="Running the model (one forward and one backward pass"
-                           + (", plus AttnLRP and LeGrad)" if relevance else ")"))
-        result = self._pass(handle, source, geometry, relevance=relevance)
+        session = None
+        if (current is not None and (current.source, current.model, current.geometry) == (source, key, geometry)
+                and current.relevance == relevance):
+            # The page shows this input already: Gradio's image fires two changes when an upload replaces an
+            # image, and an API caller may send the same one again. Drawn again from the session, no pass.
+            with suppress(ResultDropped):  # unless the store let it go: then a pass as for a new image
+                session = current if current.results else None
+        session = session or self._new_session(handle, key, source, name, geometry, relevance, progress)
+        result = session.result
         progress(0.8, desc="Drawing")
-        scatter = distance_plots.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
-                                               title=f"{public_name(handle.name)} · this image")
-        slot = self.store.put({(result.target, None): result}, result.nbytes())
-        session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
-                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
-                          relevance=relevance,
-                          relevance_for=frozenset({(result.target, None)} if relevance else ()),
-                          digest=input_digest(result.rgb),
-                          image_words=f"{Path(name).name} ({geometry.describe(result.layout.input_size)})")
         target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
                             interactive=True) if result.probs.size else gr.update(choices=[], value=None))
         view = View.from_controls(result, **(controls | dict(query=READOUT)))  # a new image: no patch chosen yet
@@ -247,6 +246,21 @@ class Inspector:
         seen = map_plots.outline_region(result.preview, result.seen_box, result.source_size)
         return (session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result),
                 describe(handle, result.layout), READOUT)
+
+    def _new_session(self, handle: ViTHandle, key: CacheKey, source, name: str, geometry: InputGeometry,
+                     relevance: bool, progress) -> Session:
+        """One pass over a new input (one forward, one backward), kept in the store: the session showing it."""
+        progress(0.4, desc="Running the model (one forward and one backward pass"
+                           + (", plus AttnLRP and LeGrad)" if relevance else ")"))
+        result = self._pass(handle, source, geometry, relevance=relevance)
+        scatter = distance_plots.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
+                                                     title=f"{public_name(handle.name)} · this image")
+        slot = self.store.put({(result.target, None): result}, result.nbytes())
+        return Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+                       distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
+                       relevance=relevance, relevance_for=frozenset({(result.target, None)} if relevance else ()),
+                       digest=input_digest(result.rgb),
+                       image_words=f"{Path(name).name} ({geometry.describe(result.layout.input_size)})")
 
     def redraw(self, name: str):
         """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
@@ -353,7 +367,7 @@ class Inspector:
         try:
             target = text(target, "The class to explain", max_chars=40)
             if session is None or not target:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return CLASS_SKIP
             if not target.isdigit():
                 raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
                                  "in the search box.")
@@ -362,7 +376,7 @@ class Inspector:
             return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return CLASS_SKIP
 
     def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
                      request: gr.Request = None, **controls):
@@ -372,7 +386,7 @@ class Inspector:
         try:
             wanted = text(wanted, "The class search", 100)
             if session is None or not wanted:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return CLASS_SKIP
             index = find_class(session.labels, session.result.probs, wanted, "class to explain")
             contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
                                   "comparison")
@@ -380,7 +394,7 @@ class Inspector:
             return self._show_class(session, index, contrast, found, progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return CLASS_SKIP
 
     def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls,
                     request=None):
