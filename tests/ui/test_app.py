@@ -275,3 +275,46 @@ def test_a_backward_rollout_range_is_swapped_on_the_sliders_as_faithfulness_swap
     forward, *kept = client.predict(first_layer=3, last_layer=9, api_name="/rollout")
     assert kept == [{"__type__": "update"}] * 2  # a forward range leaves the sliders alone
     assert pixels(picture).shape == pixels(forward).shape and not np.array_equal(pixels(picture), pixels(forward))
+
+
+def test_curated_models_that_cannot_load_here_are_marked_before_a_pick(monkeypatch):
+    from vit_inspect.core import hub
+    from vit_inspect.ui import inputs
+
+    at_hand = {"deit_tiny_patch16_224"}
+    monkeypatch.setattr(inputs, "weights_at_hand", lambda name: name in at_hand)
+    monkeypatch.setattr(hub, "offline_by_setting", lambda: True)  # HF_HUB_OFFLINE: the hub is not asked
+    monkeypatch.setattr(hub, "hub_reachable", lambda: pytest.fail("an offline server probed the hub"))
+    choices = dict((value, label) for label, value in inputs.model_choices(inputs.CURATED_MODELS, ("my_vit",)))
+    assert choices["deit_tiny_patch16_224"] == "deit_tiny_patch16_224"
+    assert choices["deit_small_patch16_224"] == "deit_small_patch16_224 · needs the hub"
+    assert sum(label.endswith("needs the hub") for label in choices.values()) == len(inputs.CURATED_MODELS) - 1
+    assert inputs.model_choices(("my_vit",), ("my_vit",)) == [("my_vit", "my_vit")]  # the operator's own model
+    monkeypatch.setattr(hub, "offline_by_setting", lambda: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: True)  # online: every curated model can be fetched
+    assert all(label == value for label, value in inputs.model_choices(inputs.CURATED_MODELS))
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)  # a hub that does not answer: as offline
+    assert inputs.model_choices(("deit_base_patch16_224",)) == [("deit_base_patch16_224 · needs the hub",
+                                                                 "deit_base_patch16_224")]
+
+
+def test_weights_at_hand_reads_the_checkpoints_folder_and_the_hub_cache(tmp_path, monkeypatch):
+    from vit_inspect.core.load import weights_at_hand
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert not weights_at_hand("deit_small_patch16_224", tmp_path)
+    (tmp_path / "deit_small_patch16_224.safetensors").write_bytes(b"")
+    assert weights_at_hand("deit_small_patch16_224", tmp_path)
+    assert weights_at_hand("deit_tiny_patch16_224")  # the repository's checkpoints/ (the real weights)
+
+
+def test_the_same_input_again_is_drawn_from_the_session_without_a_pass(server, client):
+    """Gradio's image fires two changes when an upload replaces an image: the second costs no pass."""
+    first = analyze(client)
+    before = server.forwards
+    again = analyze(client)
+    assert server.forwards == before
+    assert again["predictions"] == first["predictions"] and np.array_equal(pixels(again["first_attention"]),
+                                                                           pixels(first["first_attention"]))
+    analyze(client, REPO / "assets" / "coffee.png")
+    assert server.forwards == before + 1

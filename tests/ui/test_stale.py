@@ -55,8 +55,8 @@ def test_the_check_keeps_clears_or_recomputes_each_result():
     updates = check(session("coffee"), KEY, "Overview", cat, None, cat, None)
     made_from, figure, note, kept = updates[:4]
     assert made_from is None and figure is None and kept.get("__type__") == "update"
-    assert note == ("*Cleared: these were computed for cat.png (crop), class #285; the image or what the model "
-                    "sees of it changed. Press **Score** to compute them for coffee.png (crop), class #285.*")
+    assert note == ("*Cleared: the image or what the model sees of it changed (these were for cat.png (crop)). "
+                    "Press **Score** to compute them for coffee.png (crop), class #285.*")
     assert all(v.get("__type__") == "update" for v in updates[4:])  # the model-level result still holds
     other = CacheKey("deit_small_patch16_224", None, "cpu")
     shown = check(session(model=other), other, "Filters", cat, None, cat, None)
@@ -105,8 +105,9 @@ def test_a_new_image_clears_what_the_old_one_was_scored_and_compared_with(client
     cleared = outputs(client, "stale_check_image")
     for elem_id in ("faithfulness-note", "compare-note", "downloads-note", "ablate-effect"):
         sentence = cleared[elem(client, elem_id)]
-        assert sentence.startswith("*Cleared: these were computed for chelsea.png"), (elem_id, sentence)
-        assert "Egyptian cat" in sentence and "coffee.png" in sentence, sentence
+        assert sentence.startswith("*Cleared: the image or what the model sees of it changed (these were for "
+                                   "chelsea.png"), (elem_id, sentence)
+        assert "Egyptian cat" not in sentence and "coffee.png" in sentence and "espresso" in sentence, sentence
     for elem_id in ("faithfulness-curves", "compare-maps-ab", "download-files", "ablated-attention"):
         assert cleared[elem(client, elem_id)] is None, elem_id
     assert not cleared[elem(client, "compare-top-a")]  # a label cleared: no classes (gradio_client gives {})

@@ -104,14 +104,16 @@ NOTE = "\u2063note"  # `Tracked.cleared`: this output shows the sentence
 
 
 def cleared_sentence(tracked: Tracked, old: Basis, now: Basis) -> str:
-    """"Cleared: these were computed for chelsea.png, class tabby (#281); the image changed. Press **Score**
-    to compute them for coffee.png, class espresso (#967).\""""
+    """"Cleared: the image or what the model sees of it changed (these were for chelsea.png). Press **Score the
+    maps** to compute them for coffee.png, class espresso (#967)." It names the input they were for only by its
+    file, never its classes: a cleared result shows nothing of the input it was computed from."""
     if tracked.sentence is not None:
         return tracked.sentence(old, now)
+    change = old.changed(now, tracked.level)
+    were = f" (these were for {old.image_words})" if old.image_words and old.image != now.image else ""
     target = now.words(tracked.level)
     for_now = f" for {target}" if now.image is not None or tracked.level == "model" else " once an image is analysed"
-    return (f"*Cleared: these were computed for {old.words(tracked.level)}; {old.changed(now, tracked.level)}. "
-            f"Press {tracked.press} to compute them{for_now}.*")
+    return f"*Cleared: {change}{were}. Press {tracked.press} to compute them{for_now}.*"
 
 
 def refresh(tracked: tuple[Tracked, ...]):

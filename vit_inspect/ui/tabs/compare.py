@@ -310,7 +310,8 @@ class CompareView:
 def layout(models, session_ttl_s: float) -> CompareView:
     """The tab, its controls and figures, inside the page's sections; ``models`` are the (label, name) choices
     model B's picker offers."""
-    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
+    figure_out = dict(interactive=False, format="png", show_label=False, container=False,  # figures title themselves
+                      buttons=["download"])
     with gr.Tab("Compare", elem_id="compare-tab") as tab:
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
                     "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
@@ -349,10 +350,9 @@ def layout(models, session_ttl_s: float) -> CompareView:
         similarity = OutputImage(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
         mass = gr.Slider(0.1, 1.0, value=DINO_MASS, step=0.05, label="DINO masks: share of attention mass kept",
                          elem_id="compare-mass")
-        with gr.Row():
-            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a",
-                                  **figure_out)
-            heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
+        heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a",
+                              **figure_out)  # one under the other: each at its own size, its text never shrunk
+        heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
         with gr.Row():
             remove_background = gr.Checkbox(False, label="Feature PCA: remove the background (first component)")
             threshold = gr.Slider(0.0, 1.0, value=BACKGROUND_THRESHOLD, step=0.05, label="Background threshold")
@@ -360,10 +360,9 @@ def layout(models, session_ttl_s: float) -> CompareView:
             pca_files = gr.File(label=f"More images for a joint feature PCA (up to {MAX_PCA_IMAGES - 1})",
                                 file_count="multiple", file_types=["image"], type="filepath", height=100, scale=3)
             pca_button = gr.Button("Fit the PCA jointly", scale=1)
-        with gr.Row():
-            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
-                                **figure_out)
-            pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
+        pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
+                            **figure_out)
+        pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
     return CompareView(tab, key_b, state, made_from, classes, name_b, weights_b, size_b, load_b, run, status_b, top_a, top_b, layer, note,
                        table, maps, distance, filters, similarity, mass, heads_a, heads_b, remove_background,
                        threshold, pca_files, pca_button, pca_a, pca_b)

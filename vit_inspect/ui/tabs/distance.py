@@ -45,9 +45,11 @@ def layout() -> DistanceView:
         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
                     "each head looks. The red dot is the layer and head chosen under **Explain → Attention** "
                     "(the legend prints them).")
-        with gr.Row():
-            panel = OutputImage(label="This image", elem_id="distance-plot", **FIGURE_OUT)
-            dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot", **FIGURE_OUT)
+        with gr.Row():  # side by side where both fit at their own size, else one under the other
+            with gr.Column(min_width=540):
+                panel = OutputImage(label="This image", elem_id="distance-plot", **FIGURE_OUT)
+            with gr.Column(min_width=540):
+                dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot", **FIGURE_OUT)
         with gr.Row():
             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
                                     file_count="multiple", file_types=["image"], type="filepath",

@@ -519,13 +519,14 @@ class HeadsTab:
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
     def overview_if_shown(self, tab: str, outputs: int):
-        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise nothing:
-        the page's stale-result check (`ui.stale`) clears an older ablation or importance, and the tab draws
-        the rest when it opens."""
+        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise the lens
+        and the first-order heatmap of the previous image or class are cleared (the tab draws them when it
+        opens), and the page's stale-result check (`ui.stale`) clears an older ablation or importance."""
         def handler(session, state: HeadsState | None, shown: object, **controls):
             if shown == tab or session is None:
                 return self.overview(session, state, **controls)
-            return [gr.skip()] * outputs
+            skip = gr.skip()
+            return skip, skip, None, skip, None, None, "", skip, skip, None, *[skip] * (outputs - 10)
         return handler
 
     @staticmethod

@@ -17,7 +17,7 @@ import gradio as gr
 from vit_inspect.ui.common import MAP_OUT, OutputImage
 from vit_inspect.ui.panels import FIRST_VIEW
 
-NOT_SCORED = "*Faithfulness: not scored yet (**Score faithfulness**, below).*"
+NOT_SCORED = "*Faithfulness: not scored yet (press Score faithfulness, below).*"
 VERDICT_METHODS = {"first_attention": "attention", "first_rollout": "rollout", "first_relevance": "chefer"}
 SCORE_LABEL = "Score faithfulness (about 30 batched forward passes per map)"
 
