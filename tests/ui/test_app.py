@@ -29,7 +29,7 @@ from vit_inspect.ui.common import (
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.plots.canvas import COLORBAR_PIXELS
-from vit_inspect.ui.inspector import CLASS_PANELS, EXPLAIN_PANELS, FIRST_PANELS, FIRST_TAB, LATER_PANELS
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_PANELS, FIRST_TAB, LATER_PANELS
 from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import PATCH
@@ -73,7 +73,7 @@ def test_the_page_records_the_tab_it_shows():
     assert {t._id for t in tabs} <= set(recorded)  # every tab records itself, without a server call
     for tab in tabs:
         if tab.label in sections:  # reads what its sub-tab recorded
-            assert any(js.endswith(f"[{json.dumps(tab.label)}] || {json.dumps(sections[tab.label])}")
+            assert any(js.endswith(f"[{json.dumps(tab.label)}] || {json.dumps(sections[tab.label])})")
                        for js in recorded[tab._id]), tab.label
         else:
             assert any(js.endswith(f"= {json.dumps(tab.label)})") for js in recorded[tab._id]), tab.label
@@ -114,12 +114,13 @@ def test_a_cat_photo_is_a_cat(client):
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
     for name in FIRST_PANELS:  # the first view's three maps, at the crop's own size with a colour bar
         assert pixels(result[name]).shape[1] == 224 + COLORBAR_PIXELS
-    for name in EXPLAIN_PANELS:  # the Explain section's maps, drawn right after: 448 pixels wide
+    for name in ("attention", "rollout", "gradcam", "relevance"):  # the Explain section's maps: 448 pixels wide
         assert pixels(result[name]).shape[1] == 448 + COLORBAR_PIXELS
-    for name, tab in LATER_PANELS.items():  # the figures: cleared by the answer, then drawn if in view
-        assert result[name] is None
-        assert pixels(client.predict(tab, api_name=f"/{name}_of_new_image")).ndim == 3
-    assert set(FIRST_PANELS) | set(EXPLAIN_PANELS) | set(LATER_PANELS) == set(IMAGE_PANELS)
+    for name, tab in LATER_PANELS.items():  # cleared by the answer, then drawn only for the view shown
+        drawn = dict(zip(LATER_PANELS, client.predict(tab, api_name="/panels_of_new_image")))
+        assert pixels(drawn[name]).ndim == 3
+        assert all(value == {"__type__": "update"} for other, value in drawn.items() if LATER_PANELS[other] != tab)
+    assert set(FIRST_PANELS) | set(LATER_PANELS) == set(IMAGE_PANELS)
     # what the browser turns a clicked pixel into a patch with: the map's enlargement, DeiT-Ti's 224 px input,
     # 16 px patches, 14 x 14
     assert result["geometry"] == {"scale": 2, "input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
@@ -308,13 +309,27 @@ def test_weights_at_hand_reads_the_checkpoints_folder_and_the_hub_cache(tmp_path
     assert weights_at_hand("deit_tiny_patch16_224")  # the repository's checkpoints/ (the real weights)
 
 
-def test_the_same_input_again_is_drawn_from_the_session_without_a_pass(server, client):
-    """Gradio's image fires two changes when an upload replaces an image: the second costs no pass."""
-    first = analyze(client)
+def test_the_same_input_again_changes_nothing_and_costs_no_pass(server, client):
+    """Gradio's image fires two changes when an upload replaces an image: the second costs no pass and
+    draws nothing (its controls are still checked)."""
+    analyze(client)
     before = server.forwards
     again = analyze(client)
     assert server.forwards == before
-    assert again["predictions"] == first["predictions"] and np.array_equal(pixels(again["first_attention"]),
-                                                                           pixels(first["first_attention"]))
-    analyze(client, REPO / "assets" / "coffee.png")
+    assert all(value == {"__type__": "update"} for value in again.values())
+    with pytest.raises(AppError, match="must be a number"):
+        client.predict(handle_file(str(CHELSEA)), layer="deep", api_name="/analyze")
+    assert analyze(client, REPO / "assets" / "coffee.png")["predictions"]["label"] == "espresso (#967)"
     assert server.forwards == before + 1
+
+
+def test_the_status_line_gives_a_non_square_inputs_own_grid(client, tmp_path):
+    from support import dog_and_cat
+
+    pair = tmp_path / "dog_and_cat.png"
+    dog_and_cat(pair)
+    answer = client.predict(handle_file(str(pair)), "whole image, aspect kept", 224, api_name="/analyze")
+    status = answer[-2]
+    assert "on a 14×14 grid at its own size; **this input: 224×" in status and "a 14×" in status.split("this input")[1]
+    square = client.predict(handle_file(str(CHELSEA)), "model's centre crop", 224, api_name="/analyze")[-2]
+    assert "this input" not in square and "on a 14×14 grid" in square

@@ -8,7 +8,7 @@ import gradio as gr
 from vit_inspect.ui import clicks, inputs, sections
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import CLASS_PANELS, EXPLAIN_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS
 from vit_inspect.ui.stale import KEEP, NOTE, Tracked, refresh, refresh_io
@@ -19,6 +19,7 @@ INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, whe
          "The page opens on an example; upload your own image or pick another, and every slider and click "
          "redraws from one pass of the model. Every map has a colour bar with its unit and a caption with its "
          "settings.")
+API_NAMES = {"relevance": "gradient_weighted_attention"}  # a redraw whose panel's name is another event's api_name
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
 
@@ -57,8 +58,9 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
 
         clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
         gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry, given.image], api_name="startup")
-        gr.on([demo.load], inputs.choices_handler(models, (app.default_label,)),
-              outputs=[given.model_name, page.compare.name_b], api_name="model_choices", show_progress="hidden")
+        gr.on([given.model_box.expand, page.compare.tab.select], inputs.choices_handler(models, (app.default_label,)),
+              outputs=[given.model_name, page.compare.name_b], api_name="model_choices",
+              show_progress="hidden")  # when a picker comes into view, not while the first view loads
         loaded = gr.on([given.load_button.click, given.model_name.select], app.load_model,
                        inputs=[given.model_name, given.weights], outputs=[key, status, given.model_box, *geometry],
                        api_name="load_model", **RAW)
@@ -71,27 +73,30 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                      page.overview.seen, page.attention.geometry, status, page.attention.query],
             api_name="analyze", **RAW, **MODEL_PASS)
         sections.record_shown(page, shown_tab)
-        analyzed.success(app.redraw_many(EXPLAIN_PANELS), inputs=[session], inputs_kwargs=controls,
-                         outputs=[panel[n] for n in EXPLAIN_PANELS], api_name="explain_maps_of_new_image",
-                         show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
-        for name, tab in LATER_PANELS.items():  # the figures of a new image, once its maps are shown, if in view
-            analyzed.success(app.redraw_if_shown(name, tab), inputs=[session, shown_tab], inputs_kwargs=controls,
-                             outputs=panel[name], api_name=f"{name}_of_new_image", show_progress="hidden",
-                             concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
+                         outputs=[panel[n] for n in LATER_PANELS], api_name="panels_of_new_image",
+                         show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)  # those in view
         # Each panel redraws from the session's pass when a control it shows changes (maps with a colour range
         # also on the colour scale); panels showing other tabs' controls redraw when their tab opens.
-        redraws = {"attention": [*page.attention.redraw_on, given.scale.input],
-                   "gradcam": [*page.gradcam.redraw_on, given.scale.input],
+        # A view drawn out of sight is drawn when it opens, or its section does (the view it shows then).
+        redraws = {"attention": [*page.attention.redraw_on, given.scale.input, page.attention.tab.select],
+                   "gradcam": [*page.gradcam.redraw_on, given.scale.input, page.gradcam.tab.select],
+                   "relevance": [page.gradcam.tab.select],
                    "heads": [*page.all_heads.redraw_on, page.heads_section.select, given.scale.input],
                    "distance": [*page.distance.redraw_on, page.sees.select],
-                   "compare": [*page.all_maps.redraw_on, page.explain.select]}
+                   "compare": page.all_maps.redraw_on}
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
-                  api_name=name, trigger_mode="always_last", show_progress="hidden",
+                  api_name=API_NAMES.get(name, name), trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **RAW)
-        gr.on([*page.rollout.redraw_on, given.scale.input], app.redraw_rollout, inputs=[session], inputs_kwargs=controls,
+        gr.on([*page.rollout.redraw_on, given.scale.input, page.rollout.tab.select], app.redraw_rollout,
+              inputs=[session], inputs_kwargs=controls,
               outputs=[page.rollout.panel, page.rollout.first_layer, page.rollout.last_layer], api_name="rollout",
               trigger_mode="always_last", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        explain = {name: tab for name, tab in LATER_PANELS.items() if tab in page.labels(page.explain)}
+        gr.on([page.explain.select], app.redraw_shown(explain), inputs=[session, shown_tab], inputs_kwargs=controls,
+              outputs=[panel[n] for n in explain], js=sections.shown_js(page, page.explain, position=1),
+              api_name="explain_opened", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
         gr.on([given.scale.input], app.redraw_many(FIRST_VIEW), inputs=[session], inputs_kwargs=controls,
               outputs=list(page.overview.maps), api_name="first_view", trigger_mode="always_last",
               show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)

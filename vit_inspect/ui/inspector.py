@@ -48,12 +48,12 @@ CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")
 CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # a refused class: the session, the list and its panels kept
 
 # A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
-# the pass is done; every other panel it clears. The Explain section's single maps are drawn by the event that
-# follows it; these figures (PIL pictures of 3-20 ms for DeiT-Ti; once about 1 s of matplotlib, 7x its pass)
-# only if the page shows their tab then (else the tab draws its figure when it opens): panel -> its tab
+# the pass is done; every other panel it clears. The event that follows it draws those (PIL pictures of 3-20 ms
+# for DeiT-Ti) only if the page shows their tab then, else the tab draws them when it opens: nothing drawn out
+# of view competes with the browser fetching the first view. panel -> its tab
 FIRST_PANELS = FIRST_VIEW
-EXPLAIN_PANELS = ("attention", "rollout", "gradcam", "relevance")
-LATER_PANELS = {"distance": "Attention distance", "compare": "All maps", "heads": "All heads"}
+LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "relevance": "Grad-CAM",
+                "compare": "All maps", "heads": "All heads", "distance": "Attention distance"}
 FIRST_TAB = "Overview"  # the tab a page opens on
 
 
@@ -227,14 +227,14 @@ class Inspector:
         source, name = upload
         geometry = self.geometry_of(geometry_mode, shorter_side)
         handle = self.handle(key)
-        session = None
         if (current is not None and (current.source, current.model, current.geometry) == (source, key, geometry)
                 and current.relevance == relevance):
             # The page shows this input already: Gradio's image fires two changes when an upload replaces an
-            # image, and an API caller may send the same one again. Drawn again from the session, no pass.
+            # image. Nothing changes (the controls are still checked), no pass, and nothing drawn.
             with suppress(ResultDropped):  # unless the store let it go: then a pass as for a new image
-                session = current if current.results else None
-        session = session or self._new_session(handle, key, source, name, geometry, relevance, progress)
+                View.from_controls(current.result, **controls)
+                return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output: session, top-5, ..., query
+        session = self._new_session(handle, key, source, name, geometry, relevance, progress)
         result = session.result
         progress(0.8, desc="Drawing")
         target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
@@ -272,8 +272,18 @@ class Inspector:
             return picture if newest else gr.skip()
         return handler
 
+    def redraw_shown(self, tabs: dict[str, str]):
+        """One handler for the panels of ``tabs`` (panel -> its tab): those whose tab the page shows are drawn
+        (`redraw`), the others left as the new image's answer left them, cleared."""
+        draws = {name: self.redraw(name) for name in tabs}
+
+        def handler(session: Session | None, shown: object, request: gr.Request = None, **controls):
+            return tuple(draws[name](session, request=request, **controls) if tab == shown else gr.skip()
+                         for name, tab in tabs.items())
+        return handler
+
     def redraw_many(self, names: tuple[str, ...]):
-        """`redraw` of several panels in one event (the Explain section's maps after a new image)."""
+        """`redraw` of several panels in one event (the first view's maps on another colour scale)."""
         draws = [self.redraw(name) for name in names]
 
         def handler(session: Session | None, request: gr.Request = None, **controls):

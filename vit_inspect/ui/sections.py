@@ -36,6 +36,10 @@ class Sections:
     compare: compare.CompareView
     downloads: downloads.DownloadsView
 
+    def labels(self, section: gr.Tab) -> set[str]:
+        """The labels of a section's views."""
+        return {tab.label for group, tabs in self.groups() if group is section for tab in tabs}
+
     def groups(self) -> list[tuple[gr.Tab, list[gr.Tab]]]:
         """(section tab, its sub-tabs) in page order; a section without sub-tabs is its own only one."""
         return [(self.explain, [self.overview.tab, self.attention.tab, self.rollout.tab, self.gradcam.tab,
@@ -67,13 +71,25 @@ def record_shown(sections: Sections, shown: gr.Textbox) -> None:
     """Browser-only listeners (no server call) that keep ``shown`` the label of the sub-tab in view."""
     for section, tabs in sections.groups():
         name = json.dumps(section.label)
-        gr.on([section.select], None, outputs=[shown], queue=False,
-              js=f"() => (window.vitInspectTabs || {{}})[{name}] || {json.dumps(tabs[0].label)}")
+        gr.on([section.select], None, outputs=[shown], queue=False, js=f"() => {remembered(sections, section)}")
         for tab in tabs:
             if tab is not section:
                 gr.on([tab.select], None, outputs=[shown], queue=False,
                       js=f"() => ((window.vitInspectTabs = window.vitInspectTabs || {{}})[{name}] = "
                          f"{json.dumps(tab.label)})")
+
+
+def remembered(sections: Sections, section: gr.Tab) -> str:
+    """JS: the label of the view ``section`` shows (the one it last showed; its first at the start)."""
+    first = next(tabs[0] for group, tabs in sections.groups() if group is section)
+    return f"((window.vitInspectTabs || {{}})[{json.dumps(section.label)}] || {json.dumps(first.label)})"
+
+
+def shown_js(sections: Sections, section: gr.Tab, position: int) -> str:
+    """JS run before a server event on ``section``'s opening: its input at ``position`` (the shown textbox)
+    becomes the view the section shows, read in the page, whatever the textbox's own listener has done yet.
+    Gradio selects the first section when the page mounts: then the view is the first view."""
+    return f"(...values) => {{ values[{position}] = {remembered(sections, section)}; return values; }}"
 
 
 def opened(section: gr.Tab, tab: gr.Tab) -> list:

@@ -26,7 +26,7 @@ from vit_inspect.analysis import class_name
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.ui.common import shown_model
-from vit_inspect.ui.inspector import EXPLAIN_PANELS, FIRST_PANELS, Inspector
+from vit_inspect.ui.inspector import FIRST_PANELS, Inspector
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.tabs.heads import HeadsTab, cell_at, heatmap
@@ -131,6 +131,7 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     client.predict(handle_file(str(CHELSEA)), api_name="/analyze")
     clicked = pixels(client.predict(layer=layer, head=head, scale=shared, api_name="/attention"))
     assert not np.array_equal(clicked, pixels(client.predict(layer=11, head=0, scale=shared, api_name="/attention")))
+    clicked_own = pixels(client.predict(layer=layer, head=head, api_name="/attention"))  # each map its own range
 
     expect = sync_api.expect
     page.reload(wait_until="load")  # a new session with the default controls (the module shares one page)
@@ -144,14 +145,16 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     expect(heatmap_img).to_be_visible()
     assert heatmap_img.evaluate("e => [e.naturalWidth, e.naturalHeight]") == list(local.shape[1::-1])
     click_pixel(heatmap_img, x, y)
-    open_tab(page, "Attention")
+    open_tab(page, "Attention")  # the view's opening redraws its map: a redraw sent while the pick is held
     expect(page.locator("#layer-slider input[type=number]")).to_have_value(str(layer))
     expect(page.locator("#head-slider input[type=number]")).to_have_value(str(head))
     assert not HELD["pick_head"].is_set()  # set in the browser: the server's pick has not answered
-    expect(page.locator("#attention-map img")).to_have_attribute("src", before)
-
-    page.locator("#scale").get_by_text(shared).click()  # a redraw sent while the pick is still held
     expect(page.locator("#attention-map img")).not_to_have_attribute("src", before)
+    assert np.array_equal(shown_pixels(page, "attention-map"), clicked_own)  # the clicked layer and head
+    drawn = image_src(page, "attention-map")
+
+    page.locator("#scale").get_by_text(shared).click()  # another redraw sent while the pick is still held
+    expect(page.locator("#attention-map img")).not_to_have_attribute("src", drawn)
     assert np.array_equal(shown_pixels(page, "attention-map"), clicked)  # the clicked layer and head
     HELD["pick_head"].set()
 
@@ -173,4 +176,4 @@ def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypa
     sync_api.expect(page.locator("#predictions")).to_contain_text("espresso")
     sync_api.expect(page.locator("#compare-maps img")).not_to_have_attribute("src", before)
     assert drawn.count("compare") == 1 and "distance" not in drawn and "heads" not in drawn
-    assert set(drawn) == {*FIRST_PANELS, *EXPLAIN_PANELS, "compare"}
+    assert set(drawn) == {*FIRST_PANELS, "compare"}  # nothing out of view

@@ -116,4 +116,13 @@ def test_first_view_sections_a_second_image_and_compare(server, page, tiny_weigh
     expect(page.locator("#compare-maps-ab img")).to_be_visible()
     check_readable(page, "Compare")
     page.screenshot(path=str(ARTIFACTS / "page_1366_04_compare.png"), full_page=True)
+
+    # A section remembers its view: a new image while Heads is open, then Explain shows Attention drawn for it.
+    open_tab(page, "Attention")
+    page.get_by_role("tab", name="Heads", exact=True).click()
+    page.locator("#input-image input[type=file]").set_input_files(str(REPO / "assets" / "astronaut.png"))
+    expect(page.locator("#predictions")).not_to_contain_text("espresso")
+    page.get_by_role("tab", name="Explain", exact=True).click()
+    expect(page.get_by_role("tab", name="Attention", exact=True)).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#attention-map img")).to_be_visible()
     expect(page.locator("[data-testid='toast-body'].error")).to_have_count(0)
