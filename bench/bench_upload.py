@@ -40,11 +40,11 @@ the answer (`LATER_PANELS`: the distance scatter, all maps side by side, all hea
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
-or ../shared/models when present) the real model, else random weights.
+or the data folder beside the checkout when present) the real model, else random weights.
 
     python -m bench.bench_upload [--repeats 7] [--threads 2] [--image assets/chelsea.png] [--before-tree DIR]
 
-    git archive afcd7f7 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the figures with
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ from vit_inspect.ui.inspector import LATER_PANELS, Inspector
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import View
 
-from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, print_header, set_threads
+from .common import REPO, SHARED, THREADS, figure_image, markdown_table, measure, other_module, print_header, set_threads
 
 
 class _Quiet:
@@ -220,12 +220,12 @@ def main() -> None:
 
         from .bench_rollout_redraw import load_package
 
-        other = importlib.import_module(f"{load_package(args.before_tree.resolve()).__name__}.ui.panels")
-        other_package = other.__name__.rsplit(".", 2)[0]
-        other_scatter = importlib.import_module(f"{other_package}.plotting").DistanceScatterOnce
+        package = load_package(args.before_tree.resolve())
+        other = importlib.import_module(f"{package.__name__}.ui.panels")
+        other_scatter = other_module(package, "plots.distance", "plotting").DistanceScatterOnce
         before = {name: f"later: {name}, the other version" for name in ("distance", "compare", "heads")}
         candidates |= {label: figure(name, other.draw_panels, other_scatter) for name, label in before.items()}
-        other_heads = importlib.import_module(f"{other_package}.ui.heads")
+        other_heads = other_module(package, "ui.tabs.heads", "ui.heads")
         first_order = session.result.heads.first_order
         cells = itertools.cycle([(layer, head) for layer in range(handle.depth) for head in range(handle.num_heads)])
 

@@ -220,19 +220,30 @@ def test_gradient_reductions_equal_their_definitions(kind):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent GPU machine)")
-def test_gradient_reductions_on_the_gpu_equal_the_cpus():
-    """On a GPU, W = A * dA/dy is formed where the maps are (only (N, N) reductions cross to the CPU);
-    every gradient method equals the CPU pass's to float32 rounding."""
+@pytest.mark.parametrize("kept", [True, False], ids=["kept-maps", "qk-store"])
+def test_the_pass_on_the_gpu_equals_the_cpus(kept, monkeypatch):
+    """On a GPU every per-layer reduction runs where the maps are and the result crosses to the host once;
+    the store, Grad-CAM, the distances, the head statistics and every gradient method equal the CPU pass's
+    to float32 rounding (a float16 store to one unit in its last place)."""
     from support import make_tiny_timm
 
     from vit_inspect.core.timm_models import handle_from_timm
+    from vit_inspect.passes import attention_store
 
+    if not kept:
+        monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
     image = _image(2)
     results = [analyze_image(handle_from_timm(make_tiny_timm("cls", 0), name="tiny-cls", device=device,
                                               input_size=TINY_TIMM["cls"][1]), image, relevance=False)
                for device in ("cpu", "cuda")]
     cpu, gpu = results
     assert gpu.target == cpu.target
+    assert gpu.attention_store.mode == cpu.attention_store.mode == ("maps" if kept else "qk16")
+    np.testing.assert_allclose(gpu.attention_store.stack().astype(np.float32),
+                               cpu.attention_store.stack().astype(np.float32), rtol=2e-3, atol=1e-3)
+    np.testing.assert_allclose(gpu.gradcam, cpu.gradcam, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gpu.mean_distance, cpu.mean_distance, rtol=1e-5)
+    np.testing.assert_allclose(gpu.heads.prefix_share, cpu.heads.prefix_share, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(gpu.chefer, cpu.chefer, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(gpu.heads.first_order, cpu.heads.first_order, rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(gpu.gradient_rollout(0.9), cpu.gradient_rollout(0.9), rtol=1e-3, atol=1e-6)

@@ -121,7 +121,7 @@ class AttentionStore:
 
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
-        rounded to float16 values: the numbers the first release stored, so rankings (rollout's
+        rounded to float16 values: the numbers a stack of float16 maps holds, so rankings (rollout's
         ``discard_ratio``) break ties the same way. Read from the stored or spilled maps when there are
         any, else rebuilt from Q and K."""
         self._check_layer(layer)
@@ -189,7 +189,7 @@ class AttentionStore:
         return fused
 
     def stack(self) -> np.ndarray:
-        """(depth, heads, N, N) float16: every map, as the first release kept them (allocates all of it)."""
+        """(depth, heads, N, N) float16: every map at once (allocates all of it)."""
         if self.maps is not None:
             return self.maps
         return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])
@@ -343,19 +343,22 @@ def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | No
 
 @dataclass(eq=False)
 class _Pending:
-    """One layer waiting for `LayerStream._flush`: its maps (for the fallback), float32 Q and K of image 0
-    and the sampled rows of its maps (None when Q/K were not recorded or the maps are not (B, heads, N, N))."""
+    """One layer waiting for `LayerStream._flush`: its maps (for the fallback), Q and K of image 0 as the model
+    made them and the sampled rows of its maps (None when Q/K were not recorded or the maps are not
+    (B, heads, N, N)), all on the model's device."""
 
     layer: int
     maps: torch.Tensor  # (heads, N, N) as the model produced them
-    queries: torch.Tensor | None = None  # (heads, N, d) float32
+    queries: torch.Tensor | None = None  # (heads, N, d) in the model's dtype
     keys: torch.Tensor | None = None
     real: torch.Tensor | None = None  # (heads, n, N) float32 sampled rows
-    passed: bool = False  # True once Q/K in some dtype reproduced the rows
 
-    def nbytes(self) -> int:
-        return sum(t.untyped_storage().nbytes() for t in (self.maps, self.queries, self.keys, self.real)
-                   if t is not None)
+    def nbytes(self, held_by_autograd: bool = False) -> int:
+        """Bytes it keeps alive, or with gradients (the backward keeps the maps, Q and K anyway) the bytes
+        the check will copy: Q, K and the sampled rows."""
+        held = (self.queries, self.keys, self.real) if held_by_autograd else (self.maps, self.queries, self.keys,
+                                                                             self.real)
+        return sum(t.untyped_storage().nbytes() for t in held if t is not None)
 
 
 def _rebuild_errors(queries: torch.Tensor, keys: torch.Tensor, scale: torch.Tensor, real: torch.Tensor,
@@ -377,10 +380,16 @@ class LayerStream:
     finished for every layer at once by `mean_distance`. Only one layer's float32 maps are alive at a time,
     so the pass never holds depth x heads x N^2 float32 values (with ``keep_maps``, a small model's float16
     maps of every layer, `keeps_maps`).
+
+    Everything stays on the model's device until `store` copies the result to the host once, already compact:
+    no layer crosses to the host on its own. The check's verdicts are the only values read back before then,
+    a few numbers per `_flush`. ``held_by_autograd`` (a pass with gradients, whose backward keeps every
+    layer's maps, Q and K anyway) counts only what the check copies (Q, K, sampled rows) toward CHECK_BYTES,
+    so such a pass checks several layers at a time even where one layer's maps pass the bound.
     """
 
     def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE,
-                 spill: Spill | None = None, keep_maps: bool = False):
+                 spill: Spill | None = None, keep_maps: bool = False, held_by_autograd: bool = False):
         self.handle = handle
         self.layout = layout
         self.tolerance = tolerance
@@ -388,22 +397,25 @@ class LayerStream:
         self.depth = handle.depth
         # `keeps_maps`: every layer's maps of image 0 go into one float16 array, no Q/K is recorded or checked
         self.keep_maps = keep_maps
-        self._kept: np.ndarray | None = None  # (depth, heads, N, N) float16, made on the first layer
+        self.held_by_autograd = held_by_autograd
+        self._kept: torch.Tensor | None = None  # (depth, heads, N, N) float16 on the maps' device, made on the first layer
         self._kept_layers: set[int] = set()
         # the query and key modules each layer's Q/K are recorded from (none when the maps themselves are kept)
         self.modules = [None] * self.depth if keep_maps else [_qk_modules(a) for a in handle.attention_modules]
         self._q: dict[int, torch.Tensor] = {}
         self._k: dict[int, torch.Tensor] = {}
-        self.queries: list[np.ndarray | None] = [None] * self.depth
-        self.keys: list[np.ndarray | None] = [None] * self.depth
-        self.maps: list[np.ndarray | None] = [None] * self.depth  # kept only for layers that failed the check
+        # per layer, on the model's device: Q and K rounded to the dtype that passed the check, or the float16
+        # maps of a layer that failed it
+        self.queries: list[torch.Tensor | None] = [None] * self.depth
+        self.keys: list[torch.Tensor | None] = [None] * self.depth
+        self.maps: list[torch.Tensor | None] = [None] * self.depth  # kept only for layers that failed the check
         self.errors = np.zeros(self.depth)
         # per layer, image 0: sum_j a_ij d_ij and sum_j a_ij over patch keys j, (heads, P) float32 each
         self._distance_sums: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.depth
         self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
         self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
         self._pending_bytes = 0
-        self._samples: dict[int, torch.Tensor] = {}  # N -> the rows the check compares
+        self._samples: dict[tuple, torch.Tensor] = {}  # (N, device) -> the rows the check compares
 
     def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
         """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
@@ -448,9 +460,9 @@ class LayerStream:
         probs = probs.detach()
         self._distance_sums[layer] = self._distance_sums_of(probs[0].float())
         if self.keep_maps:
-            if self._kept is None:
-                self._kept = np.empty((self.depth, *probs.shape[1:]), dtype=np.float16)
-            torch.from_numpy(self._kept[layer]).copy_(probs[0])  # rounded to float16 by torch, as numpy rounds
+            if self._kept is None:  # on the host directly when the model runs there: `store` then copies nothing
+                self._kept = torch.empty((self.depth, *probs.shape[1:]), dtype=torch.float16, device=probs.device)
+            self._kept[layer].copy_(probs[0])  # rounded to float16 by torch, as numpy rounds
             self._kept_layers.add(layer)
             return
         if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[1:]) == self.spill.shape[1:]:
@@ -460,25 +472,26 @@ class LayerStream:
         maps = probs[0]  # (heads, N, N), what the maps fallback keeps (a view: no copy)
         entry = _Pending(layer, maps)
         if q is not None and k is not None and found is not None and probs.ndim == 4:
-            entry.queries, entry.keys = q[0].float().cpu(), k[0].float().cpu()  # (heads, N, d)
-            sample = self._sample(maps.shape[-1])
-            entry.real = maps.index_select(1, sample.to(maps.device)).float().cpu()  # (heads, n, N)
+            entry.queries, entry.keys = q[0], k[0]  # (heads, N, d), on the device, no copy
+            entry.real = maps.index_select(1, self._sample(maps.shape[-1], maps.device)).float()  # (heads, n, N)
         self._pending.append(entry)
-        self._pending_bytes += entry.nbytes()
+        self._pending_bytes += entry.nbytes(self.held_by_autograd)
         if self._pending_bytes >= CHECK_BYTES:
             self._flush()
 
-    def _sample(self, num_tokens: int) -> torch.Tensor:
+    def _sample(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The (n,) query rows compared: ROWS_CHECKED evenly spaced, first and last included."""
-        if num_tokens not in self._samples:
-            self._samples[num_tokens] = torch.from_numpy(
-                np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64)))
-        return self._samples[num_tokens]
+        key = (num_tokens, str(device))
+        if key not in self._samples:
+            self._samples[key] = torch.from_numpy(
+                np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64))).to(device)
+        return self._samples[key]
 
     def _flush(self) -> None:
         """Check every waiting layer: its Q and K in float16, else float32, rebuild the sampled rows within
-        the tolerance (`_rebuild_errors`; layers of one shape are checked together, a handful of batched
-        operations per dtype); a layer neither reproduces keeps its maps in float16."""
+        the tolerance (`_rebuild_errors`; layers of one shape are checked together, both dtypes in one batch
+        each, on the model's device); a layer neither reproduces keeps its maps in float16. One small copy
+        per group of layers brings the verdicts to the host."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         groups: dict[tuple, list[_Pending]] = {}
         for entry in pending:
@@ -486,33 +499,32 @@ class LayerStream:
                     and entry.queries.shape[0] == entry.real.shape[0] and entry.queries.shape[1] == entry.real.shape[-1]:
                 groups.setdefault((entry.queries.shape, entry.real.shape), []).append(entry)
             # otherwise: no Q/K recorded, or Q/K that do not match the maps' heads and tokens: keep the maps
+        passed: set[int] = set()
         for group in groups.values():
             queries, keys = torch.stack([e.queries for e in group]), torch.stack([e.keys for e in group])  # (L, heads, N, d)
-            largest = torch.maximum(queries.abs().amax(dim=(1, 2, 3)), keys.abs().amax(dim=(1, 2, 3)))  # (L,)
-            scale = torch.tensor([self.modules[e.layer][3] for e in group])  # (L,)
+            largest = torch.maximum(queries.abs().amax(dim=(1, 2, 3)), keys.abs().amax(dim=(1, 2, 3))).float()  # (L,)
+            scale = torch.tensor([self.modules[e.layer][3] for e in group], device=queries.device)  # (L,)
             real = torch.stack([e.real for e in group])  # (L, heads, n, N)
-            sample = self._sample(real.shape[-1])
-            for dtype in (torch.float16, torch.float32):
-                # values the dtype cannot carry (float16 overflows past 65504; NaN fails too) go on to the next
-                unchecked = torch.tensor([not e.passed for e in group])
-                trial = unchecked & (largest <= torch.finfo(dtype).max)
-                index = trial.nonzero().flatten()
-                if len(index) == 0:
-                    continue
-                every = len(index) == len(group)
-                rounded_q = (queries if every else queries[index]).to(dtype)
-                rounded_k = (keys if every else keys[index]).to(dtype)
-                errors = _rebuild_errors(rounded_q, rounded_k, scale if every else scale[index],
-                                         real if every else real[index], sample)
-                for row, (i, error) in enumerate(zip(index.tolist(), errors.tolist())):
-                    layer = group[i].layer
-                    self.errors[layer] = error
+            sample = self._sample(real.shape[-1], real.device)
+            rounded = {dtype: (queries.to(dtype), keys.to(dtype)) for dtype in (torch.float16, torch.float32)}
+            # each dtype's errors, and whether its range carries the values (float16 overflows past 65504; NaN
+            # fails too), computed on the device and read back together: a (4, L) float64 array
+            verdicts = torch.stack([torch.stack([_rebuild_errors(*rounded[dtype], scale, real, sample).double(),
+                                                 (largest <= torch.finfo(dtype).max).double()])
+                                    for dtype in (torch.float16, torch.float32)]).cpu().numpy()  # (2, 2, L)
+            for i, entry in enumerate(group):
+                for trial, dtype in enumerate((torch.float16, torch.float32)):
+                    error, fits = verdicts[trial, 0, i], verdicts[trial, 1, i]
+                    if not fits:
+                        continue
+                    self.errors[entry.layer] = error
                     if error <= self.tolerance:
-                        group[i].passed = True
-                        self.queries[layer], self.keys[layer] = rounded_q[row].numpy(), rounded_k[row].numpy()
+                        passed.add(entry.layer)
+                        self.queries[entry.layer], self.keys[entry.layer] = rounded[dtype][0][i], rounded[dtype][1][i]
+                        break
         for entry in pending:
-            if not entry.passed:
-                self.maps[entry.layer] = entry.maps.float().cpu().numpy().astype(np.float16)
+            if entry.layer not in passed:
+                self.maps[entry.layer] = entry.maps.to(torch.float16)  # rounded once by torch, on the device
 
     def _distance_sums_of(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
@@ -537,29 +549,32 @@ class LayerStream:
         return (per_query / mass).mean(-1).cpu().numpy()
 
     def store(self) -> AttentionStore:
-        """The compact store: float16 Q/K when every layer passed, float32 Q/K when some needed it,
-        the float16 maps when any layer could not be rebuilt at all. A spill the stream wrote goes with
-        Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback. With ``keep_maps``, the
-        maps as recorded."""
+        """The compact store, copied to the host at once: float16 Q/K when every layer passed, float32 Q/K
+        when some needed it, the float16 maps when any layer could not be rebuilt at all. A spill the stream
+        wrote goes with Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback. With
+        ``keep_maps``, the maps as recorded."""
         if self.keep_maps:
             missing = sorted(set(range(self.depth)) - self._kept_layers)
             if missing:
                 raise CaptureError(f"No attention was recorded for layer(s) {missing} of {self.depth}.")
-            return AttentionStore("maps", None, None, None, self._kept, 0.0)
+            kept, self._kept = self._kept.cpu().numpy(), None
+            return AttentionStore("maps", None, None, None, kept, 0.0)
         self._flush()
         max_error = float(self.errors.max()) if self.depth else 0.0
         if any(m is not None for m in self.maps) or any(q is None for q in self.queries):
             if self.spill is not None:  # the maps are kept in memory: no spill needed
                 self.spill.discard()
             maps = [m if m is not None else torch.softmax(
-                        float(self.modules[i][3]) * (torch.from_numpy(self.queries[i]).float()
-                                                     @ torch.from_numpy(self.keys[i]).float().transpose(-1, -2)),
-                        dim=-1).numpy().astype(np.float16)
+                        float(self.modules[i][3]) * (self.queries[i].float() @ self.keys[i].float().transpose(-1, -2)),
+                        dim=-1).to(torch.float16)
                     for i, m in enumerate(self.maps)]
-            return AttentionStore("maps", None, None, None, np.stack(maps), max_error)
-        half = all(q.dtype == np.float16 for q in self.queries)
-        dtype = np.float16 if half else np.float32
+            stacked = torch.stack(maps).cpu().numpy()
+            self.queries, self.keys, self.maps = [None] * self.depth, [None] * self.depth, [None] * self.depth
+            return AttentionStore("maps", None, None, None, stacked, max_error)
+        half = all(q.dtype == torch.float16 for q in self.queries)
+        dtype = torch.float16 if half else torch.float32
         scale = np.array([found[3] for found in self.modules], dtype=np.float64)
         spill = self.spill if self.spill is not None and self.spill.finish() else None  # all layers written
-        return AttentionStore("qk16" if half else "qk32", np.stack(self.queries).astype(dtype),
-                              np.stack(self.keys).astype(dtype), scale, None, max_error, spill)
+        queries, keys = torch.stack(self.queries).to(dtype).cpu().numpy(), torch.stack(self.keys).to(dtype).cpu().numpy()
+        self.queries, self.keys = [None] * self.depth, [None] * self.depth  # the device copies go before the backward
+        return AttentionStore("qk16" if half else "qk32", queries, keys, scale, None, max_error, spill)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit_inspect.analysis import gradcam_from_tokens, legrad_map, patch_relevance
+from vit_inspect.analysis import legrad_map, patch_relevance
 from vit_inspect.core.errors import UnsupportedModelError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, seen_box
 from vit_inspect.core.handle import ViTHandle
@@ -103,7 +103,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     if spill is not None and not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
         spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
-                         keep_maps=small)
+                         keep_maps=small, held_by_autograd=use_grad)
     stats = HeadStatsStream(handle.depth, layout, entropy=not small)  # kept maps: entropy on first read
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
@@ -136,15 +136,12 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
         rec.backward(score.float())
         logits = logits.detach()  # the graph is no longer needed
-        reduced = gradient_reductions(rec, layout, query)
-        chefer, first_order = reduced.chefer.astype(np.float32), reduced.first_order
         keep_stack = handle.depth * layout.num_tokens ** 2 * 2 <= KEEP_FRACTION * store.nbytes()
+        reduced = gradient_reductions(rec, layout, query, fused=keep_stack)
+        chefer, first_order = reduced.chefer.astype(np.float32), reduced.first_order
         gradient = gradient_rollouts(reduced.fused.__getitem__ if keep_stack else partial(gradient_fused_layer, rec),
                                      handle.depth, layout, query, keep_stack=keep_stack)
-        gradcam = np.stack([
-            gradcam_from_tokens(rec.activation(i)[0].float().cpu().numpy(),
-                                rec.activation_grad(i)[0].float().cpu().numpy(), layout)
-            for i in layers]).astype(np.float32)  # (depth, grid_h, grid_w)
+        gradcam = gradcam_of_pass(rec, layers, layout)
     heads = build_head_pass(handle, rec, logits, None if small else stats.entropy(), stats.prefix_share(), first_order,
                             tolerance=5e-2 if autocast else 1e-3, kept_maps=store.maps if small else None)
     rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
@@ -235,10 +232,10 @@ class GradientReductions:
 
     chefer: np.ndarray  # (grid_h, grid_w) float64 Chefer et al. 2021 relevance of the readout query
     first_order: np.ndarray  # (depth, heads) float32 first-order head importance, logits
-    fused: list[np.ndarray]  # depth x (N, N) float16 G_l of vit-explain's gradient rollout
+    fused: list[np.ndarray] | None  # depth x (N, N) float16 G_l of vit-explain's gradient rollout; None if not asked
 
 
-def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
+def gradient_reductions(rec, layout: TokenLayout, query, fused: bool = True) -> GradientReductions:
     """Chefer relevance, first-order head importance and vit-explain's fused G_l from a recorder after its
     backward pass, in torch, one layer at a time from the last: with W_l = A_l * dy/dA_l (heads, N, N,
     float32, formed once per layer),
@@ -254,10 +251,12 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
     The head means E_h are float32 products (1/heads ... 1/heads) @ W_l viewed as (heads, N^2): one matrix
     product each, 2.6x faster than torch's mean over the first axis on a CPU. Equal to the stacked numpy
     definitions (float64) to float32 rounding, G to one float16 unit in the last place (tests/passes/test_pipeline.py,
-    tests/passes/test_gradient_rollouts.py); never holds more than one layer's (heads, N, N) product."""
+    tests/passes/test_gradient_rollouts.py); never holds more than one layer's (heads, N, N) product. Everything
+    stays on the model's device until the three results cross to the host, once each; ``fused=False`` leaves
+    G out (a result that keeps per-option rollouts instead, `gradient_rollouts`)."""
     depth = len(rec.attention_tensors())
     vector: torch.Tensor | None = None  # (N,) float32 v, on the maps' device
-    first_order, fused = [None] * depth, [None] * depth
+    first_order, stack = [None] * depth, [None] * depth
     with torch.no_grad():
         for layer in reversed(range(depth)):
             weighted = _weighted_attention(rec, layer)  # (heads, N, N) W_l, on the maps' device
@@ -267,12 +266,27 @@ def gradient_reductions(rec, layout: TokenLayout, query) -> GradientReductions:
                 vector = torch.from_numpy(query_vector(layout, query)).to(weighted.device, torch.float32)
             head_mean = weighted.new_full((1, heads), 1.0 / heads)
             first_order[layer] = flat.sum(-1)
-            fused[layer] = (head_mean @ flat).view(num_tokens, num_tokens).clamp_(min=0).to(torch.float16).cpu().numpy()
+            if fused:
+                stack[layer] = (head_mean @ flat).view(num_tokens, num_tokens).clamp_(min=0).to(torch.float16)
             positive = (head_mean @ flat.clamp_(min=0)).view(num_tokens, num_tokens)  # E_h[W_l^+]
             vector = vector + vector @ positive
-    chefer = layout.to_grid(layout.patches(vector.double().cpu().numpy()))
-    return GradientReductions(chefer=chefer, first_order=torch.stack(first_order).cpu().numpy().astype(np.float32),
-                              fused=fused)
+        # to the host once each: the (depth, N, N) float16 G, the (depth, heads) sums and the readout row
+        fused_host = list(torch.stack(stack).cpu().numpy()) if fused else None
+        first_order_host = torch.stack(first_order).cpu().numpy().astype(np.float32)
+        chefer = layout.to_grid(layout.patches(vector.double().cpu().numpy()))
+    return GradientReductions(chefer=chefer, first_order=first_order_host, fused=fused_host)
+
+
+def gradcam_of_pass(rec, layers: range, layout: TokenLayout) -> np.ndarray:
+    """(depth, grid_h, grid_w) float32 Grad-CAM of every block from a recorder after its backward pass:
+    `analysis.gradcam_from_tokens` (Selvaraju et al. 2017, Eq. 1-2 on the patch tokens, in float64) computed in
+    torch on the model's device, layer by layer, and copied to the host once."""
+    with torch.no_grad():
+        maps = torch.stack([
+            layout.patches(rec.activation(i)[0], axis=0).double()  # (P, D)
+            @ layout.patches(rec.activation_grad(i)[0], axis=0).double().mean(0)  # (D,) channel weights alpha_d
+            for i in layers]).cpu().numpy()  # (depth, P) float64
+    return np.stack([layout.to_grid(row) for row in maps]).astype(np.float32)
 
 
 def _weighted_attention(rec, layer: int) -> torch.Tensor:
