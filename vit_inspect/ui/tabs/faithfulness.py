@@ -171,9 +171,10 @@ class FaithfulnessTab:
         image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)
         flagged = [row[0] for row in rows if row[-1].startswith("⚠")]
-        note = (f"Scored {len(known)} maps for class {label!r}" + (f" of {upload}" if upload else "") + ". pos/neg: top-1 still the explained class while "
-                "the most/least relevant patches are removed (area ×100 over 0–0.9); del/ins: its probability "
-                "(area over 0–1). One image is noisy: the README's table over 200 images is steadier.")
+        note = (f"Scored {len(known)} maps for class {label!r}" + (f" of {upload}" if upload else "")
+                + ". pos/neg: top-1 still the explained class while the most/least relevant patches are removed "
+                "(area ×100 over 0–0.9); del/ins: its probability (area over 0–1). One image is noisy: the "
+                "documentation's table over 200 images (Which map to trust) is steadier.")
         absent = [paper_name(name) for name in ("legrad", "attnlrp") if name not in maps]
         if absent:
             note += (f"\n\nNot scored: {', '.join(absent)} ("

@@ -1,7 +1,8 @@
 """The first view (Explain → Overview): what the model looks at, with no control touched. Three maps side by
 side, each at the crop's own size with its settings fixed (`panels.first_view`): the last layer's attention
 from the readout token, attention rollout over every layer, and gradient-weighted attention (Chefer et al.
-2021), the most faithful of the maps one pass gives on 200 ImageNet photos (README); under each, a one-line
+2021), of the maps one pass draws the most faithful on 200 ImageNet photos (the documentation's "Which map to
+trust"; AttnLRP and LeGrad, ahead of it there, cost a further pass); under each, a one-line
 faithfulness verdict once the maps are scored (`plots.faithfulness.verdict`), with the button that scores
 them; then the input as the model saw it and the region of the upload it is. The top-5 and the class
 explained sit in the page's input column, beside every section.
