@@ -206,7 +206,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
     assert {"first_view", "explain_opened", "gradient_weighted_attention", "model_choices", "model_figures",
             "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
-            "stale_check_model", "stale_check_model_b", "stale_check_settings"} <= set(endpoints)
+            "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:

@@ -36,13 +36,18 @@ NO_VERDICT = "*Faithfulness: this map could not be scored for this model.*"
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Scored:
     """The curves scored so far for one image, model and class (held in gr.State)."""
 
     key: tuple  # (model key, image digest, class)
     curves: dict[str, Curves]  # map name -> its curves
     basis: Basis | None = None  # what they were computed from, for the page's stale-result check
+
+    def __hash__(self) -> int:
+        """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
+        again when what it was computed from changes (`build_demo`)."""
+        return hash(self.basis)
 
 
 def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
