@@ -43,7 +43,10 @@ def layout() -> OverviewView:
         with gr.Row(equal_height=False):
             for name in FIRST_VIEW:
                 with gr.Column(min_width=280):
-                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"), **MAP_OUT))
+                    # a download button only: Gradio's button bar sits over the picture's top right corner, and
+                    # two buttons there cover the colour bar's top label of a map this narrow
+                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"),
+                                            **(MAP_OUT | dict(buttons=["download"]))))
                     verdicts.append(gr.Markdown(NOT_SCORED, elem_id=f"verdict-{name.removeprefix('first_')}",
                                                 elem_classes=["verdict"]))
         score = gr.Button(SCORE_LABEL, elem_id="overview-score", size="md")
