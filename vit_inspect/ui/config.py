@@ -43,10 +43,12 @@ class AppConfig:
 def launch_limits(config: AppConfig) -> dict:
     """The `launch()` arguments that bound what one server holds: upload size, sessions in memory, and
     `RequestGuard` in front of every route (no file fetched from a URL, no request body or text beyond its
-    bounds)."""
+    bounds); and what a browser keeps: no run history (Gradio's records the inputs and outputs of the last 100
+    events in the browser's storage and rewrites them all on every status message, which made it the largest
+    cost in the browser of a new image, whose answer is followed by several redraws and checks)."""
     guard = Middleware(RequestGuard, max_body=body_limit(config.max_upload_mb))
     return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions,
-                app_kwargs={"middleware": [guard]})
+                run_history=False, app_kwargs={"middleware": [guard]})
 
 
 def with_launch_limits(blocks: gr.Blocks, config: AppConfig) -> gr.Blocks:
