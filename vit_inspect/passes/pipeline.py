@@ -104,7 +104,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
                          keep_maps=small, held_by_autograd=use_grad)
-    stats = HeadStatsStream(handle.depth, layout, entropy=not small)  # kept maps: entropy on first read
+    stats = HeadStatsStream(handle.depth, layout, entropy=False)  # the entropy: from the store on first read
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
         stream.on_attention(layer, probs)
@@ -142,8 +142,8 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         gradient = gradient_rollouts(reduced.fused.__getitem__ if keep_stack else partial(gradient_fused_layer, rec),
                                      handle.depth, layout, query, keep_stack=keep_stack)
         gradcam = gradcam_of_pass(rec, layers, layout)
-    heads = build_head_pass(handle, rec, logits, None if small else stats.entropy(), stats.prefix_share(), first_order,
-                            tolerance=5e-2 if autocast else 1e-3, kept_maps=store.maps if small else None)
+    heads = build_head_pass(handle, rec, logits, None, stats.prefix_share(), first_order,
+                            tolerance=5e-2 if autocast else 1e-3, store=store)
     rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),
