@@ -51,6 +51,9 @@ CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold a
 # 2.8 MB of maps against 1.8 MB of Q/K; the pass 0.95x without them, BENCHMARKS.md); ViT-S/16 at 224
 # (5.6 MB), ViT-B/16 (11.2 MB) and every larger input keep Q/K. A constant bound, so the growth is unchanged.
 MAPS_IN_MEMORY_BYTES = 4 * 2 ** 20
+# Patch-to-patch entries of a layer from which its distance sums are a batched product (`_distance_sums_of`),
+# about where float32 maps outgrow the cache: 16 x 576^2 (5.3M) is faster elementwise, 6 x 1373^2 (11.3M) batched
+EINSUM_DISTANCE_ENTRIES = 8 * 2 ** 20
 
 
 def keeps_maps(depth: int, num_heads: int, num_tokens: int) -> bool:
@@ -76,8 +79,8 @@ class AttentionStore:
     scale: np.ndarray | None
     maps: np.ndarray | None = field(repr=False)
     max_error: float
-    # the model's own float16 maps on local disk (`spill.Spill`), read instead of rebuilt while alive; not
-    # counted by nbytes (disk, under the spill folder's budget), not pickled
+    # the model's own maps with their heads fused, on local disk (`spill.Spill`), read by the fused rows instead
+    # of fusing rebuilt heads while alive; not counted by nbytes (disk, under the spill folder's budget), not pickled
     spill: Spill | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
@@ -113,17 +116,15 @@ class AttentionStore:
         return _probabilities(queries, keys_t, float(self.scale[layer]))[:, :len(index)]
 
     def _stored_rows(self, layer: int, index: np.ndarray) -> np.ndarray | None:
-        """(heads, len(index), N) float16 rows of one layer kept as such (the maps fallback, or read from a
-        live spill), else None."""
-        if self.maps is not None:
-            return _take_rows(self.maps[layer], index)
-        return None if self.spill is None else self.spill.rows(layer, index)
+        """(heads, len(index), N) float16 rows of one layer kept as such (small maps, or the maps fallback),
+        else None."""
+        return None if self.maps is None else _take_rows(self.maps[layer], index)
 
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
         rounded to float16 values: the numbers a stack of float16 maps holds, so rankings (rollout's
-        ``discard_ratio``) break ties the same way. Read from the stored or spilled maps when there are
-        any, else rebuilt from Q and K."""
+        ``discard_ratio``) break ties the same way. Read from the stored maps when there are any, else
+        rebuilt from Q and K."""
         self._check_layer(layer)
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
         stored = self._stored_rows(layer, index)
@@ -155,25 +156,33 @@ class AttentionStore:
         fused by ``head_fusion`` ("mean", "max", "min"), rebuilt a chunk under CHUNK_BYTES at a time.
 
         The values are those of `rows` (float16-valued probabilities): max and min are exact, the mean
-        sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K or a spill, in float64 from
-        stored maps."""
+        sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K, in float64 from stored
+        maps. A live spill (`spill.Spill`) gives the model's own probabilities fused: max and min rounded once
+        to float16 (equal to the fusion of the float16-rounded maps, rounding being monotonic), the mean
+        from their float32 sum, so it differs from the mean of float16-rounded maps by at most 2^-11 of
+        itself."""
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"unknown head_fusion {head_fusion!r}; choose one of {sorted(HEAD_FUSIONS)}")
         self._check_layer(layer)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         step = self._chunk_rows()
-        # a spill is read once per layer, the rows wanted only: a drop while the chunks are fused is harmless
-        spilled = self.spill.rows(layer, tokens) if self.maps is None and self.spill is not None else None
-        keys_t = self._keys_t(layer) if self.maps is None and spilled is None else None  # converted once per layer
+        # a spill's plane is read once per layer, the rows wanted only: a drop meanwhile is harmless
+        spilled = (self.spill.rows(layer, tokens, "sum" if head_fusion == "mean" else head_fusion)
+                   if self.maps is None and self.spill is not None else None)  # (len(tokens), N)
+        if spilled is not None:  # already fused: converted to float64 (the mean's sum divided) a chunk at a time
+            step = max(1, step * self.num_heads // 2)  # (n, N) float64 blocks under CHUNK_BYTES
+            for start in range(0, len(tokens), step):
+                block = spilled[start:start + step]
+                yield tokens[start:start + step], (np.divide(block, self.num_heads, dtype=np.float64)
+                                                   if head_fusion == "mean" else block.astype(np.float64))
+            return
+        keys_t = self._keys_t(layer) if self.maps is None else None  # converted once per layer
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
             if self.maps is not None:
                 yield chunk, _fused_stored_rows(self.maps[layer], chunk, head_fusion)
                 continue
-            if spilled is not None:  # the model's own float16 rows, fused exactly as rebuilt ones are
-                half = torch.from_numpy(np.ascontiguousarray(spilled[:, start:start + step]))  # (heads, n, N) float16
-            else:
-                half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
+            half = self._half_rows(layer, chunk, keys_t)  # (heads, n, N) float16
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass
                 yield chunk, np.divide(half.float().sum(0).numpy(), half.shape[0], dtype=np.float64)
             else:
@@ -193,6 +202,17 @@ class AttentionStore:
         if self.maps is not None:
             return self.maps
         return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])
+
+
+def fused_planes(maps: torch.Tensor) -> dict[str, np.ndarray]:
+    """The `spill.PLANES` of one layer's (heads, N, N) probabilities, on the host: their float32 sum over heads
+    (one matrix-vector product with a vector of ones: a single read of the maps, no temporary of their size),
+    and their maximum and minimum over heads rounded to float16 by torch (as numpy rounds)."""
+    flat = maps.float().reshape(maps.shape[0], -1)  # (heads, N^2), a view for float32 maps
+    ones = torch.ones(1, maps.shape[0], dtype=flat.dtype, device=flat.device)
+    return {"sum": (ones @ flat).reshape(maps.shape[1:]).cpu().numpy(),
+            "max": maps.amax(0).to(torch.float16).cpu().numpy(),
+            "min": maps.amin(0).to(torch.float16).cpu().numpy()}
 
 
 def _fused_stored_rows(maps: np.ndarray, rows: np.ndarray, head_fusion: str) -> np.ndarray:
@@ -272,6 +292,13 @@ def attention_map(store: AttentionStore, layout: TokenLayout, layer: int, head: 
     store._check_layer(layer)
     if head is not None and not 0 <= head < store.num_heads:
         raise ValueError(f"head {head} out of range: layer {layer} has {store.num_heads} heads (0..{store.num_heads - 1})")
+    if head is None and store.maps is None and store.spill is not None and store.spill.alive:
+        # the mean of heads from a live spill's fused rows: one plane read, no head rebuilt
+        weights = query_vector(layout, query)
+        row = np.zeros(store.num_tokens)
+        for chunk, block in store.fused_row_chunks(layer, np.flatnonzero(weights), "mean"):  # (n, N) float64
+            row += weights[chunk] @ block
+        return layout.to_grid(layout.patches(row.astype(np.float32)))
     rows = attention_rows(store, layout, layer, query)  # (heads, N)
     row = rows.mean(axis=0) if head is None else rows[head]
     return layout.to_grid(layout.patches(row))
@@ -393,7 +420,7 @@ class LayerStream:
         self.handle = handle
         self.layout = layout
         self.tolerance = tolerance
-        self.spill = spill  # each layer's maps of image 0 are written there too, as float16
+        self.spill = spill  # each layer's maps of image 0 are written there too, their heads fused (`spill.PLANES`)
         self.depth = handle.depth
         # `keeps_maps`: every layer's maps of image 0 go into one float16 array, no Q/K is recorded or checked
         self.keep_maps = keep_maps
@@ -465,8 +492,8 @@ class LayerStream:
             self._kept[layer].copy_(probs[0])  # rounded to float16 by torch, as numpy rounds
             self._kept_layers.add(layer)
             return
-        if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[1:]) == self.spill.shape[1:]:
-            self.spill.write(layer, probs[0].to(torch.float16).cpu().numpy())  # torch rounds as numpy does, faster
+        if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[2:]) == self.spill.shape[1:]:
+            self.spill.write(layer, fused_planes(probs[0]))
         q, k = self._q.pop(layer, None), self._k.pop(layer, None)
         found = self.modules[layer]
         maps = probs[0]  # (heads, N, N), what the maps fallback keeps (a view: no copy)
@@ -489,9 +516,9 @@ class LayerStream:
 
     def _flush(self) -> None:
         """Check every waiting layer: its Q and K in float16, else float32, rebuild the sampled rows within
-        the tolerance (`_rebuild_errors`; layers of one shape are checked together, both dtypes in one batch
-        each, on the model's device); a layer neither reproduces keeps its maps in float16. One small copy
-        per group of layers brings the verdicts to the host."""
+        the tolerance (`_check`; layers of one shape are checked together, on the model's device, float32 only
+        for those float16 failed); a layer neither reproduces keeps its maps in float16. One small copy per
+        group of layers and dtype tried brings the verdicts to the host."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         groups: dict[tuple, list[_Pending]] = {}
         for entry in pending:
@@ -501,39 +528,51 @@ class LayerStream:
             # otherwise: no Q/K recorded, or Q/K that do not match the maps' heads and tokens: keep the maps
         passed: set[int] = set()
         for group in groups.values():
-            queries, keys = torch.stack([e.queries for e in group]), torch.stack([e.keys for e in group])  # (L, heads, N, d)
-            largest = torch.maximum(queries.abs().amax(dim=(1, 2, 3)), keys.abs().amax(dim=(1, 2, 3))).float()  # (L,)
-            scale = torch.tensor([self.modules[e.layer][3] for e in group], device=queries.device)  # (L,)
-            real = torch.stack([e.real for e in group])  # (L, heads, n, N)
-            sample = self._sample(real.shape[-1], real.device)
-            rounded = {dtype: (queries.to(dtype), keys.to(dtype)) for dtype in (torch.float16, torch.float32)}
-            # each dtype's errors, and whether its range carries the values (float16 overflows past 65504; NaN
-            # fails too), computed on the device and read back together: a (4, L) float64 array
-            verdicts = torch.stack([torch.stack([_rebuild_errors(*rounded[dtype], scale, real, sample).double(),
-                                                 (largest <= torch.finfo(dtype).max).double()])
-                                    for dtype in (torch.float16, torch.float32)]).cpu().numpy()  # (2, 2, L)
-            for i, entry in enumerate(group):
-                for trial, dtype in enumerate((torch.float16, torch.float32)):
-                    error, fits = verdicts[trial, 0, i], verdicts[trial, 1, i]
-                    if not fits:
-                        continue
-                    self.errors[entry.layer] = error
-                    if error <= self.tolerance:
-                        passed.add(entry.layer)
-                        self.queries[entry.layer], self.keys[entry.layer] = rounded[dtype][0][i], rounded[dtype][1][i]
-                        break
+            # float16 first; float32 only for the layers float16 cannot carry (rare: one more small copy then)
+            for dtype in (torch.float16, torch.float32):
+                group = [entry for entry in group if entry.layer not in passed]
+                if not group:
+                    break
+                self._check(group, dtype, passed)
         for entry in pending:
             if entry.layer not in passed:
                 self.maps[entry.layer] = entry.maps.to(torch.float16)  # rounded once by torch, on the device
 
+    def _check(self, group: list[_Pending], dtype: torch.dtype, passed: set[int]) -> None:
+        """Check layers of one shape with Q and K rounded to ``dtype``: the errors of their rebuilt rows
+        (`_rebuild_errors`) and whether the dtype's range carries the values (float16 overflows past 65504;
+        NaN fails too), computed on the device and read back together as one (2, L) float64 array. A layer
+        within the tolerance keeps its rounded Q and K and joins ``passed``."""
+        queries = torch.stack([e.queries for e in group]).to(dtype)  # (L, heads, N, d)
+        keys = torch.stack([e.keys for e in group]).to(dtype)
+        largest = torch.stack([torch.maximum(e.queries.abs().amax(), e.keys.abs().amax()) for e in group]).float()
+        scale = torch.tensor([self.modules[e.layer][3] for e in group], device=queries.device)  # (L,)
+        real = torch.stack([e.real for e in group])  # (L, heads, n, N)
+        sample = self._sample(real.shape[-1], real.device)
+        verdicts = torch.stack([_rebuild_errors(queries, keys, scale, real, sample).double(),
+                                (largest <= torch.finfo(dtype).max).double()]).cpu().numpy()  # (2, L)
+        for i, entry in enumerate(group):
+            error, fits = verdicts[0, i], verdicts[1, i]
+            if not fits:
+                continue
+            self.errors[entry.layer] = error
+            if error <= self.tolerance:
+                passed.add(entry.layer)
+                self.queries[entry.layer], self.keys[entry.layer] = queries[i], keys[i]
+
     def _distance_sums_of(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
-        queries i and patch keys j, d in pixels: float32 products and torch's cascaded float32 sums, on the maps'
-        device; `mean_distance` finishes them in float64. No float64 copy of the maps, no sync per layer."""
+        queries i and patch keys j, d in pixels: float32 products and sums, on the maps' device; `mean_distance`
+        finishes them in float64. No float64 copy of the maps, no sync per layer."""
         patch = self.layout.patch_slice
         patch_to_patch = maps[..., patch, patch]  # (heads, P, P), a view
         if self._patch_distances is None:
             self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
+        if patch_to_patch.numel() >= EINSUM_DISTANCE_ENTRIES:
+            # sum_j a_hij d_ij as a batched product over queries i: no (heads, P, P) temporary, which out of the
+            # cache costs twice as much (DINOv2-L/14 at 518 on the CPU: 22 against 46 ms a layer)
+            return torch.einsum("hij,ij->hi", patch_to_patch, self._patch_distances), patch_to_patch.sum(-1)
+        # in the cache the elementwise product is 2-4x faster than the batched one (DeiT-Ti at 224: 0.03 ms a layer)
         return (patch_to_patch * self._patch_distances).sum(-1), patch_to_patch.sum(-1)
 
     def mean_distance(self) -> np.ndarray:

@@ -77,8 +77,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     A pass whose float16 maps are small in bytes (`attention_store.keeps_maps`, e.g. DeiT-Ti at 224 px)
     keeps them as they are, with no Q/K, check or spill. Otherwise, with a `spill.SpillFolder`, a model whose
     maps are dear to rebuild (`spill.worth_spilling`: heads * N >= 0.015 D^2, e.g. DeiT-Ti at 448 px,
-    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's float16 maps to a file there, and the result's
-    redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
+    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's maps with their heads fused (sum, maximum and
+    minimum, `spill.PLANES`) to a file there, and the result's rollout redraws read them instead of rebuilding
+    and fusing every head from q and k (`AttentionStore.spill`).
     """
     with blas_one_thread():
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
@@ -101,7 +102,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     spilled = None
     small = keeps_maps(handle.depth, handle.num_heads, layout.num_tokens)  # the maps kept: no Q/K, no spill
     if spill is not None and not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
-        spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
+        spilled = spill.reserve((handle.depth, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
                          keep_maps=small, held_by_autograd=use_grad)
     stats = HeadStatsStream(handle.depth, layout, entropy=False)  # the entropy: from the store on first read
