@@ -218,6 +218,31 @@ def test_store_rows_by_hand():
         store.rows(1, [0])
 
 
+@pytest.mark.parametrize("small", [False, True], ids=["qk", "maps"])
+def test_one_head_s_rows_equal_that_head_of_every_head_s_rows(small, monkeypatch):
+    """`rows(..., head=h)` rebuilds or reads that head only, with the same values as head h of all heads'
+    rows, bit for bit, and so do the one-head maps and prefix shares built on it."""
+    from vit_inspect.passes import pipeline
+
+    monkeypatch.setattr(pipeline, "keeps_maps", lambda *args: small)
+    handle = tiny_handle("reg4")
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM["reg4"][1], gradients=False)
+    store, layout = result.attention_store, result.layout
+    assert store.mode == ("maps" if small else "qk16")
+    tokens = np.arange(store.num_tokens)
+    for layer in (0, handle.depth - 1):
+        every = store.rows(layer, tokens)
+        for head in range(handle.num_heads):
+            np.testing.assert_array_equal(store.rows(layer, tokens, head), every[head:head + 1])
+            np.testing.assert_array_equal(store.rows(layer, [3], head), every[head:head + 1, [3]])
+            for query in ("mean", (0, 1), None):
+                rows = attention_store.attention_rows(store, layout, layer, query)
+                np.testing.assert_array_equal(attention_store.attention_rows(store, layout, layer, query, head),
+                                              rows[head:head + 1])
+    with pytest.raises(ValueError, match="head 9 out of range"):
+        store.rows(0, [0], 9)
+
+
 def test_rollout_is_cached_per_option():
     handle = tiny_handle("cls")
     result = analyze_image(handle, _image(), input_size=(32, 32))

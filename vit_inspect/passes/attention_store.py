@@ -108,29 +108,33 @@ class AttentionStore:
     def _keys_t(self, layer: int) -> torch.Tensor:
         return torch.from_numpy(self.keys[layer]).float().transpose(-1, -2)  # (heads, d, N)
 
-    def _half_rows(self, layer: int, index: np.ndarray, keys_t: torch.Tensor) -> torch.Tensor:
-        """(heads, len(index), N) float16 probabilities of query rows ``index``, rebuilt from Q and K."""
+    def _half_rows(self, layer: int, index: np.ndarray, keys_t: torch.Tensor, heads: slice = slice(None)) -> torch.Tensor:
+        """(heads, len(index), N) float16 probabilities of query rows ``index`` of the heads ``heads`` (``keys_t``:
+        those heads' transposed keys), rebuilt from Q and K."""
         # at least ROW_BLOCK rows per product: a row's values then do not depend on which rows come with it
         padded = np.concatenate([index, np.full(max(0, ROW_BLOCK - len(index)), index[-1] if len(index) else 0)])
-        queries = torch.from_numpy(self.queries[layer][:, padded]).float()  # (heads, max(n, ROW_BLOCK), d)
+        queries = torch.from_numpy(self.queries[layer][heads][:, padded]).float()  # (heads, max(n, ROW_BLOCK), d)
         return _probabilities(queries, keys_t, float(self.scale[layer]))[:, :len(index)]
 
-    def _stored_rows(self, layer: int, index: np.ndarray) -> np.ndarray | None:
+    def _stored_rows(self, layer: int, index: np.ndarray, heads: slice = slice(None)) -> np.ndarray | None:
         """(heads, len(index), N) float16 rows of one layer kept as such (small maps, or the maps fallback),
         else None."""
-        return None if self.maps is None else _take_rows(self.maps[layer], index)
+        return None if self.maps is None else _take_rows(self.maps[layer][heads], index)
 
-    def rows(self, layer: int, tokens) -> np.ndarray:
+    def rows(self, layer: int, tokens, head: int | None = None) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
         rounded to float16 values: the numbers a stack of float16 maps holds, so rankings (rollout's
         ``discard_ratio``) break ties the same way. Read from the stored maps when there are any, else
-        rebuilt from Q and K."""
+        rebuilt from Q and K. With ``head``, that head's only: (1, len(tokens), N), heads times less work."""
         self._check_layer(layer)
+        if head is not None and not 0 <= head < self.num_heads:
+            raise ValueError(f"head {head} out of range: layer {layer} has {self.num_heads} heads (0..{self.num_heads - 1})")
+        heads = slice(None) if head is None else slice(head, head + 1)
         index = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        stored = self._stored_rows(layer, index)
+        stored = self._stored_rows(layer, index, heads)
         if stored is not None:  # exact either way; torch converts many float16 rows faster (`_fused_stored_rows`)
             return stored.astype(np.float32) if len(index) < TORCH_ROWS else torch.from_numpy(stored).float().numpy()
-        return self._half_rows(layer, index, self._keys_t(layer)).float().numpy()
+        return self._half_rows(layer, index, self._keys_t(layer)[heads], heads).float().numpy()
 
     def _chunk_rows(self) -> int:
         """Rows per chunk whose (heads, rows, N) float32 block stays under CHUNK_BYTES."""
@@ -142,10 +146,11 @@ class AttentionStore:
         for start in range(0, self.num_tokens, step):
             yield slice(start, min(start + step, self.num_tokens))
 
-    def row_chunks(self, layer: int) -> Iterator[tuple[slice, np.ndarray]]:
-        """(rows, (heads, len(rows), N) float32) blocks of one layer, each under CHUNK_BYTES."""
+    def row_chunks(self, layer: int, head: int | None = None) -> Iterator[tuple[slice, np.ndarray]]:
+        """(rows, (heads, len(rows), N) float32) blocks of one layer (of one ``head``: (1, len(rows), N)), each
+        under CHUNK_BYTES."""
         for rows in self._chunk_slices():
-            yield rows, self.rows(layer, np.arange(rows.start, rows.stop))
+            yield rows, self.rows(layer, np.arange(rows.start, rows.stop), head)
 
     def layer(self, layer: int) -> np.ndarray:
         """(heads, N, N) float32 probabilities of one layer, rows = queries."""
@@ -269,18 +274,19 @@ def query_vector(layout: TokenLayout, query: Query) -> np.ndarray:
     return weights
 
 
-def attention_rows(store: AttentionStore, layout: TokenLayout, layer: int, query: Query = None) -> np.ndarray:
+def attention_rows(store: AttentionStore, layout: TokenLayout, layer: int, query: Query = None,
+                   head: int | None = None) -> np.ndarray:
     """(heads, N) float32 attention of every head of one layer from a query (`query_vector`), over all N
     keys, prefix tokens included; the rows of `analysis.attention_map`'s matrix before `readout` drops
-    the prefix keys. A single-token query rebuilds one row (heads * N * d operations); "mean" rebuilds the
-    layer chunk by chunk."""
+    the prefix keys. With ``head``, that head's row only, (1, N). A single-token query rebuilds one row
+    per head (N * d operations each); "mean" rebuilds the layer (or the head) chunk by chunk."""
     store._check_layer(layer)
     weights = query_vector(layout, query)
     tokens = np.flatnonzero(weights)
     if len(tokens) == 1:
-        return store.rows(layer, tokens)[:, 0]
-    rows = np.zeros((store.num_heads, store.num_tokens))
-    for chunk, block in store.row_chunks(layer):  # (heads, n, N)
+        return store.rows(layer, tokens, head)[:, 0]
+    rows = np.zeros((store.num_heads if head is None else 1, store.num_tokens))
+    for chunk, block in store.row_chunks(layer, head):  # (heads, n, N)
         rows += np.einsum("n,hnk->hk", weights[chunk], block)
     return rows.astype(np.float32)
 
@@ -299,8 +305,8 @@ def attention_map(store: AttentionStore, layout: TokenLayout, layer: int, head: 
         for chunk, block in store.fused_row_chunks(layer, np.flatnonzero(weights), "mean"):  # (n, N) float64
             row += weights[chunk] @ block
         return layout.to_grid(layout.patches(row.astype(np.float32)))
-    rows = attention_rows(store, layout, layer, query)  # (heads, N)
-    row = rows.mean(axis=0) if head is None else rows[head]
+    rows = attention_rows(store, layout, layer, query, head)  # (heads, N), or (1, N) of the head
+    row = rows.mean(axis=0) if head is None else rows[0]
     return layout.to_grid(layout.patches(row))
 
 
