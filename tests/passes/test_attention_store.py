@@ -16,7 +16,7 @@ from vit_inspect.analysis import (
     rollout,
 )
 from vit_inspect.core.hf_models import handle_from_hf
-from vit_inspect.passes import attention_store
+from vit_inspect.passes import attention_store, layer_stream
 from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
@@ -113,13 +113,13 @@ def test_store_size_grows_like_depth_n_d():
 def test_wrong_rebuild_falls_back_to_maps(monkeypatch):
     """A model that does not compute softmax(s q k^T) (here: a scale the module does not use) is caught by
     the check during the pass; the maps are then stored and still equal the recorded ones."""
-    real = attention_store._qk_modules
+    real = layer_stream._qk_modules
 
     def wrong_scale(attn):
         q, k, shape, scale = real(attn)
         return q, k, shape, scale * 3.0
 
-    monkeypatch.setattr(attention_store, "_qk_modules", wrong_scale)
+    monkeypatch.setattr(layer_stream, "_qk_modules", wrong_scale)
     handle = tiny_handle("distilled")
     result = analyze_image(handle, _image(), input_size=(32, 32))
     store = result.attention_store
@@ -153,18 +153,18 @@ def test_batched_check_equals_the_check_of_each_layer_alone(kind, monkeypatch):
     bound of 0 bytes every layer is checked alone as its maps appear (one layer pending at each flush); the
     tiny model's layers all fit the default bound (one flush, at the end). Same store, same errors."""
     flushed: list[list[int]] = []
-    real_flush = attention_store.LayerStream._flush
+    real_flush = layer_stream.LayerStream._flush
 
     def counting_flush(self):
         flushed.append([entry.layer for entry in self._pending])
         real_flush(self)
 
-    monkeypatch.setattr(attention_store.LayerStream, "_flush", counting_flush)
+    monkeypatch.setattr(layer_stream.LayerStream, "_flush", counting_flush)
     handle = tiny_handle(kind)
     batched = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers in flushed if layers] == [list(range(handle.depth))]
     flushed.clear()
-    monkeypatch.setattr(attention_store, "CHECK_BYTES", 0)
+    monkeypatch.setattr(layer_stream, "CHECK_BYTES", 0)
     alone = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers in flushed if layers] == [[layer] for layer in range(handle.depth)]
     assert batched.mode == alone.mode == "qk16"
@@ -182,7 +182,7 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     from vit_inspect.core.timm_models import handle_from_timm
 
     flushed: list[tuple[list[int], int]] = []
-    real_flush = attention_store.LayerStream._flush
+    real_flush = layer_stream.LayerStream._flush
 
     def recording_flush(self):
         flushed.append(([entry.layer for entry in self._pending], self._pending_bytes))
@@ -191,12 +191,12 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=6, num_heads=2, num_classes=10).eval()
     handle = handle_from_timm(model, name="six-layers", device="cpu", input_size=(32, 32))
-    monkeypatch.setattr(attention_store.LayerStream, "_flush", recording_flush)
+    monkeypatch.setattr(layer_stream.LayerStream, "_flush", recording_flush)
     analyze_image(handle, _image(), input_size=(32, 32))
     [(layers, total)] = [f for f in flushed if f[0]]
     assert layers == list(range(6))
     flushed.clear()
-    monkeypatch.setattr(attention_store, "CHECK_BYTES", 2 * total // 6)
+    monkeypatch.setattr(layer_stream, "CHECK_BYTES", 2 * total // 6)
     store = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers, _ in flushed if layers] == [[0, 1], [2, 3], [4, 5]]
     assert store.mode == "qk16" and store.queries.shape[0] == 6
@@ -390,7 +390,7 @@ def test_small_maps_are_kept_as_the_model_made_them(kind, monkeypatch, tmp_path)
     monkeypatch.setattr(pipeline, "worth_spilling", lambda *args: True)
     handle = tiny_handle(kind)
     recorded = []
-    monkeypatch.setattr(attention_store.LayerStream, "_record", lambda self, *args: recorded.append(args))
+    monkeypatch.setattr(layer_stream.LayerStream, "_record", lambda self, *args: recorded.append(args))
     folder = SpillFolder(2 ** 30, root=tmp_path)
     result = analyze_image(handle, _image(), input_size=TINY_TIMM[kind][1], spill=folder)
     store = result.attention_store

@@ -24,10 +24,11 @@ from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, 
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image, preview_rgb
 from vit_inspect.core.tokens import TokenLayout
-from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, LayerStream, keeps_maps, query_vector
+from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, keeps_maps, query_vector
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.gradient_rollouts import KEEP_FRACTION, gradient_rollouts
 from vit_inspect.passes.head_pass import HeadStatsStream, build_head_pass
+from vit_inspect.passes.layer_stream import LayerStream
 from vit_inspect.passes.relevance import relevance_rules
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder, worth_spilling
