@@ -259,6 +259,8 @@ def test_missing_weights_are_explained_in_the_page_and_an_upload_fixes_it(monkey
         assert "not available on this server" in status
         assert str(tmp_path) not in status  # the web user never sees a server folder; the console does
         assert "upload a `.safetensors` weights file" in status
+        # the page's first image meets no model: nothing shown and no second message beside the status line
+        assert client.predict(handle_file(str(CHELSEA)), api_name="/analyze_first_image")[0] == {"__type__": "update"}
         with pytest.raises(AppError, match=r"\.safetensors"):  # Gradio refuses other file types first
             client.predict("deit_tiny_patch16_224", handle_file(str(CHELSEA)), api_name="/load_model")
         loaded = client.predict("deit_tiny_patch16_224", handle_file(str(WEIGHTS)), api_name="/load_model")[0]

@@ -104,7 +104,8 @@ def error_of(message: dict) -> object:
     return (message.get("output") or {}).get("error")
 
 
-FILE_INPUTS = {"analyze": (0, lambda f: f), "load_model": (1, lambda f: f), "dataset_distance": (0, lambda f: [f])}
+FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
+               "dataset_distance": (0, lambda f: [f])}
 
 
 def file_call_data(client: Client, api_name: str, payload) -> list:
@@ -204,8 +205,8 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
     assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
-    assert {"first_view", "explain_opened", "gradient_weighted_attention", "model_choices", "model_figures",
-            "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
+    assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
+            "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
             "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
@@ -218,7 +219,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
             data = defaults(client, api_name)
             for position in positions:
                 data[position] = value
-            if api_name == "analyze" and 0 not in positions or (api_name == "analyze" and len(positions) > 1):
+            if api_name in ("analyze", "analyze_first_image") and (0 not in positions or len(positions) > 1):
                 data[0] = handle_file_payload(client)
             kinds = {components[inputs[p]] for p in positions}
             kind = "file" if kinds & {"image", "file", "dataset"} else "value"

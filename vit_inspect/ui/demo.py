@@ -35,7 +35,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.Markdown(INTRO)
         status = gr.Markdown("⏳ Loading the model…", elem_id="status")
         with gr.Row():
-            given = inputs.layout(models, app.default_label)
+            given = inputs.layout(models, app.default_label, config.first_image)
             with gr.Column(scale=4, min_width=640):
                 shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the sub-tab in view
                 page = sections.layout(models, len(inputs.EXAMPLES), config.session_ttl_s)
@@ -57,7 +57,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                     page.gradcam.layer, page.attention.row, page.attention.col]  # fitted to each model
 
         clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
-        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry, given.image], api_name="startup")
+        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry], api_name="startup")
         gr.on([given.model_box.expand, page.compare.tab.select], inputs.choices_handler(models, (app.default_label,)),
               outputs=[given.model_name, page.compare.name_b], api_name="model_choices",
               show_progress="hidden")  # when a picker comes into view, not while the first view loads
@@ -65,13 +65,18 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                        inputs=[given.model_name, given.weights], outputs=[key, status, given.model_box, *geometry],
                        api_name="load_model", **RAW)
         loaded.failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name")
+        analyzed_outputs = [session, given.predictions, page.overview.crop, given.target,
+                            *[panel[n] for n in IMAGE_PANELS], page.overview.seen, page.attention.geometry, status,
+                            page.attention.query]
         analyzed = gr.on(
             [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
             inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
-            outputs=[session, given.predictions, page.overview.crop, given.target, *[panel[n] for n in IMAGE_PANELS],
-                     page.overview.seen, page.attention.geometry, status, page.attention.query],
-            api_name="analyze", **RAW, **MODEL_PASS)
+            outputs=analyzed_outputs, api_name="analyze", **RAW, **MODEL_PASS)
+        if config.first_image:  # the page opens on its first view: the image's pass beside loading the model
+            gr.on([demo.load], app.analyze_first, inputs=[given.image, key, given.geometry_mode, given.shorter_side],
+                  inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
+                  outputs=analyzed_outputs, api_name="analyze_first_image", **RAW, **MODEL_PASS)
         sections.record_shown(page, shown_tab)
         analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
                          outputs=[panel[n] for n in LATER_PANELS], api_name="panels_of_new_image",

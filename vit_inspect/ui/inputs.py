@@ -77,11 +77,11 @@ class InputView:
     load_button: gr.Button
 
 
-def layout(models: tuple[str, ...], model: str) -> InputView:
+def layout(models: tuple[str, ...], model: str, first_image: str | None = None) -> InputView:
     """The column, inside the page's ``gr.Row``; ``models`` are the names the picker offers, ``model`` the one
-    it shows first."""
+    it shows first, ``first_image`` the image the page opens with (None: none)."""
     with gr.Column(scale=1, min_width=280, elem_id="input-column"):
-        image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=240,
+        image = gr.Image(first_image, label="Image (upload, drop, paste or webcam)", type="filepath", height=240,
                          sources=["upload", "clipboard", "webcam"], elem_id="input-image")
         predictions = gr.Label(num_top_classes=5, label="Top-5 classes", show_heading=False, elem_id="predictions")
         with gr.Group():

@@ -139,8 +139,8 @@ class Inspector:
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model (the server loads it in the background; this waits for it with a
-        progress bar), or in its place how to get its weights; and the first image (`AppConfig.first_image`),
-        whose pass the image's change event then runs, so that the first view answers with no control touched."""
+        progress bar), or in its place how to get its weights. The first image's pass runs beside it
+        (`analyze_first`)."""
         progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
         try:
             handle = self.handle(self.default_key)
@@ -149,9 +149,19 @@ class Inspector:
             return (f"⚠️ **The model could not be loaded.** {public_message(exc)}\n\nYou can still use the app: open "
                     "**Change model** below the image, upload a `.safetensors` weights file, type its timm "
                     "architecture name (e.g. `deit_tiny_patch16_224`) and press **Load model**.",
-                    gr.update(open=True), *[gr.skip()] * 7, gr.skip())
-        first = self.config.first_image
-        return describe(handle), gr.update(), *geometry_updates(handle), first if first else gr.skip()
+                    gr.update(open=True), *[gr.skip()] * 7)
+        return describe(handle), gr.update(), *geometry_updates(handle)
+
+    def analyze_first(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
+                      progress=gr.Progress(), request: gr.Request = None, **controls):
+        """Page load: the pass over the image the page opens with (`AppConfig.first_image`, the image's initial
+        value), beside `startup` rather than after it, so that the first view answers with no control touched
+        one round trip sooner. Nothing when the model cannot be loaded: `startup` says why in the status line."""
+        try:
+            self.handle(key)
+        except VitInspectError:
+            return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output of `analyze`
+        return self.analyze(image, key, geometry_mode, shorter_side, progress=progress, request=request, **controls)
 
     @shows_errors
     def load_model(self, name: object, weights: object, progress=gr.Progress()):
