@@ -113,7 +113,8 @@ def new_image(page, kind: str, photo: str) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default="main", help="git ref of the older page (its merge base with HEAD)")
+    parser.add_argument("--old", default="main", help="git ref of the older page, the app before its sections and "
+                        "first view (its merge base with HEAD is served)")
     parser.add_argument("--repeats", type=int, default=7, help="turns of each measurement per page")
     args = parser.parse_args(argv)
     from playwright import sync_api
