@@ -1,11 +1,17 @@
-"""Sanity figures: the cascading strip shows each step's map over the crop, the curves plot the similarities."""
+"""Sanity figures and panels: the cascading strip shows each step's map over the crop, the curves plot the
+similarities."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from PIL import Image
 
+from vit_inspect.plots.faithfulness import method_styles
 from vit_inspect.plots.maps import overlay
-from vit_inspect.plots.sanity import cascading_figure, similarity_figure, step_label
+from vit_inspect.plots.sanity import (CELL_PIXELS, LABEL_PIXELS, cascading_figure, cascading_panel, short_step_label,
+                                      similarity_figure, similarity_panel, step_label)
 from vit_inspect.studies.sanity import ImageSanity, Similarity, steps_of
 
 GRAY = np.full((32, 32, 3), 128, dtype=np.uint8)
@@ -57,3 +63,37 @@ def test_similarity_figure_plots_the_values():
     independent = [line for line in axes[3].lines if len(line.get_xdata()) == 2]
     np.testing.assert_allclose(independent[0].get_ydata(), [0.5, 0.7])
     assert len(similarity_figure(_result(independent=False)).axes) == 3
+
+
+def test_cascading_panel_draws_every_steps_map_over_the_scaled_crop():
+    rgb = np.random.default_rng(1).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    result = _result()
+    panel = cascading_panel(rgb, result, "a title")
+    assert panel.dtype == np.uint8 and panel.ndim == 3
+    title_band = panel.shape[0] - (20 + 2 * (CELL_PIXELS + 4))  # head row of 20 px, two methods, 4 px gaps
+    assert title_band > 0 and (panel[:title_band] < 128).any()  # the title's text
+    crop = np.asarray(Image.fromarray(rgb).resize((CELL_PIXELS, CELL_PIXELS), Image.BILINEAR))
+    for row, method in enumerate(result.maps):
+        top = title_band + 20 + row * (CELL_PIXELS + 4)
+        np.testing.assert_array_equal(panel[top:top + CELL_PIXELS, LABEL_PIXELS:LABEL_PIXELS + CELL_PIXELS], crop)
+        for column, grid_map in enumerate(result.maps[method], start=1):
+            left = LABEL_PIXELS + column * (CELL_PIXELS + 4)
+            np.testing.assert_array_equal(panel[top:top + CELL_PIXELS, left:left + CELL_PIXELS],
+                                          overlay(crop, grid_map, alpha=0.75))
+    bar = panel[title_band + 40, LABEL_PIXELS + 5 * (CELL_PIXELS + 4) + 8 + 6]  # inside the colour bar
+    assert tuple(bar) != (255, 255, 255)
+    with pytest.raises(ValueError, match="no maps"):
+        cascading_panel(rgb, ImageSanity(0, None, (None,), {}, {}, {}, {}), "t")
+
+
+def test_similarity_panel_draws_each_method_in_its_colour():
+    result = _result()
+    styles = method_styles(list(result.cascading))
+    panel = similarity_panel(result, "a title")
+    colours = {tuple(c) for c in panel.reshape(-1, 3)}
+    assert all(styles[m][0] in colours for m in result.cascading)
+    nan = replace(result, cascading={m: (Similarity(1.0, 1.0, 1.0), *(Similarity(np.nan, 0.0, 0.0),) * 3)
+                                     for m in result.cascading})
+    assert similarity_panel(nan, "undefined steps are left out").shape[1] == panel.shape[1]
+    assert short_step_label(None) == "trained" and short_step_label(3) == "from 3"
+    assert short_step_label("embedding") == "+ emb."

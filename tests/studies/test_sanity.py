@@ -183,3 +183,14 @@ def test_robustness_inside_the_study_on_every_layout(tiny_kind):
     assert {"gradcam", "rollout", "edges"} <= set(result.max_sensitivity) == set(result.infidelity)
     assert all(v >= 0 for v in result.max_sensitivity.values())
     assert result.max_sensitivity["edges"] < result.max_sensitivity["gradcam"]
+
+
+def test_a_model_input_given_as_it_is_gives_the_same_checks():
+    handle = tiny_handle("cls")
+    image = _image(3)
+    pixels, _ = handle.preprocess.apply(image)
+    settings = SanitySettings(independent=False, robustness=RobustnessSettings(sensitivity_samples=2,
+                                                                               infidelity_samples=4))
+    from_image = sanity_check(handle, image, ("gradcam", "rollout"), settings=settings)
+    from_pixels = sanity_check(handle, pixels, ("gradcam", "rollout"), settings=settings)
+    assert from_pixels.record() == from_image.record()

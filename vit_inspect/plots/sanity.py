@@ -1,18 +1,26 @@
-"""Sanity-check results -> matplotlib figures: the cascading strip of maps (Adebayo et al. 2018, Fig. 2) and the
-similarity curves. Numbers in (`studies.sanity.ImageSanity`), no torch."""
+"""Sanity-check results -> pictures: the cascading strip of maps (Adebayo et al. 2018, Fig. 2) and the
+similarity curves, each as a matplotlib figure (the command line's files) and as a PIL panel of the same
+picture (the app). Numbers in (`studies.sanity.ImageSanity`), no torch."""
 from __future__ import annotations
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import add_colorbar
+from vit_inspect.plots.canvas import (COLORBAR_PIXELS, SMALL_TEXT, add_colorbar, draw_colorbar, font_of, grid_of,
+                                      plot_axes, titled, wrap_to)
+from vit_inspect.plots.faithfulness import LEGEND_LINE_PIXELS, LEGEND_SAMPLE_PIXELS, _line, method_styles, paper_name
 from vit_inspect.plots.maps import overlay
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SIMILARITIES, ImageSanity
 
 SIMILARITY_TITLES = {"spearman": "Spearman rank correlation", "ssim": "SSIM (normalised maps)",
                      "top10_overlap": "top-10 % patch overlap"}
 CELL_INCHES = 1.15  # side of one map in the cascading strip
+CELL_PIXELS = 84  # width of one map in the cascading panel
+LABEL_PIXELS = 150  # the cascading panel's column of method names
+SIMILARITY_PLOT_PIXELS = (330, 220)  # (width, height) of one similarity plot's axes
+NORMALISED = "each map min-max normalised"
 
 
 def step_label(step) -> str:
@@ -20,6 +28,102 @@ def step_label(step) -> str:
     if step is None:
         return "trained"
     return "+ embedding" if step == "embedding" else f"from block {step}"
+
+
+def short_step_label(step) -> str:
+    """`step_label` in a few characters, for a narrow column: "trained", "from 11", "+ emb."."""
+    if step is None:
+        return "trained"
+    return "+ emb." if step == "embedding" else f"from {step}"
+
+
+def cascading_panel(rgb: np.ndarray, result: ImageSanity, title: str) -> np.ndarray:
+    """`cascading_figure` drawn with PIL, as an (H, W, 3) uint8 picture: one row per method (its paper name
+    on the left), one column per cascading step (`short_step_label` above: the trained model, "from b" once
+    every block from the last one down to block b is random, "+ emb." with the patch embedding too), first
+    column the crop; each map min-max normalised to its own range and drawn over the crop scaled to
+    CELL_PIXELS wide; one colour bar (0 = a map's lowest value, 1 its highest) on the right; under `title`."""
+    methods = list(result.maps)
+    if not methods:
+        raise ValueError("no maps to show")
+    height, width = rgb.shape[:2]
+    cell_h = max(1, round(CELL_PIXELS * height / width))
+    crop = np.asarray(Image.fromarray(rgb).resize((CELL_PIXELS, cell_h), Image.BILINEAR))
+    small = font_of(SMALL_TEXT)
+    gap, head = 4, 20
+    columns = len(result.steps) + 1
+    grid_w = LABEL_PIXELS + columns * (CELL_PIXELS + gap)
+    panel = Image.new("RGB", (grid_w + COLORBAR_PIXELS, head + len(methods) * (cell_h + gap)), (255, 255, 255))
+    pen = ImageDraw.Draw(panel)
+    for column, words in enumerate(["input", *[short_step_label(step) for step in result.steps]]):
+        pen.text((LABEL_PIXELS + column * (CELL_PIXELS + gap) + CELL_PIXELS / 2, head / 2), words, fill=(0, 0, 0),
+                 font=small, anchor="mm")
+    for row, method in enumerate(methods):
+        top = head + row * (cell_h + gap)
+        lines = wrap_to(paper_name(method), LABEL_PIXELS - 8, small)
+        for index, line in enumerate(lines):
+            pen.text((LABEL_PIXELS - 6, top + cell_h / 2 + (index - (len(lines) - 1) / 2) * 15), line,
+                     fill=(0, 0, 0), font=small, anchor="rm")
+        panel.paste(Image.fromarray(crop), (LABEL_PIXELS, top))
+        for column, grid_map in enumerate(result.maps[method], start=1):
+            cell = overlay(crop, np.asarray(grid_map, dtype=np.float64), alpha=0.75)  # normalised, upsampled
+            panel.paste(Image.fromarray(cell), (LABEL_PIXELS + column * (CELL_PIXELS + gap), top))
+    draw_colorbar(panel, pen, grid_w + 8, head, panel.height - gap, 0.0, 1.0, NORMALISED, "inferno")
+    return titled(np.asarray(panel), title)
+
+
+def similarity_panel(result: ImageSanity, title: str) -> np.ndarray:
+    """`similarity_figure`'s cascading row drawn with PIL, as an (H, W, 3) uint8 picture: one plot per
+    similarity (`SIMILARITIES`), x the cascading steps (`short_step_label`) and, right of them, the random
+    logit, y from -1 to 1 (the overlap from 0); each method a line in its `method_styles` colour and style
+    with a dot per step, its random-logit value a square; on the Spearman plot the pass threshold as a grey
+    line. A legend of paper names under the first plot."""
+    methods = list(result.cascading)
+    if not methods:
+        raise ValueError("no similarities to show")
+    styles = method_styles(methods)
+    small = font_of(SMALL_TEXT)
+    plot_w, plot_h = SIMILARITY_PLOT_PIXELS
+    slots = len(result.steps) + 1  # the steps, then the random logit
+    x_of = np.linspace(8, plot_w - 9, slots)  # pixel offsets in the plot
+    names = [paper_name(m) for m in methods]
+    every = 1 if len(result.steps) <= 8 else 2  # tick labels that fit side by side
+    ticks = [(x, short_step_label(step) if index % every == 0 or index == len(result.steps) - 1 else "")
+             for index, (x, step) in enumerate(zip(x_of, result.steps))] + [(x_of[-1], "logit")]
+    plots = []
+    for position, name in enumerate(SIMILARITIES):
+        legend = position == 0  # one legend, under the first plot
+        axes = plot_axes(1.05, ticks, "cascading step, then the random logit", SIMILARITY_TITLES[name],
+                         plot=SIMILARITY_PLOT_PIXELS, below=LEGEND_LINE_PIXELS * len(methods) + 8 if legend else 8,
+                         legend=LEGEND_SAMPLE_PIXELS + 6 + max(int(small.getlength(n)) for n in names) if legend else 0,
+                         lowest=0.0 if name == "top10_overlap" else -1.05)
+        for level in (0.0, *((PASS_THRESHOLD,) if name == "spearman" else ())):
+            axes.pen.line((axes.left, axes.row(level), axes.left + plot_w - 1, axes.row(level)),
+                          fill=(150, 150, 150) if level else (210, 210, 210))
+        for index, method in enumerate(methods):
+            colour, pattern = styles[method]
+            values = np.array([getattr(s, name) for s in result.cascading[method]], dtype=np.float64)
+            shown = np.isfinite(values)  # a constant map's Spearman is undefined: no point, the line broken
+            points = np.stack([axes.left + x_of[:-1], axes.row(np.nan_to_num(values))], axis=-1)  # (steps, 2)
+            for start in range(len(values) - 1):
+                if shown[start] and shown[start + 1]:
+                    _line(axes.pen, points[start:start + 2], colour, pattern)
+            for x, y in points[shown]:
+                axes.dot(x, y, 2.5, colour)
+            logit = result.random_logit.get(method)
+            if logit is not None and np.isfinite(getattr(logit, name)):
+                x, y = axes.left + x_of[-1], axes.row(getattr(logit, name))
+                axes.pen.rectangle((x - 3, y - 3, x + 3, y + 3), fill=colour)
+            if not legend:
+                continue
+            y = axes.bottom + 44 + LEGEND_LINE_PIXELS * index
+            _line(axes.pen, np.array([[axes.left, y], [axes.left + LEGEND_SAMPLE_PIXELS, y]], np.float64), colour,
+                  pattern)
+            axes.pen.text((axes.left + LEGEND_SAMPLE_PIXELS + 6, y), names[index], fill=(0, 0, 0), font=small,
+                          anchor="lm")
+        heading = SIMILARITY_TITLES[name] + (f" (grey: pass threshold {PASS_THRESHOLD})" if name == "spearman" else "")
+        plots.append(titled(np.asarray(axes.panel), heading))
+    return titled(grid_of(plots, len(plots)), title)
 
 
 def cascading_figure(rgb: np.ndarray, result: ImageSanity, title: str = "") -> Figure:
@@ -46,7 +150,7 @@ def cascading_figure(rgb: np.ndarray, result: ImageSanity, title: str = "") -> F
         ax.set_xticks([])
         ax.set_yticks([])
     axes[0, 0].set_title("input", fontsize="x-small")
-    add_colorbar(fig, 0.0, 1.0, "each map min-max normalised", ax=axes, shrink=0.6, pad=0.01)
+    add_colorbar(fig, 0.0, 1.0, NORMALISED, ax=axes, shrink=0.6, pad=0.01)
     fig.suptitle(title or "Cascading randomisation (last block first), each map normalised", fontsize="small")
     return fig
 
@@ -91,4 +195,5 @@ def similarity_figure(result: ImageSanity, title: str = "") -> Figure:
     return fig
 
 
-__all__ = ["cascading_figure", "similarity_figure", "step_label"]
+__all__ = ["cascading_figure", "cascading_panel", "similarity_figure", "similarity_panel", "short_step_label",
+           "step_label"]

@@ -155,20 +155,25 @@ def method_maps(analysis: ImageAnalysis, methods: tuple[str, ...], extra: Mappin
     return maps
 
 
-def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
+def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes | torch.Tensor,
                  methods: tuple[str, ...] = SANITY_METHODS, target: int | None = None,
                  settings: SanitySettings = SanitySettings(), extra: Mapping[str, MapFn] | None = None,
                  progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
                  limits: ImageLimits = ImageLimits()) -> ImageSanity:
     """Every sanity check of `methods` (and `extra` map functions) on one image, for `target` (default: the
-    trained model's prediction), at the model's own crop. Passes: 1 (trained) + depth + 1 (cascading) +
-    depth (independent) + 1 (random logit) + the noisy inputs of max-sensitivity; infidelity adds only
-    forwards. The model's weights are the trained ones again afterwards, also after an exception or
-    `Cancelled` (raised before the next pass once `cancelled()` is true)."""
+    trained model's prediction), at the model's own crop; or on a model input given as it is, a (1, 3, H, W)
+    tensor normalised with the model's mean and std (`analyze_pixels`: the app passes the crop its pass saw).
+    Passes: 1 (trained) + depth + 1 (cascading) + depth (independent) + 1 (random logit) + the noisy inputs
+    of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
+    afterwards, also after an exception or `Cancelled` (raised before the next pass once `cancelled()` is
+    true)."""
     if not handle.has_head:
         raise VitInspectError("Sanity checks explain a class: this model has no classification head.")
-    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    pixels, _ = handle.preprocess.apply(picture)  # (1, 3, H, W)
+    if isinstance(image, torch.Tensor):
+        pixels = image  # (1, 3, H, W), normalised
+    else:
+        picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+        pixels, _ = handle.preprocess.apply(picture)  # (1, 3, H, W)
     relevance = any(m in RELEVANCE_METHODS for m in methods)
     robust = settings.robustness
     steps = steps_of(handle.depth)
