@@ -153,3 +153,18 @@ def test_a_result_is_checked_again_once_written(client):
     assert cleared[elem(client, "download-files")] is None
     assert cleared[elem(client, "downloads-note")].startswith("*Cleared: the image or what the model sees of it "
                                                               "changed (these were for coffee.png")
+
+
+@pytest.mark.slow
+def test_a_new_image_clears_the_sanity_checks_and_their_verdict_column(client):
+    analyze(client)
+    client.predict(api_name="/faithfulness")
+    client.predict(api_name="/sanity_checks")
+    analyze(client, COFFEE)
+    cleared = outputs(client, "stale_check_image")
+    sentence = cleared[elem(client, "sanity-note")]
+    assert sentence.startswith("*Cleared: the image or what the model sees of it changed (these were for "
+                               "chelsea.png") and "**Run the sanity checks**" in sentence and "espresso" in sentence
+    assert cleared[elem(client, "sanity-strip")] is None and cleared[elem(client, "sanity-curves")] is None
+    assert cleared[elem(client, "sanity-table")]["data"] == []
+    assert cleared[elem(client, "faithfulness-table")]["data"] == []  # the verdict column goes with its table

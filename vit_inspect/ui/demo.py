@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from vit_inspect.ui import clicks, inputs, sections
+from vit_inspect.ui import clicks, inputs, sanity, sections
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
@@ -110,8 +110,9 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         retargeted, searched = inputs.wire_classes(given, app, session, controls, class_outputs=[
             session, given.target, *[panel[n] for n in CLASS_PANELS]])
         all_maps.wire(page.all_maps, app, session, controls)
-        faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session,
-                          key, controls, also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
+        faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance),
+                          sanity.SanityChecks(app.handle, app.store), session, key, controls,
+                          also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
         heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
         heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
@@ -146,6 +147,10 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
         Tracked("faithfulness", page.faithfulness.scored,
                 (page.faithfulness.figure, page.faithfulness.table, page.faithfulness.note, *page.overview.verdicts),
                 (None, None, NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
+        Tracked("sanity", page.faithfulness.checked,
+                (page.faithfulness.sanity_strip, page.faithfulness.sanity_curves, page.faithfulness.sanity_table,
+                 page.faithfulness.sanity_note), (None, None, None, NOTE), "class", f"**{sanity.PRESS}**",
+                reset=sanity.released),
         Tracked("compare", page.compare.made_from, (page.compare.state, *page.compare.results),
                 (None, KEEP, NOTE, *[None] * (len(page.compare.results) - 2)), "class", f"**{compare.PRESS}**",
                 extra=page.compare.key_b),

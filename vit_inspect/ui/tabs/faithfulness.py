@@ -8,9 +8,14 @@ only that map's perturbed inputs. LeGrad and AttnLRP, which the app's pass leave
 (`ui.relevance`), are added first (one more forward and backward pass); a map this model cannot give is
 named as not scored.
 
-The scores record what they were computed from (`Scored.basis`: model, image and class); another image,
-model or class clears them, and the verdicts under the first view's maps, through the page's one stale-result
-check (`ui.stale`).
+Below them, on demand with a progress bar and Cancel, the sanity checks of the same maps (`ui.sanity`): the
+cascading strip of maps, the similarity curves, the random-logit similarity, max-sensitivity and infidelity,
+and a verdict per map (passes or fails the randomisation test, the threshold stated) in a column of the
+faithfulness table, so that both questions are answered side by side.
+
+The scores and the checks record what they were computed from (`Scored.basis`, `sanity.Checked.basis`: model,
+image and class); another image, model or class clears them, and the verdicts under the first view's maps,
+through the page's one stale-result check (`ui.stale`).
 """
 from __future__ import annotations
 
@@ -25,12 +30,13 @@ from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, paper_name, ranked_rows, verdict
 from vit_inspect.studies.faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
-from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
+from vit_inspect.ui import sanity
+from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 from vit_inspect.ui.view import SWAPPED
 
-HEADERS = ["map", "mean rank ↓", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
+HEADERS = ["map", "mean rank ↓", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random", sanity.VERDICT_HEADER]
 VERDICT_ORDER = ("attention", "rollout", "chefer")  # the first view's maps (`panels.FIRST_VIEW`), as scored here
 NO_VERDICT = "*Faithfulness: this map could not be scored for this model.*"
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
@@ -48,6 +54,24 @@ class Scored:
         """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
         again when what it was computed from changes (`build_demo`)."""
         return hash(self.basis)
+
+
+def with_verdicts(rows: list[list], key: tuple, checked: sanity.Checked | None) -> list[list]:
+    """The ranked rows with the randomisation verdict of each map appended: from ``checked`` when it was run
+    for the same model, image and class (``key``), "not run" before; "–" for the maps the checks do not
+    recompute (the random map, the other tabs' choices)."""
+    verdicts = checked.verdicts if checked is not None and checked.key == key else {}
+    checked_names = {paper_name(m) for m in sanity.SANITY_METHODS}
+    return [row + [verdicts.get(row[0], sanity.NOT_RUN) if row[0] in checked_names else sanity.NOT_CHECKED]
+            for row in rows]
+
+
+def table_of(scored: Scored | None, checked: sanity.Checked | None):
+    """The faithfulness table for ``scored`` with the verdict column of ``checked``; left as shown when
+    nothing is scored for the image and class the checks ran on."""
+    if scored is None or checked is None or scored.key != checked.key:
+        return gr.skip()
+    return with_verdicts(ranked_rows(scored.curves), scored.key, checked)
 
 
 def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
@@ -87,11 +111,23 @@ class FaithfulnessView:
     table: gr.Dataframe
     note: gr.Markdown
     scored: gr.State
+    sanity_button: gr.Button
+    sanity_cancel: gr.Button
+    sanity_strip: gr.Image  # the cascading strip of maps
+    sanity_curves: gr.Image  # the similarity curves
+    sanity_table: gr.Dataframe
+    sanity_note: gr.Markdown
+    checked: gr.State  # the session's `sanity.Checked`
 
     @property
     def outputs(self) -> list:
         """What scoring writes here (the first view's verdicts follow these)."""
         return [self.scored, self.figure, self.table, self.note]
+
+    @property
+    def sanity_outputs(self) -> list:
+        """What the sanity checks write here, the faithfulness table's verdict column last."""
+        return [self.checked, self.sanity_strip, self.sanity_curves, self.sanity_table, self.sanity_note, self.table]
 
 
 def layout() -> FaithfulnessView:
@@ -109,12 +145,30 @@ def layout() -> FaithfulnessView:
                            elem_id="faithfulness-score")
         figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
                              show_label=False, elem_id="faithfulness-curves")
-        table = gr.Dataframe(headers=HEADERS, label=f"Areas under the curves, sorted by {SORTED_BY}",
-                             interactive=False, wrap=True, column_widths=["34%", *["11%"] * 6],
+        table = gr.Dataframe(headers=HEADERS, label=f"Areas under the curves, sorted by {SORTED_BY}; the last "
+                                                    "column from the sanity checks below",
+                             interactive=False, wrap=True, column_widths=["26%", *["9%"] * 6, "20%"],
                              elem_id="faithfulness-table")
         note = gr.Markdown(elem_id="faithfulness-note")
         scored = gr.State(None)
-    return FaithfulnessView(tab, button, figure, table, note, scored)
+        gr.Markdown("**Does the map depend on the model, and on the class?** Sanity checks (Adebayo et al. 2018; "
+                    "Sixt et al. 2020; Yeh et al. 2019): the model's blocks are re-drawn at random, the last one "
+                    "first, down to the patch embedding, and every map is recomputed for the same class; a map "
+                    "that stays alike explains the image, not the model. Then the map for a random other class, "
+                    "and the maps of slightly noisy inputs. The weights are restored afterwards.",
+                    elem_id="sanity-intro")
+        with gr.Row():
+            sanity_button = gr.Button(f"{sanity.PRESS} (about 26 analysis passes)", variant="primary",
+                                      elem_id="sanity-run")
+            sanity_cancel = gr.Button("Cancel", elem_id="sanity-cancel")
+        sanity_strip = OutputImage(label="Cascading randomisation", elem_id="sanity-strip", **FIGURE_OUT)
+        sanity_curves = OutputImage(label="Similarity to the trained map", elem_id="sanity-curves", **FIGURE_OUT)
+        sanity_table = gr.Dataframe(headers=sanity.HEADERS, label="Sanity checks of each map", interactive=False,
+                                    wrap=True, elem_id="sanity-table")
+        sanity_note = gr.Markdown(elem_id="sanity-note")
+        checked = gr.State(None)
+    return FaithfulnessView(tab, button, figure, table, note, scored, sanity_button, sanity_cancel, sanity_strip,
+                            sanity_curves, sanity_table, sanity_note, checked)
 
 
 class FaithfulnessTab:
@@ -129,11 +183,12 @@ class FaithfulnessTab:
     # Scores the maps of the session's image and class; ``values`` are the other tabs' raw controls.
     # (A comment, not a docstring: Gradio would publish a docstring as the endpoint's API description.)
     @shows_errors  # anything unforeseen is a sentence too, its traceback in the operator's log
-    def score(self, current, scored: Scored | None, key=None, progress=gr.Progress(), **values):
+    def score(self, current, scored: Scored | None, key=None, checked: sanity.Checked | None = None,
+              progress=gr.Progress(), **values):
         try:
-            done = self._score(self.handle_of, current, scored, progress, values, self.relevance)
-            scored = done[0]
-            return (replace(scored, basis=Basis.of(current, key or current.model)), *done[1:],
+            scored, image, rows, note = self._score(self.handle_of, current, scored, progress, values, self.relevance)
+            return (replace(scored, basis=Basis.of(current, key or current.model)), image,
+                    with_verdicts(rows, scored.key, checked), note,
                     *[verdict(scored.curves, method) if method in scored.curves else NO_VERDICT
                       for method in VERDICT_ORDER])
         except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
@@ -189,9 +244,16 @@ class FaithfulnessTab:
         return Scored(key=key, curves=known), image, rows, note
 
 
-def wire(view: FaithfulnessView, handlers: FaithfulnessTab, session: gr.State, key: gr.State, controls: dict,
-         also: list, verdicts: list) -> None:
-    """The tab's event: its button (and the ``also`` triggers: the first view's Score) scores the session's
-    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``."""
-    gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key], inputs_kwargs=controls,
-          outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW, **MODEL_PASS)
+def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.SanityChecks, session: gr.State,
+         key: gr.State, controls: dict, also: list, verdicts: list) -> None:
+    """The tab's events: its button (and the ``also`` triggers: the first view's Score) scores the session's
+    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``;
+    the sanity checks' button runs ``checks`` on the same queue (they change the model's weights while they
+    run), writing their pictures, table and note and the faithfulness table's verdict column; Cancel stops
+    them before their next pass, off the queue."""
+    gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key, view.checked],
+          inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW, **MODEL_PASS)
+    gr.on([view.sanity_button.click], checks.handler(table_of), inputs=[session, view.checked, view.scored, key],
+          outputs=view.sanity_outputs, api_name="sanity_checks", **RAW, **MODEL_PASS)
+    gr.on([view.sanity_cancel.click], shows_errors(checks.cancel), outputs=[view.sanity_note],
+          api_name="cancel_sanity_checks", queue=False, **RAW)
