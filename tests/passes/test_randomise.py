@@ -80,6 +80,35 @@ def test_fresh_weights_are_the_models_own_initialiser_under_the_seed():
     assert not torch.equal(fresh_weights(handle, seed=8).values["pos_embed"], fresh.values["pos_embed"])
 
 
+def test_a_hook_that_cannot_be_copied_stays_on_the_model_and_off_the_copy():
+    """A server counts the model's forwards with a hook bound to an object holding a lock (which cannot be
+    deep-copied); the fresh weights are drawn all the same, and the hook keeps counting on the model only."""
+    import threading
+
+    class Counter:
+        def __init__(self):
+            self.lock, self.calls = threading.Lock(), 0
+
+        def count(self, module, args):
+            with self.lock:
+                self.calls += 1
+
+    handle = tiny_handle("cls")
+    counter = Counter()
+    hook = handle.model.register_forward_pre_hook(counter.count)
+    try:
+        fresh = fresh_weights(handle, seed=7)
+        assert counter.calls == 0  # the initialiser ran no forward, on the copy or the model
+        hook.remove()
+        assert all(torch.equal(v, fresh_weights(handle, seed=7).values[k]) for k, v in fresh.values.items())
+        hook = handle.model.register_forward_pre_hook(counter.count)
+        with torch.no_grad():
+            handle.forward(_x(handle))
+        assert counter.calls == 1
+    finally:
+        hook.remove()
+
+
 def test_hugging_face_weights_are_redrawn_although_marked_initialised():
     handle = handle_from_hf(tiny_hf(), device="cpu")
     fresh = fresh_weights(handle, seed=0)

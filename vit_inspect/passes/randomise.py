@@ -103,6 +103,14 @@ def _initialise(family: str, model: nn.Module) -> None:
                     trunc_normal_(parameter, std=TRUNC_STD)
 
 
+def _without_hooks(model: nn.Module) -> dict[int, object]:
+    """A `copy.deepcopy` memo under which the copy of `model` gets empty hook registries: the hooks others put
+    on the model (a server's counters, a profiler's) belong to it, may hold what cannot be copied (a lock), and
+    must not run on the copy. The model itself is not touched."""
+    return {id(registry): type(registry)() for module in model.modules() for name, registry in vars(module).items()
+            if name.endswith(("_hooks", "_hooks_with_kwargs", "_hooks_always_called")) and isinstance(registry, dict)}
+
+
 @dataclass(frozen=True, eq=False)
 class FreshWeights:
     """Every block's and the patch embedding's parameters as the model's initialiser draws them."""
@@ -114,11 +122,12 @@ class FreshWeights:
 
 def fresh_weights(handle: ViTHandle, seed: int = 0) -> FreshWeights:
     """The values `randomised` gives each layer: the model's own initialiser run on a CPU copy of the model
-    with torch's CPU generator seeded by `seed` (the caller's generator state is restored). Costs one copy
-    of the model's weights while it runs; only the blocks' and embedding's new values are kept."""
+    (without the hooks on it) with torch's CPU generator seeded by `seed` (the caller's generator state is
+    restored). Costs one copy of the model's weights while it runs; only the blocks' and embedding's new
+    values are kept."""
     layers = layer_parameters(handle)
     with torch.no_grad():
-        model = copy.deepcopy(handle.model).to("cpu")
+        model = copy.deepcopy(handle.model, _without_hooks(handle.model)).to("cpu")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             _initialise(handle.family, model)
