@@ -158,7 +158,7 @@ def layout() -> FaithfulnessView:
                     "and the maps of slightly noisy inputs. The weights are restored afterwards.",
                     elem_id="sanity-intro")
         with gr.Row():
-            sanity_button = gr.Button(f"{sanity.PRESS} (about 26 analysis passes)", variant="primary",
+            sanity_button = gr.Button(f"{sanity.PRESS} (25 analysis passes for 12 blocks)", variant="primary",
                                       elem_id="sanity-run")
             sanity_cancel = gr.Button("Cancel", elem_id="sanity-cancel")
         sanity_strip = OutputImage(label="Cascading randomisation", elem_id="sanity-strip", **FIGURE_OUT)
