@@ -207,7 +207,8 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
     assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
             "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
-            "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result"} <= set(endpoints)
+            "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result",
+            "sanity_checks", "cancel_sanity_checks"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:
@@ -266,6 +267,19 @@ def test_the_reported_inputs_get_sentences(server, api_name, data, message):
     client = Client(server.url, verbose=False)
     answer = queue_call(client, api_name, data)
     assert answer["success"] is False and message in error_of(answer), error_of(answer)
+
+
+def test_the_sanity_checks_answer_a_session_without_an_image_and_forged_values(server):
+    """/sanity_checks and its Cancel take no value a client sets (their inputs are the session's states): a fresh
+    session gets sentences, and hostile values sent where the states go are ignored by Gradio, not run."""
+    client = Client(server.url, verbose=False)  # a session that analysed nothing (the first view's pass aside)
+    for data in ([None] * len(dependency(client, "sanity_checks")["inputs"]),
+                 [value for _, value in list(HOSTILE.items())[:len(dependency(client, "sanity_checks")["inputs"])]]):
+        answer = queue_call(client, "sanity_checks", data)
+        assert answer["success"] is False and error_of(answer).startswith("Analyse an image first"), error_of(answer)
+    cancelled = queue_call(client, "cancel_sanity_checks", [])
+    assert cancelled["success"] and cancelled["output"]["data"] == ["Nothing to cancel: no sanity checks are running "
+                                                                    "for you."]
 
 
 def test_a_name_pasted_with_spaces_and_a_line_break_loads(server):
