@@ -69,3 +69,40 @@ def test_faithfulness_score_and_dataset_average_show_their_pictures(server, page
     np.testing.assert_array_equal(shown_pixels(page, "dataset-plot"), expected)
     page.locator("#dataset-plot").screenshot(path=str(ARTIFACTS / "jobs_02_dataset_distance.png"))
     expect(errors).to_have_count(0)
+
+
+def test_sanity_checks_run_with_progress_cancel_and_a_verdict_column(server, page):
+    """Run the sanity checks from the Faithfulness view: the progress bar counts passes, Cancel stops a second
+    run before its next pass, and the strip, the curves, the table and the verdict column show the finished run."""
+    expect = sync_api.expect
+    errors = page.locator("[data-testid='toast-body'].error")
+    page.set_viewport_size({"width": 2000, "height": 1100})
+    page.reload(wait_until="load")
+    first_view(page)
+    open_tab(page, "Faithfulness")
+    page.get_by_role("button", name=re.compile("Score the maps")).click()
+    expect(page.locator("#faithfulness-table")).to_contain_text("not run")  # the verdict column, before the checks
+    run = page.get_by_role("button", name=re.compile("Run the sanity checks"))
+    run.click()
+    expect(page.locator(".progress-text").first).to_contain_text("passes")  # Gradio's bar, counting passes
+    page.locator("#sanity-strip").screenshot(path=str(ARTIFACTS / "jobs_03_sanity_running.png"))
+    table = page.locator("#sanity-table")
+    expect(table).to_contain_text("passes (ρ", timeout=300_000)
+    for method in ("attention", "rollout", "gradcam", "chefer", "legrad", "attnlrp"):
+        expect(table).to_contain_text(paper_name(method))
+    expect(page.locator("#faithfulness-table")).to_contain_text("passes (ρ")  # beside the scores
+    expect(page.locator("#sanity-note")).to_contain_text("below 0.5")
+    strip, curves = shown_pixels(page, "sanity-strip"), shown_pixels(page, "sanity-curves")
+    assert strip.shape[1] > 1000 and curves.shape[1] > 900  # every step's column; three plots side by side
+    colours = {tuple(c) for c in curves.reshape(-1, 3)}
+    assert all(colour in colours for colour in method_colours(["attention", "rollout", "chefer"]).values())
+    page.locator("#sanity-strip").screenshot(path=str(ARTIFACTS / "jobs_04_sanity_strip.png"))
+    page.locator("#sanity-curves").screenshot(path=str(ARTIFACTS / "jobs_05_sanity_curves.png"))
+
+    run.click()  # again, then Cancel once the bar moves
+    expect(page.locator(".progress-text").first).to_contain_text("passes")
+    page.locator("#sanity-cancel").click()
+    expect(page.locator("#sanity-note")).to_contain_text("cancelled after", timeout=120_000)
+    expect(page.locator("#sanity-note")).to_contain_text("Nothing was changed")
+    expect(table).to_contain_text("passes (ρ")  # the finished run's results stay
+    expect(errors).to_have_count(0)
