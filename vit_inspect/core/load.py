@@ -15,6 +15,7 @@ import torch
 from vit_inspect.core.errors import ModelNotFoundError
 from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle, default_checkpoint_dir, resolve_device
 from vit_inspect.core.hf_models import load_hf
+from vit_inspect.core.open_clip_models import is_open_clip_name, load_open_clip
 from vit_inspect.core.timm_models import load_timm
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
@@ -35,7 +36,8 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
                input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
                allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None,
                max_model_bytes: int | None = None) -> ViTHandle:
-    """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
+    """Load a ViT by timm name, timm name + weights file, Hugging Face folder / hub id, or OpenCLIP name
+    (``open_clip:ARCH[:TAG]``, `core.open_clip_models`: the vision tower, its text tower beside it).
 
     `model_file` ("path.py:function", see `load_model_file`) imports and runs that Python file instead:
     only the operator passes it (a command-line flag), never a value a web client sent.
@@ -54,6 +56,10 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
         from vit_inspect.core.module_spec import load_model_file
         return load_model_file(model_file, weights, device)
     device = resolve_device(device)
+    if is_open_clip_name(name):
+        return load_open_clip(name, weights, device, pretrained=pretrained, input_size=input_size,
+                              checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
+                              max_model_bytes=max_model_bytes)
     if allow_local_dirs and Path(name).is_dir():
         return load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size,
                         max_model_bytes=max_model_bytes)
