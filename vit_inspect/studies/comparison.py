@@ -43,12 +43,15 @@ class Comparison:
 
 def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
                    input_size_a: tuple[int, int] | None = None, input_size_b: tuple[int, int] | None = None,
-                   limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image) -> Comparison:
+                   limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image,
+                   target=None, contrast=None) -> Comparison:
     """One `analyze_image` pass per model (forward + backward each) on the same decoded image; ``run_pass``
-    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`)."""
+    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`). ``target`` and
+    ``contrast`` (a text prompt for two CLIP-style models) are the same for both."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    result_a = run_pass(handle_a, picture, input_size=input_size_a)
-    result_b = run_pass(handle_b, picture, input_size=input_size_b)
+    explained = {} if target is None and contrast is None else {"target": target, "contrast": contrast}
+    result_a = run_pass(handle_a, picture, input_size=input_size_a, **explained)
+    result_b = run_pass(handle_b, picture, input_size=input_size_b, **explained)
     return Comparison(a=result_a, b=result_b, image_size=picture.size,
                       box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
                       box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))
@@ -128,6 +131,8 @@ def agreement_record(comparison: Comparison, aligned: list[AlignedMap]) -> dict:
         "model_a": a.model_name, "model_b": b.model_name,
         "input_size_a": list(a.layout.input_size), "input_size_b": list(b.layout.input_size),
         "depth_a": a.depth, "depth_b": b.depth,
+        "target": {"prompt": a.prompt.text} if a.prompt is not None else None,
+        "contrast": {"prompt": a.versus.text} if a.versus is not None else None,
         "crop_box_a": [round(v, 3) for v in comparison.box_a], "crop_box_b": [round(v, 3) for v in comparison.box_b],
         "layer_mapping": "model B layer = ceil((layer_a + 1) * depth_b / depth_a) - 1 (same relative depth (l+1)/L)",
         "resampling": "both maps bilinearly resampled to the finer grid over the image region both crops cover",
