@@ -37,7 +37,8 @@ from vit_inspect.core.errors import (InputError, ModelNotFoundError, Unsupported
                                      WeightsNotFoundError)
 from vit_inspect.core.handle import ViTHandle, resolve_device
 from vit_inspect.core.images import Preprocess
-from vit_inspect.core.prompts import (DEFAULT_TEMPLATES, ClipParts, Prompt, ZeroShotHead, as_prompt, check_labels)
+from vit_inspect.core.prompts import (DEFAULT_TEMPLATES, ClipParts, Prompt, ZeroShotHead, as_prompt, check_labels,
+                                      label_embeddings)
 from vit_inspect.core.timm_models import _timm_handle, check_model_bytes
 from vit_inspect.core.weights import apply_state_dict, check_finite, fitted_state, read_state_dict
 
@@ -311,11 +312,11 @@ def default_zero_shot() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _head(text: TextTower, model: nn.Module, labels: tuple[str, ...], templates: tuple[str, ...],
-          prompts: tuple[Prompt, ...]) -> ZeroShotHead:
+          prompts: tuple[Prompt, ...], given: torch.Tensor | None = None) -> ZeroShotHead:
     def rows() -> torch.Tensor:
-        parts = [text.classifier(labels, templates)]
-        given = [p for p in prompts if p.embedding is None]
-        encoded = dict(zip((p.text for p in given), text.embed([p.text for p in given]))) if given else {}
+        parts = [text.classifier(labels, templates) if given is None else given.to(text.device, torch.float32)]
+        typed = [p for p in prompts if p.embedding is None]
+        encoded = dict(zip((p.text for p in typed), text.embed([p.text for p in typed]))) if typed else {}
         for prompt in prompts:
             row = encoded.get(prompt.text) if prompt.embedding is None else torch.from_numpy(prompt.embedding)
             if row.shape[-1] != parts[0].shape[-1]:
@@ -323,32 +324,38 @@ def _head(text: TextTower, model: nn.Module, labels: tuple[str, ...], templates:
                                  f"text embeddings have {parts[0].shape[-1]}.")
             parts.append(row.to(parts[0].device, torch.float32).view(1, -1))
         return torch.cat(parts)
-    bias = float(model.logit_bias) if getattr(model, "logit_bias", None) is not None else 0.0
+    bias = float(model.logit_bias.detach()) if getattr(model, "logit_bias", None) is not None else 0.0
     return ZeroShotHead(rows, float(model.logit_scale.detach().exp()), bias)
 
 
-def with_zero_shot(handle: ViTHandle, labels: Sequence[str] | None = None, templates: Sequence[str] | None = None,
-                   prompts: Sequence[str | Prompt] = ()) -> ViTHandle:
-    """The same model with another zero-shot list (``labels``, each averaged over ``templates``; None keeps the
-    handle's) and ``prompts`` as columns after the labels. Nothing is encoded until the first forward."""
+def with_zero_shot(handle: ViTHandle, labels: Sequence[str | Prompt] | None = None,
+                   templates: Sequence[str] | None = None, prompts: Sequence[str | Prompt] = ()) -> ViTHandle:
+    """The same model with another zero-shot list (``labels``, each averaged over ``templates``, or all given as
+    `Prompt`s with their embeddings; None keeps the handle's) and ``prompts`` as columns after the labels.
+    Nothing is encoded until the first forward."""
     parts = handle.clip
     if parts is None:
         raise InputError(f"{handle.name!r} is not a CLIP-style model: it has no text tower, so it takes no prompts.")
+    given = parts.label_embeddings
     if labels is None:
         labels, templates = parts.labels, parts.templates if templates is None else templates
+    else:
+        labels, given = label_embeddings(labels)
     labels, templates = check_labels(labels, DEFAULT_TEMPLATES if templates is None else templates)
     prompts = tuple(as_prompt(p) for p in prompts)
-    head = _head(parts.text, handle.model, labels, templates, prompts)
+    head = _head(parts.text, handle.model, labels, templates, prompts, given)
     head = head.to(handle.device)
     image_embedding = parts.image_embedding
     return dataclasses.replace(
         handle, labels=labels, _forward=lambda pixels: head(image_embedding(pixels)),
-        clip=dataclasses.replace(parts, head=head, labels=labels, templates=templates, prompts=prompts))
+        clip=dataclasses.replace(parts, head=head, labels=labels, templates=templates, prompts=prompts,
+                                 label_embeddings=given))
 
 
 def handle_from_open_clip(model: nn.Module, arch: str, name: str | None = None, device: str | torch.device | None = None,
                           input_size: tuple[int, int] | None = None, weights: str = "given module",
-                          labels: Sequence[str] | None = None, templates: Sequence[str] | None = None) -> ViTHandle:
+                          labels: Sequence[str | Prompt] | None = None,
+                          templates: Sequence[str] | None = None) -> ViTHandle:
     """A handle for an OpenCLIP model built for architecture ``arch`` (its vision tower's attention modules are
     replaced by `SelfAttention`, an exact equivalent sharing their parameters)."""
     device = resolve_device(device)
@@ -367,11 +374,12 @@ def handle_from_open_clip(model: nn.Module, arch: str, name: str | None = None, 
     text = TextTower(model, arch, device)
     if labels is None:
         labels, templates = default_zero_shot()
+    labels, given = label_embeddings(labels)
     labels, templates = check_labels(labels, DEFAULT_TEMPLATES if templates is None else templates)
-    head = _head(text, model, labels, templates, ()).to(device)
+    head = _head(text, model, labels, templates, (), given).to(device)
     image_embedding, pooled, legrad = base.pop("readouts")
     parts = ClipParts(text=text, head=head, image_embedding=image_embedding, pooled_embedding=pooled,
-                      legrad_embedding=legrad, labels=labels, templates=templates)
+                      legrad_embedding=legrad, labels=labels, templates=templates, label_embeddings=given)
     return ViTHandle(name=name or f"{PREFIX}{arch}", family="open_clip", model=model, device=device, weights=weights,
                      labels=labels, preprocess=preprocess, _forward=lambda pixels: head(image_embedding(pixels)),
                      clip=parts, **base)

@@ -75,6 +75,21 @@ def as_prompt(value: str | Prompt, what: str = "prompt") -> Prompt:
     return Prompt(check_prompt(value, what))
 
 
+def label_embeddings(labels) -> tuple[tuple[str, ...], torch.Tensor | None]:
+    """(names, (K, E) embeddings or None) of zero-shot labels given as text, or all as `Prompt`s with embeddings
+    (a model whose tokenizer cannot be had); checked as `check_labels` and `as_prompt` check them."""
+    labels = tuple(labels)
+    given = [isinstance(label, Prompt) and label.embedding is not None for label in labels]
+    if not any(given):
+        return tuple(label.text if isinstance(label, Prompt) else label for label in labels), None
+    if not all(given):
+        raise InputError("Give every zero-shot label as text, or every one with its embedding; not a mix.")
+    prompts = [as_prompt(label, "label") for label in labels]
+    if len({p.embedding.shape for p in prompts}) != 1:
+        raise InputError("The zero-shot labels' embeddings differ in length.")
+    return tuple(p.text for p in prompts), torch.from_numpy(np.stack([p.embedding for p in prompts]))
+
+
 def check_labels(labels, templates) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(labels, templates) checked as prompts (each template holds one '{}'), within MAX_LABELS / MAX_TEMPLATES."""
     labels, templates = tuple(labels), tuple(templates)
@@ -147,3 +162,4 @@ class ClipParts:
     labels: tuple[str, ...]  # the zero-shot labels, one per head column before the prompts
     templates: tuple[str, ...]  # the templates each label is averaged over
     prompts: tuple[Prompt, ...] = ()  # the prompts whose columns follow the labels
+    label_embeddings: torch.Tensor | None = None  # (K, E) given label embeddings (no text tower needed), or None
