@@ -22,7 +22,7 @@ DEFAULT_MODEL = "deit_tiny_patch16_224"
 def default_checkpoint_dir() -> Path:
     """`$VIT_INSPECT_CHECKPOINTS`, else `checkpoints/` next to the package (the repository's)."""
     env = os.environ.get("VIT_INSPECT_CHECKPOINTS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "checkpoints"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "checkpoints"
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
