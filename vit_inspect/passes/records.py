@@ -12,8 +12,15 @@ from vit_inspect.passes.result import ImageAnalysis
 
 
 def rounded(array: np.ndarray | None, digits: int = 6) -> list | None:
-    """An array as nested lists of floats rounded to ``digits`` decimals (JSON); None stays None."""
-    return None if array is None else np.round(np.asarray(array, dtype=np.float64), digits).tolist()
+    """An array as nested lists of floats rounded to ``digits`` decimals, or more where its largest magnitude
+    needs them to keep ``digits`` significant digits (a cosine similarity's maps are ~1e-5; JSON); None stays None."""
+    if array is None:
+        return None
+    values = np.asarray(array, dtype=np.float64)
+    peak = float(np.abs(values).max()) if values.size else 0.0
+    if 0.0 < peak < np.inf:
+        digits = max(digits, digits - 1 - int(np.floor(np.log10(peak))))
+    return np.round(values, digits).tolist()
 
 
 def class_record(handle: ViTHandle, index: int | None) -> dict | None:
