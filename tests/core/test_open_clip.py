@@ -98,6 +98,12 @@ def test_names_and_missing_weights_get_sentences(name, error, says, tmp_path):
     assert says in str(caught.value) and str(tmp_path) not in caught.value.public
 
 
+def test_a_web_user_cannot_name_an_openclip_model():
+    with pytest.raises(ModelNotFoundError) as caught:
+        load_model("open_clip:ViT-B-16:openai", device="cpu", allow_local_dirs=False)
+    assert "operator" in caught.value.public
+
+
 def test_offline_a_tag_names_the_file_to_put_where(tmp_path, monkeypatch):
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

@@ -57,6 +57,10 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
         return load_model_file(model_file, weights, device)
     device = resolve_device(device)
     if is_open_clip_name(name):
+        if not allow_local_dirs:  # a web user's name: the page has no prompt box for them yet
+            raise ModelNotFoundError(f"{name[:120]!r}: OpenCLIP models are loaded by the operator only (--model).",
+                                     public="This app loads OpenCLIP models only when its operator starts it with "
+                                            "--model open_clip:NAME.")
         return load_open_clip(name, weights, device, pretrained=pretrained, input_size=input_size,
                               checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
                               max_model_bytes=max_model_bytes)

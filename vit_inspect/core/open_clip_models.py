@@ -55,7 +55,11 @@ def is_open_clip_name(name: str) -> bool:
 
 def parse_name(name: str) -> tuple[str, str | None]:
     """"open_clip:ARCH[:TAG]" -> (ARCH, TAG or None), both known to OpenCLIP; ModelNotFoundError otherwise."""
-    import open_clip
+    try:
+        import open_clip
+    except ImportError:
+        raise ModelNotFoundError("OpenCLIP models need open-clip-torch: pip install -r requirements-clip.txt (the "
+                                 "[clip] extra).", public="This server has no OpenCLIP installed.") from None
 
     parts = name.strip()[len(PREFIX):].split(":")
     if len(parts) > 2 or not all(_PART.match(p) for p in parts):
