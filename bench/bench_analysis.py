@@ -19,7 +19,7 @@ THREADS torch threads.
     python -m bench.bench_analysis [--models NAME ...] [--repeats 5] [--threads 2] [--image assets/chelsea.png]
                                    [--before-tree DIR] [--idle-ms 30]
 
-    git archive 8c11791 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the pass with
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ from vit_inspect.plots import maps as map_plots
 
 from .bench_rollout_redraw import load_package
 from .common import (MODELS, REPO, THREADS, markdown_table, measure, other_module, plain_forward,
-                     plain_forward_backward, plain_forward_input_backward, plain_model, print_header, set_threads,
-                     verdict)
+                     plain_forward_backward, plain_forward_input_backward, plain_model, print_header, report,
+                     set_threads, verdict)
 
 ANALYSIS_TARGET = 1.15  # analysis ÷ plain forward + backward, at most
 REDRAW_TARGET = 0.25  # redraw ÷ plain forward, at most, for REDRAW_TARGET_MODEL
@@ -414,7 +414,9 @@ def main() -> None:
     for name in args.models:
         bench_model(name, picture, args.repeats, summary, other, idle_s=args.idle_ms / 1e3)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
+    name = "analysis" if args.idle_ms == 0 else f"analysis_idle{args.idle_ms:g}ms"
+    print(report(name, ("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary,
+                 key=("measure", "model")))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.distance import dataset_attention_distance
 
-from .common import (MODELS, SHARED, markdown_table, measure, plain_forward, plain_model, print_header, set_threads,
-                     verdict)
+from .common import (MODELS, SHARED, markdown_table, measure, plain_forward, plain_model, print_header, report,
+                     set_threads, verdict)
 
 THROUGHPUT_TARGET = 0.8  # ours ÷ plain images per second, at least
 
@@ -89,7 +89,8 @@ def main() -> None:
     for name in args.models:
         bench_model(name, paths, args.batch_size, args.repeats, summary)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary))
+    print(report("dataset", ("measure", "model", "ours", "baseline", "ratio", "target", "held"), summary,
+                 key=("measure", "model")))
 
 
 if __name__ == "__main__":

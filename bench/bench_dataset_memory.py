@@ -28,7 +28,7 @@ from PIL import Image
 
 from vit_inspect.core.images import BAND_PIXELS
 
-from .common import REPO, markdown_table, print_header
+from .common import REPO, markdown_table, print_header, report
 
 # Run first in each child, after its imports: `job()` runs the measured work; the child prints the RSS
 # before it and the peak during it (VmHWM, reset through /proc/self/clear_refs), in KiB, with its outcome.
@@ -45,8 +45,9 @@ def measured(job):
 
 DATASET_JOB = MEASURE + """
 import glob, sys
-from vit_inspect.jobs.engine import EngineOptions, run_job
-from vit_inspect.jobs.workers import AttentionDistanceJob, AttentionDistanceWorker
+from vit_inspect.jobs.engine import EngineOptions
+from vit_inspect.jobs.run import run_job
+from vit_inspect.jobs.distance import AttentionDistanceJob, AttentionDistanceWorker
 from vit_inspect.core.load import load_model
 worker = AttentionDistanceWorker(load_model("deit_tiny_patch16_224", pretrained=False, device="cpu"))
 files = sorted(glob.glob(sys.argv[1] + "/*.png"))
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in runs.items()}
     rows = [(name, run["outcome"], f"{growth[name]:,.0f}", f"{growth[name] / growth[next(iter(runs))]:.2f}")
             for name, run in runs.items()]
-    print(markdown_table(("batches", "images", "peak RSS above the start, MiB", "÷ counted only"), rows))
+    print(report("dataset_memory", ("batches", "images", "peak RSS above the start, MiB", "÷ counted only"), rows,
+                 key=("batches",)))
     print(f"\nDecoded pixels of one photo: {width * height * 3 / 2 ** 20:,.0f} MiB; "
           f"all {counted['outcome']}: {counted['outcome'] * width * height * 3 / 2 ** 20:,.0f} MiB.\n")
     growth = {name: (run["peak_kib"] - run["before_kib"]) / 1024 for name, run in scaled.items()}

@@ -26,7 +26,7 @@ from vit_inspect.jobs.engine import EngineOptions
 from vit_inspect.jobs.evaluate import EvaluateJob, read_labels, select_files
 from vit_inspect.jobs.run import run_job
 
-from .common import SHARED, markdown_table, measure, print_header, set_threads
+from .common import SHARED, measure, print_header, report, set_threads
 
 WEIGHTS = SHARED / "models" / "deit_tiny_patch16_224.safetensors"
 
@@ -61,8 +61,8 @@ def main() -> None:
     rows = [(engine, t.s(), f"{len(paths) / t.median:.1f}", f"{1e3 * t.median / len(paths):.1f}",
              f"{t.median / times['local'].median:.2f}") for engine, t in times.items()]
     rows.append(("local Ray start-up (once per session)", f"{ray_start:.3f}", "", "", ""))
-    print(markdown_table(("engine", "median s for all images (min–max)", "images/s", "ms per image",
-                          "÷ local time"), rows))
+    print(report("engines_distance", ("engine", "median s for all images (min–max)", "images/s", "ms per image",
+                                      "÷ local time"), rows, key=("engine",)))
     print(f"\nLargest difference between the engines' distances: {difference:.2e} px.")
 
 
@@ -103,7 +103,8 @@ def evaluate_main(args: argparse.Namespace) -> None:
     rows = [(engine, t.s(), f"{1e3 * t.median / len(paths):.0f}", f"{t.median / times['local'].median:.2f}")
             for engine, t in times.items()]
     rows.append(("local Ray start-up (once per session)", f"{ray_start:.3f}", "", ""))
-    print(markdown_table(("engine", "median s for all images (min–max)", "ms per image", "÷ local time"), rows))
+    print(report("engines_evaluate", ("engine", "median s for all images (min–max)", "ms per image", "÷ local time"),
+                 rows, key=("engine",)))
     print(f"\nLargest difference between the engines' mean AUCs: {difference:.2e}.")
 
 

@@ -6,7 +6,7 @@ forwards of the same number of inputs.
    in the same batches (inputs built once, outside the timing)                   target <= 1.2
 2. the seconds that scoring takes, and the one analysis pass that made the maps (for scale)
 
-DeiT-Ti uses the real weights from ../shared when present (random otherwise), ViT-B/16 random weights
+DeiT-Ti uses the real weights from the data folder beside the checkout when present (random otherwise), ViT-B/16 random weights
 (timing does not depend on them). CPU, THREADS torch threads; the machine may be shared: ratios are
 measured interleaved in one run.
 
@@ -27,7 +27,7 @@ from vit_inspect.studies.faithfulness import (DEFAULT_BATCH_SIZE, METHODS, image
                                               score_maps, standard_maps)
 
 from .common import (MODELS, REPO, SHARED, markdown_table, measure, plain_forward, plain_model, print_header,
-                     set_threads, verdict)
+                     report, set_threads, verdict)
 
 
 def bench_model(name: str, picture, repeats: int, batch_size: int, summary: list[list[str]]) -> None:
@@ -81,7 +81,8 @@ def main() -> None:
     for name in args.models:
         bench_model(name, picture, args.repeats, args.batch_size, summary)
     print("### Summary\n")
-    print(markdown_table(("measure", "model", "ours (s)", "floor (s)", "ratio", "target", "held"), summary))
+    print(report("faithfulness_speed", ("measure", "model", "ours (s)", "floor (s)", "ratio", "target", "held"),
+                 summary, key=("measure", "model")))
 
 
 if __name__ == "__main__":

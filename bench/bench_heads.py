@@ -7,7 +7,7 @@
 
 Random weights (timing does not depend on them), CPU, THREADS torch threads, candidates interleaved.
 Besides wall-clock time each candidate's process CPU time is measured (`time.process_time`, all
-threads): on a machine shared with other jobs it is far less disturbed by their load than wall time,
+threads): on a busy machine it is far less disturbed by other jobs' load than wall time,
 and the ratios are given for both.
 
     python -m bench.bench_heads [--models deit_tiny_patch16_224] [--repeats 5] [--batch-size 16]
@@ -19,13 +19,22 @@ import itertools
 import time
 from typing import Callable, Mapping
 
-
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.studies.ablation import analyze_ablated, head_importance
 
-from .common import REPO, Timing, markdown_table, plain_forward, plain_model, print_header, set_threads, verdict
+from .common import (
+    REPO,
+    Timing,
+    markdown_table,
+    plain_forward,
+    plain_model,
+    print_header,
+    report,
+    set_threads,
+    verdict,
+)
 
 ABLATION_TARGET = 1.2  # ablated analysis ÷ analysis pass, at most
 IMPORTANCE_TARGET = 4.0  # importance ÷ one batched forward over L·H rows, at most
@@ -88,7 +97,8 @@ def main() -> None:
                          f"{heads} rows", f"{importance:.2f}", f"≤ {IMPORTANCE_TARGET}",
                          verdict(importance, IMPORTANCE_TARGET, at_most=True)))
     print("### Summary\n")
-    print(markdown_table(("model", "clock", "ratio", "value", "target", "held"), rows))
+    print(report("heads", ("model", "clock", "ratio", "value", "target", "held"), rows,
+                 key=("model", "clock", "ratio")))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Large ViTs at high resolution: today's design (every map kept in float16) against the compact one
-(queries and keys kept, maps rebuilt on demand), measured in one run.
+"""Large ViTs at high resolution: what one analysed image keeps, the pass's peak memory and time, and the
+slowest first redraw, per model and design, measured in one run.
 
 For each model and input, and each design, in a fresh subprocess (so that peak memory is its own):
 
@@ -12,8 +12,8 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
   patch, every head of a layer, the prefix-token shares, rollout with default and non-default options
   (both discard rules), gradient rollout (vit-explain), each timed on its first (uncached) call.
 
-"today" is the first release's pass plus issue 10's gradient rollout stack (depth, N, N) float16, kept
-here (`analyze_today`); "main" is another checkout's own `analyze_image` (every method of that
+"today" is the first release's pass plus a stack of vit-explain's gradient-weighted attention (depth, N, N)
+float16, kept here (`analyze_today`) as the design to beat; "main" is another checkout's own `analyze_image` (every method of that
 version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive main vit_inspect | tar
 -x -C /tmp/main_tree`), "main_app" that version's pass as the app runs it; "compact" is this checkout's, "app" this
 checkout's pass as the app runs it (`relevance=False`:
@@ -25,6 +25,8 @@ interleaved (see bench.common.measure), so ratios hold on a shared machine.
 
     python -m bench.bench_large [--models deit_ti_224 vitb_224 ...] [--repeats 3] [--threads 2]
                                 [--device cuda] [--half] [--main-tree /tmp/main_tree --designs today main compact]
+                                [--json FILE]
+    python -m bench.bench_large --from-json FILE ...   # the table and CSV of raw results made elsewhere
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .common import REPO, markdown_table, measure, print_header, set_threads
+from .common import CONTEXT, REPO, measure, print_header, report, run_context, set_threads
 
 # key -> (timm name, create_model kwargs, input (H, W), label)
 MODELS = {
@@ -245,6 +247,41 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
 
 # ------------------------------------------------------------------------------------------------ the driver
 
+HEADERS = ("model, input", "design", "tokens N", "kept per image", "peak RSS (or GPU) of the process",
+           "RSS after loading the model", "analysis ÷ plain", "slowest redraw ÷ plain forward", "plain forward")
+
+
+def table_row(r: dict) -> list:
+    """One row of the table from a worker's raw result."""
+    peak = f"{r['peak_gpu_MB']:.0f} MB GPU" if "peak_gpu_MB" in r else f"{r['peak_rss_MB'] / 1e3:.2f} GB"
+    versus = (f"{r['analysis_fwdbwd_ratio']:.2f} ÷ fwd+bwd, {r['analysis_ratio']:.2f} ÷ fwd+input bwd"
+              if r["floor_s"] is not None else f"{r['analysis_ratio']:.2f} ÷ fwd (no head)")
+    spilled = f" (+ {r['spilled_MB']:.0f} MB of maps on disk)" if r.get("spilled_MB") else ""
+    return [r["model"], r["design"] + (f" ({r['store_mode']})" if r["store_mode"] else ""), r["tokens"],
+            f"{r['kept_MB']:.1f} MB{spilled}", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
+            f"{versus} ({r['analysis_s']:.2f} s)",
+            f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
+            f"{r['forward_s']:.3f} s"]
+
+
+def results_name(device: str, half: bool) -> str:
+    return f"large_{device.split(':')[0]}{'_half' if half else ''}"
+
+
+def from_json(paths: list[Path]) -> None:
+    """Render the table of raw results written by ``--json`` (on a GPU node, say) and write its CSV, with the
+    run's own threads, date, command and machine, as the JSON records them."""
+    for path in paths:
+        raw = json.loads(path.read_text())
+        missing = [k for k in CONTEXT if k not in raw.get("context", {})]
+        if missing:
+            raise SystemExit(f"{path} does not record its {', '.join(missing)}")
+        cuda = any("peak_gpu_MB" in r for r in raw["runs"])
+        name = results_name("cuda" if cuda else "cpu", " --half" in raw["context"]["command"])
+        print(report(name, HEADERS, [table_row(r) for r in raw["runs"]], key=("model, input", "design"),
+                     context=raw["context"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=sorted(MODELS))
@@ -256,14 +293,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--half", action="store_true", help="autocast half precision (float16 on CUDA, bfloat16 on CPU)")
     parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--json", type=Path, help="also write the raw results, with this run's context, here")
+    parser.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                        help="measure nothing: render the table and CSV of raw results written by --json")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "DESIGN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(*args.worker, args.repeats, args.device, args.half, args.image, args.threads)))
         return
+    if args.from_json:
+        from_json(args.from_json)
+        return
     set_threads(args.threads)
-    print_header(f"Large ViTs: today's design vs the compact one ({args.device}{', autocast half' if args.half else ''})")
+    if args.device.startswith("cuda"):
+        torch.cuda.init()  # the results' machine line names the GPU the workers ran on
+    print_header(f"Large ViTs: the pass's memory and time per model and design ({args.device}"
+                 f"{', autocast half' if args.half else ''})")
     rows, raw = [], []
     for key in args.models:
         for design in args.designs:  # one subprocess at a time: peak memory is each one's own
@@ -281,23 +326,13 @@ def main() -> None:
             if done.returncode != 0:
                 print(f"{key} {design}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 continue
-            r = json.loads(done.stdout.strip().splitlines()[-1])
-            raw.append(r)
-            peak = f"{r['peak_gpu_MB']:.0f} MB GPU" if "peak_gpu_MB" in r else f"{r['peak_rss_MB'] / 1e3:.2f} GB"
-            versus = (f"{r['analysis_fwdbwd_ratio']:.2f} ÷ fwd+bwd, {r['analysis_ratio']:.2f} ÷ fwd+input bwd"
-                      if r["floor_s"] is not None else f"{r['analysis_ratio']:.2f} ÷ fwd (no head)")
-            spilled = f" (+ {r['spilled_MB']:.0f} MB of maps on disk)" if r.get("spilled_MB") else ""
-            rows.append([r["model"], design + (f" ({r['store_mode']})" if r["store_mode"] else ""), r["tokens"],
-                         f"{r['kept_MB']:.1f} MB{spilled}", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
-                         f"{versus} ({r['analysis_s']:.2f} s)",
-                         f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
-                         f"{r['forward_s']:.3f} s"])
+            raw.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append(table_row(raw[-1]))
             print(f"done: {key} {design}", file=sys.stderr, flush=True)
-    print(markdown_table(("model, input", "design", "tokens N", "kept per image", "peak RSS (or GPU) of the process",
-                          "RSS after loading the model", "analysis ÷ plain", "slowest redraw ÷ plain forward",
-                          "plain forward"), rows))
+    context = run_context()
+    print(report(results_name(args.device, args.half), HEADERS, rows, key=("model, input", "design"), context=context))
     if args.json:
-        args.json.write_text(json.dumps(raw, indent=1))
+        args.json.write_text(json.dumps({"context": context, "runs": raw}, indent=1))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes import attention_store, head_pass, pipeline, threads
 
-from .common import (REPO, THREADS, markdown_table, measure, plain_forward_input_backward, plain_model, print_header,
+from .common import (REPO, THREADS, measure, plain_forward_input_backward, plain_model, print_header, report,
                      set_threads)
 
 PARTS = ("forward reductions", "gradient reductions", "head pass", "preview", "preprocessing")
@@ -135,10 +135,11 @@ def bench_model(name: str, picture, repeats: int, idle_s: float = 0.0) -> None:
     times = measure(candidates, repeats, warmup=2, idle_s=idle_s)
     floor, whole = times["the floor: plain forward + input-only backward"].median, times["the pass"].median
     print(f"### {name}\n")
-    print(markdown_table(("candidate", "median ms (min–max)", "the part costs, ms", "÷ the floor"),
-                         [(k, t.ms(), "—" if k.startswith("the floor") or k == "the pass"
-                           else f"{1e3 * (whole - t.median):.1f}" if "without" in k else "—", f"{t.median / floor:.3f}")
-                          for k, t in times.items()]))
+    results = "pass_parts" if idle_s == 0 else f"pass_parts_idle{1e3 * idle_s:g}ms"
+    print(report(results, ("model", "candidate", "median ms (min–max)", "the part costs, ms", "÷ the floor"),
+                 [(name, k, t.ms(), "—" if k.startswith("the floor") or k == "the pass"
+                   else f"{1e3 * (whole - t.median):.1f}" if "without" in k else "—", f"{t.median / floor:.3f}")
+                  for k, t in times.items()], key=("model", "candidate")))
     print()
 
 

@@ -13,7 +13,7 @@ random weights (timing does not depend on them), the app's spill folder, candida
 
     python -m bench.bench_photo --before-tree DIR [--repeats 9] [--threads 2]
 
-    git archive c075ce0 vit_inspect | tar -x -C /tmp/before_tree   # the version before the copies went
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ version without one) against this checkout's (`canvas.encode_png`), each ÷ one 
 
 The other version's package is loaded from ``--before-tree`` under another name, e.g.
 
-    git archive c17cb98 vit_inspect | tar -x -C /tmp/before_tree
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 
 The maps are the cached result's own (attention of every layer, rollout, Grad-CAM of every layer) of
 `assets/chelsea.png`; both versions must draw the same pixels and their PNGs decode to them (checked

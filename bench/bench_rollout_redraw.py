@@ -3,7 +3,7 @@ against this checkout's, on the same stored queries and keys, each ÷ one plain 
 
 The other version's package is loaded from ``--before-tree`` under another name, e.g.
 
-    git archive 814c8fc vit_inspect | tar -x -C /tmp/before_tree
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 
 Both versions get the same (depth, heads, N, d) float16 Q/K arrays and must draw the same maps (to
 float64 rounding; checked before timing). Candidates are interleaved (bench.common.measure), so the

@@ -22,7 +22,7 @@ from pathlib import Path
 from gradio_client import Client, handle_file
 
 from .bench_startup import app_environment, free_port, wait_for_http
-from .common import REPO, markdown_table, print_header
+from .common import REPO, markdown_table, print_header, report
 
 PHOTOS = sorted((REPO / "assets").glob("*.png")) + sorted((REPO / "assets").glob("*.jpg"))
 DEADLINE_S = 1800  # the whole soak stops by itself after this long
@@ -80,14 +80,14 @@ def main() -> None:
     growth = (last - middle) / middle
     print(markdown_table(("sample", "requests done", "VmRSS MB"), [(k, n, f"{mb:.0f}") for k, n, mb in samples]))
     print()
-    print(markdown_table(("measure", "value"), [
+    print(report("soak", ("measure", "value"), [
         ("requests (each a new session) / clients", f"{done} / {args.clients}"),
         ("failed requests", failures),
         ("--max-sessions", args.max_sessions),
         ("peak of middle third → peak of last third", f"{middle:.0f} → {last:.0f} MB ({100 * growth:+.1f} %)"),
         ("levels off (last third within 5 % of middle third)", "yes" if growth <= 0.05 else "NO"),
         ("wall time", f"{time.perf_counter() - start:.0f} s"),
-    ]))
+    ], key=("measure",)))
 
 
 def _safe(fn, *args) -> bool:

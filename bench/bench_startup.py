@@ -6,7 +6,7 @@
    If the app has no ENDPOINT (it is being rewritten) or it needs inputs this script cannot fill,
    only the HTTP time is reported, with the endpoints the app does have.
 
-Weights come from checkpoints/ (or ../shared/models when checkpoints/ lacks them), never the network.
+Weights come from checkpoints/ (or the data folder beside the checkout when checkpoints/ lacks them), never the network.
 
     python -m bench.bench_startup [--repeats 3] [--image assets/chelsea.png] [--timeout 300]
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from vit_inspect.core.handle import DEFAULT_MODEL
 
-from .common import REPO, SHARED, markdown_table, print_header, set_threads
+from .common import REPO, SHARED, print_header, report, set_threads
 
 ENDPOINT = "/analyze"  # api_name of the first real request: an image in, predictions and every map out
 IMAGE_COMPONENTS = ("Image", "File", "ImageEditor")  # inputs given the test image
@@ -154,11 +154,11 @@ def main() -> None:
     print(f"Median (min–max) of {args.repeats} cold starts after 1 warm-up start; each start is a new process "
           f"`python app.py --port PORT` with HF_HUB_OFFLINE=1 and GRADIO_ANALYTICS_ENABLED=False. "
           f"Request: {runs[-1].note}.\n")
-    print(markdown_table(("step", "seconds"), [
+    print(report("startup", ("step", "seconds"), [
         ("launch -> server answers HTTP (GET /)", seconds([r.http_s for r in runs])),
         ("first request alone (gradio_client connect + view_api + predict)", seconds([r.request_s for r in runs])),
         (f"**launch -> first answered request ({ENDPOINT})**", seconds([r.first_request_s for r in runs])),
-    ]))
+    ], key=("step",)))
 
 
 if __name__ == "__main__":

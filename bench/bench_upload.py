@@ -40,11 +40,11 @@ the answer (`LATER_PANELS`: the distance scatter, all maps side by side, all hea
 
 One process, the app's own handler and session (an upload as a base64 data URL, as a client may send it),
 candidates interleaved (bench.common.measure). With ``--weights`` (default: the DeiT-Ti file in checkpoints/
-or ../shared/models when present) the real model, else random weights.
+or the data folder beside the checkout when present) the real model, else random weights.
 
     python -m bench.bench_upload [--repeats 7] [--threads 2] [--image assets/chelsea.png] [--before-tree DIR]
 
-    git archive afcd7f7 vit_inspect | tar -x -C /tmp/before_tree   # a version to compare the figures with
+    git archive REV vit_inspect | tar -x -C /tmp/before_tree   # REV: the version to compare with
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from vit_inspect.core.errors import WeightsError
 from vit_inspect.core.weights import check_finite, read_state_dict
 
-from .common import REPO, markdown_table, measure, print_header
+from .common import REPO, measure, print_header, report
 
 DEIT = REPO.parent / "shared" / "models" / "deit_tiny_patch16_224.safetensors"
 
@@ -62,8 +62,8 @@ def main() -> None:
             before, after = timings["unbounded"].median, timings["bounded"].median
             rows.append((path.name, f"{path.stat().st_size / 2 ** 20:,.1f}", bounded(path),
                          f"{before * 1e3:,.1f}", f"{after * 1e3:,.1f}", f"{after / before:.5f}"))
-    print(markdown_table(("file", "MiB", "read_state_dict", "unbounded read, ms", "bounded, ms",
-                          "bounded ÷ unbounded"), rows))
+    print(report("weights_header", ("file", "MiB", "read_state_dict", "unbounded read, ms", "bounded, ms",
+                          "bounded ÷ unbounded"), rows, key=("file",)))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What every benchmark shares: fixed threads, interleaved timing with warm-up, the plain baseline
-model, machine facts and markdown tables.
+model, machine facts, markdown tables and the CSV files under bench/results/.
 
 Timings are wall-clock medians. Candidates are timed round-robin (A, B, C, A, B, C, ...) so that a
 change of load on a shared machine hits every candidate alike and the ratios stay meaningful even
@@ -7,8 +7,11 @@ when the absolute times do not.
 """
 from __future__ import annotations
 
+import csv
+import datetime
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -23,8 +26,10 @@ from vit_inspect.core.handle import ViTHandle
 
 THREADS = 2  # torch intra-op threads in every benchmark, set explicitly so that runs compare
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"  # ../shared: the ImageNet samples and weights beside the checkout
+SHARED = REPO.parent / "shared"  # the data folder beside the checkout: ImageNet samples and weights
 MODELS = ("deit_tiny_patch16_224", "vit_base_patch16_224")
+RESULTS = Path(__file__).resolve().parent / "results"  # one CSV per table; BENCHMARKS.md quotes them
+CONTEXT = ("threads", "date", "command", "machine")  # columns every results row ends with
 
 
 def other_module(package, *paths: str):
@@ -185,6 +190,54 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def machine_line() -> str:
+    """One line for a results row: CPU model, logical cores, the GPU when one was used, torch's version and
+    the load average over the last minute (other work on the machine shows there)."""
+    facts = dict(machine_rows())
+    gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() and torch.cuda.is_initialized() else ""
+    load = facts["load average (1/5/15 min)"].split(" / ")[0]
+    return f"{facts['CPU']}, {facts['logical cores']} logical cores{gpu}, torch {facts['torch']}, load {load}"
+
+
+def plain_cell(cell: object) -> str:
+    """A markdown table cell as plain text: no bold, no code marks."""
+    return re.sub(r"\*\*|`", "", str(cell))
+
+
+def run_context() -> dict[str, str]:
+    """This run's `CONTEXT`: torch threads, today's date, the command and the machine."""
+    return {"threads": str(torch.get_num_threads()), "date": datetime.date.today().isoformat(),
+            "command": command(), "machine": machine_line()}
+
+
+def report(name: str, headers: Sequence[str], rows: Sequence[Sequence[object]], key: Sequence[str],
+           context: Mapping[str, str] | None = None) -> str:
+    """The markdown table of ``rows``; the same rows are written to ``bench/results/<name>.csv``.
+
+    Every CSV row ends with the torch threads, the date, the command and the machine (`CONTEXT`; this run's,
+    or ``context`` when the rows were measured elsewhere and kept as raw results). Rows of earlier runs whose
+    ``key`` columns (plus the thread count) match no new row are kept, so the file holds the latest result
+    for every model, option and thread count measured; git keeps the history."""
+    columns = [*headers, *CONTEXT]
+    context = [(context or run_context())[k] for k in CONTEXT]
+    fresh = [[plain_cell(cell) for cell in row] + context for row in rows]
+    path = RESULTS / f"{name}.csv"
+    kept = []
+    if path.is_file():
+        with path.open(newline="") as file:
+            old = list(csv.reader(file))
+        if old and old[0] == columns:
+            at = [columns.index(k) for k in (*key, "threads")]
+            seen = {tuple(row[i] for i in at) for row in fresh}
+            kept = [row for row in old[1:] if tuple(row[i] for i in at) not in seen]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(columns)
+        writer.writerows(kept + fresh)
+    return markdown_table(headers, rows)
 
 
 def print_header(title: str) -> None:

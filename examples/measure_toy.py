@@ -1,8 +1,8 @@
 """Measure the trained toy ViT on the 2,000 held-out CIFAR-10 images: is its attention almost uniform?
 
-    OMP_NUM_THREADS=1 python examples/measure_toy.py --weights checkpoints/toy_vit_cifar10.safetensors
+    OMP_NUM_THREADS=1 python examples/measure_toy.py --weights checkpoints/toy_vit_cifar10.safetensors --zip ZIP
 
-Prints a Markdown report (the README's numbers) and, with --json, writes the numbers. For each layer:
+Prints a Markdown report and, with --json, writes the numbers. For each layer:
 mean attention distance (ViT paper, Fig. 7 right) against the value uniform attention gives on the 8×8
 grid of 4-pixel patches, computed with the same library function on a uniform map; attention entropy
 against its maximum ln N; and the entropy of the class token's map over the 64 patches (what the app
@@ -102,7 +102,8 @@ def faithfulness(handle: ViTHandle, images: np.ndarray, labels: np.ndarray,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default=str(DEFAULT_OUT))
-    parser.add_argument("--zip", default=str(DEFAULT_ZIP))
+    parser.add_argument("--zip", default=DEFAULT_ZIP, required=DEFAULT_ZIP is None,
+                        help="the CIFAR-10 test-split zip (default: $CIFAR10_ZIP)")
     parser.add_argument("--maps", type=int, default=200, help="held-out images (every k-th) for the per-map spread")
     parser.add_argument("--faithfulness", type=int, default=4, metavar="K",
                         help="faithfulness on every K-th held-out image (1: all 2,000; 0: skip)")

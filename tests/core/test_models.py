@@ -242,6 +242,19 @@ def test_checkpoint_dir_file_is_used(tmp_path):
     del source
 
 
+def test_the_default_checkpoint_folder_is_the_repositorys(monkeypatch, tmp_path):
+    """Without $VIT_INSPECT_CHECKPOINTS the folder is checkpoints/ at the repository root, where README and
+    checkpoints/README.md tell users to put weights; with it, that folder."""
+    from support import REPO
+
+    from vit_inspect.core.handle import default_checkpoint_dir
+
+    monkeypatch.delenv("VIT_INSPECT_CHECKPOINTS", raising=False)
+    assert default_checkpoint_dir() == REPO / "checkpoints"
+    monkeypatch.setenv("VIT_INSPECT_CHECKPOINTS", str(tmp_path))
+    assert default_checkpoint_dir() == tmp_path
+
+
 @pytest.mark.parametrize("name, error", [
     ("resnet50", UnsupportedModelError),
     ("swin_tiny_patch4_window7_224", UnsupportedModelError),

@@ -98,6 +98,8 @@ def _discard_lowest_in_matrix(fused: np.ndarray, discard_ratio: float, keep_toke
 
 
 def check_options(discard_ratio: float, discard: str) -> None:
+    """Raise ValueError unless ``discard`` is one of DISCARDS ("row": the lowest entries of each row, ours;
+    "matrix": the lowest of the whole head-fused matrix, vit-explain's) and 0 <= ``discard_ratio`` < 1."""
     if discard not in DISCARDS:
         raise ValueError(f"unknown discard {discard!r}; choose one of {DISCARDS}")
     if not 0.0 <= discard_ratio < 1.0:

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     analyze.add_argument("--half", action="store_true", help="half-precision autocast (float16 on CUDA, bfloat16 "
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     analyze.add_argument("--no-relevance", action="store_true", help="skip AttnLRP and LeGrad (their keys are "
-                         "null): one forward and one ordinary backward per image, about 0.4x the time of the full pass")
+                         "null): one forward and one ordinary backward per image, about a third of the full pass")
     prompt_options(analyze)
     model_options(analyze)
     analyze.set_defaults(func=run)
@@ -67,24 +67,16 @@ def run(args: argparse.Namespace) -> None:
 
 
 def write_image_figures(handle: ViTHandle, result: ImageAnalysis, out: Path, stem: str) -> None:
-    maps = {"attention (last layer, mean of heads)": result.attention_map(result.depth - 1),
-            "rollout (mean fusion, all layers)": result.rollout()}
-    units = {"attention (last layer, mean of heads)": "attention weight (probability)",
-             "rollout (mean fusion, all layers)": "rollout weight (fraction)"}
+    maps = {map_plots.PASS_MAPS[key][0]: values for key, values in map_plots.pass_maps(result).items()}
+    units = {title: unit for title, unit in map_plots.PASS_MAPS.values()}
     title = f"{handle.name} · {stem}"
     if result.gradcam is not None:
         title += f" · {target_text(handle, result.target, result.prompt)}"
         if result.contrast is not None:
             title += f" versus {target_text(handle, result.contrast, result.versus)}"
-        maps["Grad-CAM (last block, ReLU)"] = result.gradcam[-1]
-        maps["gradient-weighted attention"] = result.chefer
-        units |= {"Grad-CAM (last block, ReLU)": "activation × gradient",
-                  "gradient-weighted attention": f"relevance ({result.score} units)"}
-    for name, values in (("LeGrad", result.legrad), ("AttnLRP", result.attnlrp)):
-        if values is not None:
-            maps[name] = values
-            units[name] = f"relevance ({result.score} units)"
-    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=("Grad-CAM (last block, ReLU)",), units=units,
+    for key in ("chefer", "legrad", "attnlrp"):  # relevance in the units of the explained score
+        units[map_plots.PASS_MAPS[key][0]] = f"relevance ({result.score} units)"
+    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=(map_plots.PASS_MAPS["gradcam"][0],), units=units,
                                title=title), out / f"{stem}_maps.png")
     save_png(distance_plots.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
                                              title=f"mean attention distance: {handle.name} · {stem}"),

@@ -20,9 +20,9 @@ DEFAULT_MODEL = "deit_tiny_patch16_224"
 
 
 def default_checkpoint_dir() -> Path:
-    """`$VIT_INSPECT_CHECKPOINTS`, else `checkpoints/` next to the package (the repository's)."""
+    """`$VIT_INSPECT_CHECKPOINTS`, else `checkpoints/` beside the package folder (the repository's)."""
     env = os.environ.get("VIT_INSPECT_CHECKPOINTS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "checkpoints"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "checkpoints"  # core/ -> vit_inspect/ -> repo
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:

@@ -28,6 +28,9 @@ _HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box
 
 def load_hf(source: str, device: torch.device, *, pretrained: bool, input_size: tuple[int, int] | None,
              max_model_bytes: int | None = None) -> ViTHandle:
+    """A Hugging Face ViT from a folder or hub id as a `ViTHandle` (see `load_model`): eager attention, float32,
+    preprocessing from its image-processor file; sized from its config before weights are read when
+    ``max_model_bytes`` is given."""
     from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
     shown = Path(source).name if Path(source).is_dir() else source  # a server folder by its base name only

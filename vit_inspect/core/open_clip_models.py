@@ -256,7 +256,7 @@ class TextTower:
                     raise WeightsNotFoundError(
                         f"{self.arch!r}'s tokenizer comes from the Hugging Face hub ({source!r}), which is not reachable "
                         f"({type(exc).__name__}); give the prompt's text embedding instead (Prompt(text, embedding)).",
-                        public=f"This model's tokenizer comes from the Hugging Face hub, which this server cannot "
+                        public="This model's tokenizer comes from the Hugging Face hub, which this server cannot "
                                "reach, so it cannot read prompts.") from None
         return self._tokenizer
 

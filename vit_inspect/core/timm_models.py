@@ -17,6 +17,9 @@ from vit_inspect.core.weights import apply_state_dict, check_finite, fitted_stat
 
 def load_timm(name: str, weights: str | os.PathLike | None, device: torch.device, *, pretrained: bool,
                input_size: tuple[int, int] | None, checkpoint_dir: Path, max_model_bytes: int | None = None) -> ViTHandle:
+    """A timm ViT by name as a `ViTHandle` (see `load_model`): weights from ``weights``, else
+    ``checkpoint_dir/<name>.safetensors`` (or ``.pth``), else the hub; built on the meta device first and
+    refused when its float32 parameters exceed ``max_model_bytes``."""
     import timm
     from timm.models import split_model_name_tag
 

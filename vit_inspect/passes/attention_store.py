@@ -121,7 +121,7 @@ class AttentionStore:
 
     def rows(self, layer: int, tokens) -> np.ndarray:
         """(heads, len(tokens), N) float32 attention probabilities of query tokens ``tokens`` of one layer,
-        rounded to float16 values: the numbers the first release stored, so rankings (rollout's
+        rounded to float16 values: the numbers a stack of float16 maps holds, so rankings (rollout's
         ``discard_ratio``) break ties the same way. Read from the stored or spilled maps when there are
         any, else rebuilt from Q and K."""
         self._check_layer(layer)
@@ -189,7 +189,7 @@ class AttentionStore:
         return fused
 
     def stack(self) -> np.ndarray:
-        """(depth, heads, N, N) float16: every map, as the first release kept them (allocates all of it)."""
+        """(depth, heads, N, N) float16: every map at once (allocates all of it)."""
         if self.maps is not None:
             return self.maps
         return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])

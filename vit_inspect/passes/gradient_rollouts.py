@@ -5,7 +5,7 @@ layer, G_l = max(0, mean_h(A_lh * dy/dA_lh)) (`analysis.gradient_fused_attention
 depth x N^2 float16 values: it grows with N^2, which the attention store avoids. So a result keeps one of
 two things, chosen in the pass:
 
-- the stack G (float16, as the first release kept it) while its bytes are at most KEEP_FRACTION times
+- the stack G (float16) while its bytes are at most KEEP_FRACTION times
   the attention store's bytes (for a float16 query/key store: N <= 2 D, e.g. ViT-B/16 up to 1536 tokens,
   every model and input of BENCHMARKS.md's table). Any option is then rolled out on demand;
 - otherwise the rollout readout for every option value the app offers, computed in the pass:

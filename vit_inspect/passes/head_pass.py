@@ -7,7 +7,7 @@ under `torch.no_grad()`; no extra pass through the blocks. The attention statist
 by layer as the pass produces each layer's maps (`HeadStatsStream`), so no (depth, heads, N, N) stack of
 the maps or of their gradients is ever built for them. A model whose float16 maps the result keeps
 (`attention_store.keeps_maps`) takes its entropy from those maps when it is first read instead: only the
-`vit-inspect heads` record reads it, and its per-element logarithm was 2 % of DeiT-Ti's pass.
+`vit-inspect heads` record reads it, and its per-element logarithm would be 2 % of DeiT-Ti's pass.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
         if error > tolerance * max(1.0, float(model_logits.abs().max())):
             lens, note = {}, (f"The lens after the last block differs from {handle.name!r}'s logits by {error:.3g}: "
                               "its head is not one vit_inspect can replay, so it shows no logit lens.")
-    # kept in float32, so reduced in float32: `token_norms`' float64 accumulation took DeiT-Ti's pass 0.2-1.4 ms
+    # kept in float32, so reduced in float32: `token_norms`' float64 accumulation would cost DeiT-Ti's pass 0.2-1.4 ms
     # (erratic) where this takes 0.1; the two differ by a few float32 units in the last place
     norms = torch.stack([torch.linalg.vector_norm(r[0].float(), dim=-1) for r in residual]).cpu().numpy()  # (depth, N)
     return HeadPass(

@@ -66,6 +66,19 @@ def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dic
     }
 
 
+def analysis_arrays(result: ImageAnalysis) -> dict[str, np.ndarray]:
+    """The arrays of one pass for a ``.npz`` file, at full precision: ``attention`` (depth, heads, N, N) float16,
+    or what rebuilds it when that is large (`ImageAnalysis.attention_arrays`), ``probs`` (num_classes,),
+    ``rgb`` (H, W, 3) uint8 the crop the model saw, ``mean_distance`` (depth, heads) pixels, ``gradcam``
+    (depth, grid_h, grid_w) raw Grad-CAM of every block, and the (grid_h, grid_w) maps ``rollout`` (mean
+    fusion, every layer), ``chefer``, ``legrad`` and ``attnlrp``. Maps a model or pass does not have are
+    left out."""
+    arrays = result.attention_arrays() | {
+        "probs": result.probs, "rgb": result.rgb, "mean_distance": result.mean_distance, "gradcam": result.gradcam,
+        "rollout": result.rollout(), "chefer": result.chefer, "legrad": result.legrad, "attnlrp": result.attnlrp}
+    return {name: values for name, values in arrays.items() if values is not None}
+
+
 def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
     """Per readout: for every block, the top-k classes and the rank and probability of the final class."""
     heads = result.heads

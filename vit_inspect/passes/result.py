@@ -66,7 +66,7 @@ class ImageAnalysis:
         return self.attention_store.layer(layer)
 
     def attention_stack(self) -> np.ndarray:
-        """(depth, heads, N, N) float16 every map, as the first release kept them: allocates all of it."""
+        """(depth, heads, N, N) float16 every map at once: allocates all of it."""
         return self.attention_store.stack()
 
     def attention_map(self, layer: int, head: int | None = None, query=None) -> np.ndarray:

@@ -3,15 +3,14 @@
 The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
 (`attention_store`). Where heads x tokens are many for the width, rebuilding is dear: a first rollout
 redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
-entries per head, about 0.45 of a forward pass; DeiT-Ti's, at 224 px, 0.3 with 2 threads (`worth_spilling`;
-maps that small are now kept in memory instead, `attention_store.keeps_maps`, and never reach a spill).
-For such models the pass also writes each layer's
-probabilities, as the model produced them, in float16, to a file of a private folder, and redraws read
-rows from it (the operating system keeps recent files in its page cache): the first release's numbers,
-at the cost of disk, not memory.
+entries per head, about 0.45 of a forward pass (`worth_spilling`; a model whose maps are small in bytes, such as
+DeiT-Ti at 224 px, keeps them in memory instead, `attention_store.keeps_maps`, and never reaches a spill).
+For such models the pass also writes each layer's probabilities, as the model produced them, in float16, to a
+file of a private folder, and redraws read rows from it (the operating system keeps recent files in its page
+cache): the same float16 numbers as maps kept in memory, at the cost of disk, not memory.
 
 A spill is an accelerator only: the queries and keys stay in the store, and a store whose spill was
-dropped (the folder's byte budget, LRU; the result being dropped; a pickled copy) rebuilds rows as before,
+dropped (the folder's byte budget, LRU; the result being dropped; a pickled copy) rebuilds rows from Q and K,
 equal to the spilled ones within the store's tolerance. Paths are never chosen by a client: the folder
 is made by `tempfile.mkdtemp` (mode 0700), its files are numbered, and it is removed when the process
 exits or the folder is closed.
@@ -36,8 +35,8 @@ log = logging.getLogger("vit_inspect.passes.spill")
 
 # Spill when heads * N >= SPILL_MIN_SHARE * D^2. A first rollout redraw rebuilds heads x N^2 entries per
 # layer (q.k^T and softmax) where a forward does about N x D^2 multiply-adds per layer (the projections and
-# the MLP), so the redraw's share of a forward follows heads * N / D^2. Measured on the CPU (BENCHMARKS.md,
-# issue 14), the slowest first redraw rebuilt from q and k costs: ViT-B/16 at 224 (share 0.004) 0.05 of a
+# the MLP), so the redraw's share of a forward follows heads * N / D^2. Measured on the CPU with
+# `bench.bench_large`, the slowest first redraw rebuilt from q and k costs: ViT-B/16 at 224 (share 0.004) 0.05 of a
 # forward, ViT-B/16 at 384 (0.012) 0.14, DeiT-Ti at 224 (0.016) 0.22 with 1 thread and 0.31 with 2,
 # DINOv2-L/14 at 518 (0.021) 0.23 with 1 thread, DINOv2-S/14 at 518 (0.056) 0.46. From 0.015 on it passes
 # the 0.25 aimed at with 2 threads, so those models spill.

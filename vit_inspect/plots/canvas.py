@@ -85,6 +85,8 @@ def blend_tables(cmap: str, alpha: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def add_colorbar(fig: Figure, low: float, high: float, unit: str, cmap: str = "inferno", **where):
+    """A colour bar from ``low`` to ``high`` labelled with ``unit`` on ``fig``, placed by ``where`` (matplotlib's
+    ``Figure.colorbar`` keywords, e.g. ``ax=``); a constant range is widened by 1e-12 so it still draws."""
     mappable = matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(low, high if high > low else low + 1e-12),
                                             cmap=cmap)
     bar = fig.colorbar(mappable, **where)
@@ -279,7 +281,7 @@ def encode_png(picture: np.ndarray) -> bytes:
     stream at level PNG_LEVEL.
 
     What a slider redraw waits for is mostly this encoding: at PIL's default level 6 a DeiT-Ti map panel
-    took ≈ 22 ms to encode, against ≈ 2.5 ms to draw. PIL at level 1 tries all five filters on every row
+    takes ≈ 22 ms to encode, against ≈ 2.5 ms to draw. PIL at level 1 tries all five filters on every row
     and keeps the best (adaptive filtering); one fixed filter, in numpy, takes about half its time for a
     file about 6 % larger (bench/bench_render.py). Any PNG decoder reads it back to the same pixels
     (tests/plots/test_plotting.py: PIL, and Chromium's own decoder)."""

@@ -70,7 +70,7 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
 
 def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> np.ndarray:
     """What `aligned_maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (the app's Compare tab
-    redraws it when model A's layer changes: a matplotlib figure took ≈ 0.8 s for two DeiT-Ti, this ≈ 20 ms):
+    redraws it when model A's layer changes: a matplotlib figure takes ≈ 0.8 s for two DeiT-Ti, this ≈ 20 ms):
     one row per map kind under its agreement numbers (Spearman, top-10 % overlap), model A's map on its own
     crop beside model B's at the aligned layer, each a `plots.maps.map_panel` with its own colour bar over its
     own range (Grad-CAM after a ReLU) and a caption naming the model, layer (with its relative depth) and
@@ -130,7 +130,7 @@ def compare_distance_figure(distances: list[np.ndarray], names: list[str], width
 
 def compare_distance_panel(distances: list[np.ndarray], names: list[str], widths: list[int],
                              title: str = "mean attention distance") -> tuple[np.ndarray, list[np.ndarray]]:
-    """`compare_distance_figure` drawn with PIL (2 ms; the figure took 118 ms of every Compare run,
+    """`compare_distance_figure` drawn with PIL (2 ms; the figure takes 118 ms of every Compare run,
     bench_upload 6k): every head of every model a dot in the model's colour at relative depth (l + 1) / L
     (x, 0 to DEPTH_AXIS_END, shifted by `_side_offset`) and its mean attention distance (y, input pixels, 0
     to 1.08 x the largest + 1, so no dot clips); one legend line per model under the axes, naming its
@@ -230,7 +230,7 @@ def dino_heads_panel(result: ImageAnalysis, maps: np.ndarray, masks: np.ndarray,
     bar from 0 to 1 serves every head), the smallest patch set holding `fraction` of its mass (``masks``)
     at full brightness and the rest dimmed, as the All heads tab shows a threshold, each head titled with
     its patch count. ``maps`` and ``masks`` are (heads, grid_h, grid_w), from `ImageAnalysis.attention_map`
-    and `analysis.mass_mask`. The matplotlib figure took 0.25-0.5 s per model."""
+    and `analysis.mass_mask`. The matplotlib figure takes 0.25-0.5 s per model."""
     if maps.shape != masks.shape or maps.ndim != 3:
         raise ValueError(f"expected (heads, grid_h, grid_w) maps and masks of one shape, got {maps.shape} and {masks.shape}")
     scaled = np.stack([normalized(head, relu=False) for head in maps])
@@ -268,7 +268,7 @@ def feature_pca_panel(crops: list[np.ndarray], pca: FeaturePCA, titles: list[str
     three principal components as RGB (Oquab et al. 2023, DINOv2 Fig. 1; each channel min-max scaled,
     written as rint(255 x), each patch a block of the crop's pixels: `_nearest`) under the count of patches
     kept; a scale bar per channel naming its component and share of variance (as many to a row as the
-    images' width holds); the fit and the background setting above all. The matplotlib figure took ≈ 0.3 s
+    images' width holds); the fit and the background setting above all. The matplotlib figure takes ≈ 0.3 s
     per model."""
     if not len(crops) == len(pca.rgb) == len(titles):
         raise ValueError(f"{len(crops)} crops, {len(pca.rgb)} PCA images and {len(titles)} titles")

@@ -115,7 +115,7 @@ HIGHLIGHT_DOT_RADIUS = 5.5  # pixels: a highlighted head's dot
 def attention_distance_panel(distances: np.ndarray, image_width: int | None = None, title: str = "",
                      selectable: bool = True) -> DistanceScatter:
     """What `attention_distance_figure` shows, drawn once with PIL, with the pixel centre of every head's dot
-    (a matplotlib figure of it took ≈ 0.2 s, this ≈ 5 ms): every head a dot at its layer (x, the layers
+    (a matplotlib figure of it takes ≈ 0.2 s, this ≈ 5 ms): every head a dot at its layer (x, the layers
     evenly spaced) and mean attention distance (y, pixels, from 0 to 1.08 x the largest + 1 so no dot
     clips); with ``image_width`` a right-hand axis reads the distance as a fraction of the image width; the
     legend (a head, and with ``selectable`` the selected layer / head) sits under the axes, where it hides

@@ -43,7 +43,7 @@ def dashed(pen: ImageDraw.ImageDraw, points: np.ndarray, colour: tuple, width: i
 
 def curves_panel(curves: dict[str, Curves], title: str) -> np.ndarray:
     """Deletion and insertion curves (Petsiuk et al. 2018) of every method side by side, drawn with PIL (the
-    matplotlib figure took 280 ms, this 7 ms, bench_upload 6m): x = fraction of patches removed / inserted
+    matplotlib figure takes 280 ms, this 7 ms, `bench.bench_upload`): x = fraction of patches removed / inserted
     (DEL_INS_FRACTIONS, 0 to 1), y = probability of the explained class (0 to 1.05 x the highest point of
     the plot, at least 0.05); each method a line in its `method_colours` colour, the random map dashed
     black; under each plot a legend, "method (AUC)". Returns an (H, W, 3) uint8 picture under `title`."""

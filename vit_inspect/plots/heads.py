@@ -75,7 +75,7 @@ def head_heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: boo
     m = max |value|: red supports the class, blue opposes it), else viridis over the min-max; a colour bar
     labelled with ``unit``; ``selected`` (layer, head) outlined in black; layers and heads numbered; the
     wrapped ``title`` above; a value that is not finite (an overflow under half precision) is a grey cell
-    and takes no part in the range. A matplotlib figure of it took ≈ 0.3 s, this ≈ 3 ms."""
+    and takes no part in the range. A matplotlib figure of it takes ≈ 0.3 s, this ≈ 3 ms."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or 0 in values.shape:
         raise ValueError(f"expected (depth, heads) values, got shape {values.shape}")
@@ -126,7 +126,7 @@ LENS_DOT_RADIUS = 5  # pixels
 
 def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
     """The logit lens by depth as an (H, W, 3) uint8 picture drawn with PIL: what `plots.heads.lens_figure`
-    shows (a matplotlib figure of it took ≈ 0.3-0.5 s, this ≈ 3 ms). x: the block after which the lens reads
+    shows (a matplotlib figure of it takes ≈ 0.3-0.5 s, this ≈ 3 ms). x: the block after which the lens reads
     (0 .. depth - 1, evenly spaced); y: the rank of the final class, 1 (the top class) at the top, on a
     log10 axis down to the next power of ten at or past the worst rank, a tick per decade; a grey line
     joins the dots, each coloured by the final class's probability (viridis over 0..1, the colour bar

@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
+from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, add_colorbar, blend_tables, color_index,
                                       draw_colorbar, font_of, grid_of, map_range, normalized, titled, upsample)
 
@@ -18,10 +19,6 @@ PANEL_INCHES = 3.0  # side of one image panel in maps_figure
 
 
 TITLE_CHARS = 30  # panel titles in maps_figure wrap at this many characters
-
-
-
-
 OUTLINE_COLOR = (0, 255, 255)  # the seen region on the upload preview
 
 
@@ -73,6 +70,32 @@ def overlay(rgb: np.ndarray, grid_map: np.ndarray, cmap: str = "inferno", alpha:
     if marker is not None:
         _draw_marker(out, grid_map.shape, marker)
     return out
+
+
+# The maps of one pass at their default options, as the command line's figure and the notebook's
+# `show_all` draw them: key -> (title, unit of the colour bar). Grad-CAM is drawn after a ReLU; the arrays
+# keep its sign.
+PASS_MAPS = {
+    "attention": ("attention (last layer, mean of heads)", "attention weight (probability)"),
+    "rollout": ("rollout (mean fusion, all layers)", "rollout weight (fraction)"),
+    "gradcam": ("Grad-CAM (last block, ReLU)", "activation × gradient"),
+    "chefer": ("gradient-weighted attention", "relevance (logit units)"),
+    "legrad": ("LeGrad", "relevance (logit units)"),
+    "attnlrp": ("AttnLRP", "relevance (logit units)"),
+}
+RELU_MAPS = ("gradcam",)  # PASS_MAPS keys drawn after a ReLU
+
+
+def pass_maps(result: ImageAnalysis) -> dict[str, np.ndarray]:
+    """PASS_MAPS key -> (grid_h, grid_w) raw map at its default options, for each map this result has:
+    raw attention of the last layer (mean of heads, from the readout), attention rollout (Abnar & Zuidema
+    2020; mean fusion, every layer), Grad-CAM of the last block, gradient-weighted attention (Chefer et al.
+    2021), LeGrad and AttnLRP. A model without a head has the first two only; a pass run with
+    ``relevance=False``, or a hand-written model, has no LeGrad or AttnLRP."""
+    maps = {"attention": result.attention_map(result.depth - 1), "rollout": result.rollout(),
+            "gradcam": None if result.gradcam is None else result.gradcam[-1], "chefer": result.chefer,
+            "legrad": result.legrad, "attnlrp": result.attnlrp}
+    return {key: values for key, values in maps.items() if values is not None}
 
 
 def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
@@ -137,7 +160,7 @@ def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[s
     ``units``, default "value", and the map's name as its caption), ``columns`` panels per row left to
     right, ``MOSAIC_GAP`` white pixels apart, under the wrapped ``title``. Maps named in ``relu_names``
     are ReLU'd; ``ranges`` fixes a map's colour range (default: its own min-max, `map_range`). A matplotlib
-    figure of four maps took ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
+    figure of four maps takes ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
     if not maps:
         raise ValueError("no maps to show")
     if columns < 1:
@@ -157,7 +180,7 @@ HEAD_TILE_PIXELS = 224  # longest side of one head's overlay in heads_panel (lar
 def heads_panel(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
                  vmin: float | None = None, vmax: float | None = None, masks: np.ndarray | None = None,
                  columns: int = 6) -> np.ndarray:
-    """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it took
+    """Every head of one layer as an (H, W, 3) uint8 picture drawn with PIL (a matplotlib figure of it takes
     ≈ 30x as long; `bench.bench_upload`): every head (``maps`` (heads, grid_h, grid_w)) as an overlay
     (`overlay`) on one shared colour range (default: the
     min-max over all heads) on the photo scaled (bilinear) to at most HEAD_TILE_PIXELS a side, its title above

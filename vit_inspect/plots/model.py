@@ -55,7 +55,7 @@ def filter_pca_panel(pca: FilterPCA, title: str = "", ncols: int = 7) -> np.ndar
     magnified by whole pixels (each filter pixel a square) to at least FILTER_TILE_PIXELS on its longer
     side, under its explained variance in percent; ``ncols`` tiles per row (`grid_of`), under a heading
     that says what the tiles are and how they are scaled, itself under the wrapped ``title``. RGB filters
-    show in colour, single-channel ones in grey. A matplotlib figure of DeiT-Ti's 28 components took
+    show in colour, single-channel ones in grey. A matplotlib figure of DeiT-Ti's 28 components takes
     ≈ 1 s to draw (the Model tab's first picture, and twice in a Compare run)."""
     num_components, height, width, channels = pca.components.shape
     if channels not in (1, 3):
@@ -121,7 +121,7 @@ def pos_similarity_panel(similarity: np.ndarray, title: str = "Position embeddin
     [-1, 1] (matplotlib's colour for (v + 1) / 2), tiles one white cell apart, each cell magnified to a
     square of whole pixels (the mosaic about SIMILARITY_PIXELS on its longer side); tile rows and columns
     numbered from 1 ("input patch row", "input patch column"), a colour bar labelled "cosine similarity",
-    and the wrapped ``title`` above. The matplotlib figure took 0.25-0.5 s to draw."""
+    and the wrapped ``title`` above. The matplotlib figure takes 0.25-0.5 s to draw."""
     if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
         raise ValueError(f"expected (grid_h, grid_w, grid_h, grid_w) similarities, got shape {similarity.shape}")
     grid_h, grid_w = similarity.shape[:2]

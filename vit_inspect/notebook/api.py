@@ -1,0 +1,52 @@
+"""`analyze`: one image through one model, in one call, for notebooks and scripts."""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from PIL import Image
+
+from vit_inspect.core.geometry import InputGeometry
+from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle
+from vit_inspect.core.load import load_model
+from vit_inspect.notebook.result import Analysis
+from vit_inspect.passes.pipeline import analyze_image
+
+MODELS_KEPT = 2  # models `analyze` keeps loaded between calls, least recently used dropped
+
+
+@lru_cache(maxsize=MODELS_KEPT)
+def _model(name: str, weights: str | None, device: str | None, model_file: str | None) -> ViTHandle:
+    return load_model(name, weights=weights, device=device, model_file=model_file)
+
+
+def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHandle = DEFAULT_MODEL, *,
+            weights: str | os.PathLike | None = None, device: str | None = None,
+            model_file: str | os.PathLike | None = None, target: int | None = None, contrast: int | None = None,
+            geometry: str | InputGeometry | None = None, relevance: bool = True) -> Analysis:
+    """Run one image through a ViT and return everything the maps need, as an `Analysis`.
+
+    ``model`` is a timm name, a Hugging Face id or folder (see `load_model`), or a `ViTHandle` you loaded.
+    Weights come from ``weights``, else ``checkpoints/<name>.safetensors``, else the Hugging Face hub; the
+    last `MODELS_KEPT` models loaded are kept for the next call. ``model_file`` (``"file.py:function"``)
+    imports a hand-written ViT instead, which runs that file's code (see `ModuleSpec`).
+
+    One forward pass with attention capture and, for a model with a classification head, one backward
+    pass from the logit of ``target`` (default: the top class), minus ``contrast``'s logit when given;
+    with ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 3x the time of the pass
+    without them). ``geometry``: "crop" (the model's centre crop, the default), "squash" (the whole image
+    resized) or "keep" (the whole image, aspect ratio kept, on a non-square patch grid). The pass itself is
+    `analyze_image`; the returned `Analysis` holds its `ImageAnalysis` as ``.result``.
+    """
+    if isinstance(model, ViTHandle):
+        handle = model
+    else:
+        handle = _model(str(model), None if weights is None else str(weights), device,
+                        None if model_file is None else str(model_file))
+    if isinstance(geometry, str):
+        geometry = InputGeometry(geometry)
+    name = str(image) if isinstance(image, (str, os.PathLike)) else getattr(image, "filename", "") or "image"
+    result = analyze_image(handle, Path(image) if isinstance(image, os.PathLike) else image, target=target,
+                           contrast=contrast, geometry=geometry, relevance=relevance)
+    return Analysis(handle, result, name)

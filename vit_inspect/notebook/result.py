@@ -1,0 +1,166 @@
+"""`Analysis`: one analysed image with its model, which draws itself in Jupyter."""
+from __future__ import annotations
+
+import html
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.notebook.display import preview_tag, topk_table
+from vit_inspect.passes.records import analysis_arrays, analysis_record
+from vit_inspect.passes.result import ImageAnalysis
+
+# The names `Analysis.map` and `Analysis.show` take: the maps of `plots.maps.PASS_MAPS`, and gradient rollout.
+MAP_NAMES = ("attention", "rollout", "gradcam", "chefer", "legrad", "attnlrp", "gradient_rollout")
+UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
+         "gradient_rollout": "rollout weight (fraction)", "gradcam": "activation × gradient",
+         "chefer": "relevance (logit units)", "legrad": "relevance (logit units)",
+         "attnlrp": "relevance (logit units)"}
+
+LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
+
+
+def legible(rgb: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8 enlarged by a whole factor (each pixel a block) until its shorter side is at least
+    `LEGIBLE_SIDE`; a large enough image is returned as it is."""
+    factor = -(-LEGIBLE_SIDE // min(rgb.shape[:2]))
+    return rgb if factor <= 1 else np.repeat(np.repeat(rgb, factor, axis=0), factor, axis=1)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One image through one model (`vit_inspect.analyze`): the maps, the numbers and their figures.
+
+    ``result`` is the pass's `ImageAnalysis` (plain arrays; every option of every map is computed from it
+    without the model), ``handle`` the model, ``image`` the name the record carries. In Jupyter the object
+    shows itself: the model, the top-5 classes and the main maps.
+    """
+
+    handle: ViTHandle  # the model the image went through
+    result: ImageAnalysis  # the cached pass: attention, Grad-CAM, relevance, distances, probabilities
+    image: str  # the image's path as given, or "image" for an image passed as pixels
+
+    def top(self, k: int = 5) -> list[dict]:
+        """The k most probable classes as {"index", "label", "prob"}, most probable first; empty for a
+        model without a classification head."""
+        return self.handle.top_labels(self.result.probs, k) if self.result.probs.size else []
+
+    def map(self, name: str, **options) -> np.ndarray:
+        """One (grid_h, grid_w) raw map, unnormalised, over the patch grid of the crop the model saw.
+
+        - ``"attention"``: one layer's attention probabilities from a query token (`ImageAnalysis.attention_map`;
+          options ``layer`` (default the last), ``head`` (default: the mean of heads), ``query`` (default the
+          readout: the class token, or the mean of patch queries; or a (row, col) patch)).
+        - ``"rollout"``: attention rollout, Abnar & Zuidema 2020 (`ImageAnalysis.rollout`; options
+          ``head_fusion``, ``discard_ratio``, ``residual``, ``start_layer``, ``end_layer``, ``query``, ``discard``).
+        - ``"gradient_rollout"``: vit-explain's class-specific gradient rollout (`ImageAnalysis.gradient_rollout`).
+        - ``"gradcam"``: Grad-CAM, Selvaraju et al. 2017, at the first LayerNorm of block ``layer`` (default the
+          last), signed (activation × gradient).
+        - ``"chefer"``: gradient-weighted attention, Chefer et al. 2021. ``"legrad"``: LeGrad, Bousselham et al.
+          2025. ``"attnlrp"``: AttnLRP, Achtibat et al. 2024 (relevance in logit units).
+
+        Raises ValueError for an unknown name or options the map does not take, and for a map this model or
+        pass does not have (gradient maps without a head; LeGrad and AttnLRP with ``relevance=False``)."""
+        result = self.result
+        if name not in MAP_NAMES:
+            raise ValueError(f"unknown map {name!r}; choose one of {', '.join(MAP_NAMES)}")
+        if name == "attention":
+            layer = options.pop("layer", result.depth - 1)
+            values = result.attention_map(layer, options.pop("head", None), options.pop("query", None))
+        elif name == "rollout":
+            values = result.rollout(**options)
+            options = {}
+        elif name == "gradient_rollout":
+            values = result.gradient_rollout(**options)
+            options = {}
+        elif name == "gradcam":
+            layer = options.pop("layer", -1)
+            values = None if result.gradcam is None else result.gradcam[layer]
+        else:
+            values = getattr(result, name)
+        if options:
+            raise ValueError(f"the {name} map takes no option {', '.join(sorted(options))}")
+        if values is None:
+            why = ("it has no classification head" if result.target is None else
+                   "LeGrad and AttnLRP need analyze(..., relevance=True) and a timm or Hugging Face model")
+            raise ValueError(f"{self.handle.name} has no {name} map in this result: {why}")
+        return values
+
+    def maps(self) -> dict[str, np.ndarray]:
+        """Every map of the pass at its default options, by name (see `plots.maps.pass_maps`)."""
+        from vit_inspect.plots.maps import pass_maps
+
+        return pass_maps(self.result)
+
+    def title(self) -> str:
+        """"model · image · class label (#index)" of the class the gradient maps explain."""
+        parts = [self.handle.name, Path(self.image).name]
+        if self.result.target is not None:
+            parts.append(f"class {self.handle.label(self.result.target)} (#{self.result.target})")
+            if self.result.contrast is not None:
+                parts[-1] += f" versus {self.handle.label(self.result.contrast)} (#{self.result.contrast})"
+        return " · ".join(parts)
+
+    def show(self, name: str = "rollout", **options):
+        """One map over the crop the model saw, with its colour bar and unit, as a matplotlib Figure
+        (`plots.maps.maps_figure`); takes the names and options of `map`. Grad-CAM is drawn after a ReLU."""
+        from vit_inspect.plots.maps import maps_figure
+
+        values = self.map(name, **options)
+        label = name if not options else f"{name} ({', '.join(f'{k}={v}' for k, v in options.items())})"
+        return maps_figure(self.result.rgb, {label: values}, relu_names=(label,) if name == "gradcam" else (),
+                           units={label: UNITS[name]}, title=self.title())
+
+    def show_all(self):
+        """Every map of the pass side by side at its default options (`maps`), as a matplotlib Figure."""
+        from vit_inspect.plots.maps import PASS_MAPS, maps_figure
+
+        maps = self.maps()
+        return maps_figure(self.result.rgb, {PASS_MAPS[k][0]: v for k, v in maps.items()},
+                           relu_names=(PASS_MAPS["gradcam"][0],), units=dict(PASS_MAPS.values()), title=self.title())
+
+    def show_distance(self):
+        """Mean attention distance per layer and head in input pixels (ViT paper, Fig. 7 right), a Figure."""
+        from vit_inspect.plots.distance import attention_distance_figure
+
+        return attention_distance_figure(self.result.mean_distance, image_width=self.result.layout.input_size[1],
+                                         title=f"mean attention distance: {self.title()}")
+
+    def record(self) -> dict:
+        """The JSON object `vit-inspect analyze` prints for this image (`passes.records.analysis_record`):
+        model, weights, classes, geometry, top-5, mean attention distance and the maps, rounded for JSON."""
+        return analysis_record(self.handle, self.result, self.image)
+
+    def to_npz(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the pass's arrays at full precision (`passes.records.analysis_arrays`) and ``record``, the
+        `record` as a JSON string, to a compressed ``.npz`` file (default: ``<image stem>.npz`` in the current
+        folder); returns its path. Read it back with ``np.load(path)`` and ``json.loads(str(f["record"]))``."""
+        path = Path(path) if path is not None else Path(f"{Path(self.image).stem or 'image'}.npz")
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, record=np.array(json.dumps(self.record())), **analysis_arrays(self.result))
+        path.write_bytes(buffer.getvalue())
+        return path
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the title, the top-5 classes and every map of the pass (PIL panels, drawn in ms),
+        a small crop enlarged to be seen (`legible`)."""
+        from vit_inspect.plots.maps import PASS_MAPS, RELU_MAPS, maps_panel
+
+        maps = self.maps()
+        picture = maps_panel(legible(self.result.rgb), {PASS_MAPS[k][0]: v for k, v in maps.items()},
+                             relu_names=tuple(PASS_MAPS[k][0] for k in RELU_MAPS), units=dict(PASS_MAPS.values()))
+        top = topk_table(self.top()) if self.result.probs.size else "<p>This model has no classification head.</p>"
+        return (f"<div><p><b>{html.escape(self.title())}</b></p>{top}"
+                f"{preview_tag(picture, 'maps of ' + self.title())}</div>")
+
+    def __repr__(self) -> str:
+        top = self.top(1)
+        best = f", top-1 {top[0]['label']} ({top[0]['prob']:.1%})" if top else ""
+        layout = self.result.layout
+        return (f"Analysis({self.handle.name}, {self.image!r}, {layout.grid_h}x{layout.grid_w} patches, "
+                f"{self.result.depth} layers x {self.result.num_heads} heads{best})")
