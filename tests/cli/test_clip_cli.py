@@ -44,10 +44,12 @@ def test_analyze_with_a_prompt_names_it_and_carries_every_map(capsys, tmp_path, 
 
 
 @pytest.mark.parametrize("prompt, says", [("x" * 102_400, "102,400 characters"), ("a cat\x1b[2J", "U+001B"),
-                                          ("  ", "empty"), ("a " * 80, "tokens")])
+                                          ("", "empty"), ("  ", "empty"), ("a " * 80, "tokens")])
 def test_a_hostile_prompt_is_one_line_and_exit_1(capsys, clip_args, prompt, says):
     code, out, err = _run(capsys, "analyze", str(CHELSEA), "--prompt", prompt, *clip_args)
     assert code == 1 and out == "" and says in err and len(err.strip().splitlines()) == 1 and len(err) < 300
+    code, out, err = _run(capsys, "analyze", str(CHELSEA), "--prompt", "a cat", "--versus", prompt, *clip_args)
+    assert code == 1 and out == "" and says in err and len(err.strip().splitlines()) == 1
 
 
 def test_prompt_flags_that_contradict_each_other(capsys, clip_args):

@@ -86,14 +86,28 @@ def test_attnlrp_conserves_the_similarity_on_a_tiny_clip(rules):
 
 
 def test_the_siglip_image_path_with_a_given_text_embedding():
-    """SigLIP's tokenizer comes from the hub: the prompt's text embedding is given instead."""
-    model = make_clip(TINY_SIGLIP)
+    """SigLIP's tokenizer comes from the hub, which tests cannot reach: the image path is tested with precomputed
+    text embeddings (random unit vectors standing in for the text tower's output), given as `Prompt(text,
+    embedding)`. The tower is shaped as SigLIP's (a timm trunk, no class token, attention pooling); Grad-CAM is
+    the hand gradient of cos(f, t_cat) - cos(f, t_dog) from OpenCLIP's own `encode_image`."""
+    model, reference = make_clip(TINY_SIGLIP), make_clip(TINY_SIGLIP)
     embeddings = siglip_embeddings(model, 5)
     handle = clip_handle(TINY_SIGLIP, labels=[Prompt(n, e.numpy()) for n, e in zip("abc", embeddings)], model=model)
     result = analyze_image(handle, CHELSEA, target=Prompt("a cat", embeddings[3].numpy()),
                            contrast=Prompt("a dog", embeddings[4].numpy()))
-    assert result.layout.grid_h == 14 and result.score == "cosine" and result.heads.lens  # the lens reproduces it
-    for name in ("gradcam", "chefer", "legrad", "attnlrp"):
+    assert (result.layout.num_prefix_tokens, result.layout.grid_h, result.layout.grid_w) == (0, 14, 14)
+    assert result.score == "cosine" and result.heads.lens  # the lens reproduces the similarity
+    pixels, _ = handle.preprocess.apply(load_image(CHELSEA))
+    seen = {}
+    hook = reference.visual.trunk.blocks[-1].norm1.register_forward_hook(lambda m, a, out: seen.update(x=out))
+    try:
+        image = torch.nn.functional.normalize(reference.encode_image(pixels), dim=-1)[0]  # (E,)
+    finally:
+        hook.remove()
+    grads, = torch.autograd.grad(image @ embeddings[3] - image @ embeddings[4], seen["x"])
+    expected = gradcam_from_tokens(seen["x"][0].detach().numpy(), grads[0].numpy(), result.layout)
+    np.testing.assert_allclose(result.gradcam[-1], expected, rtol=1e-4, atol=1e-9)
+    for name in ("chefer", "legrad", "attnlrp"):
         values = getattr(result, name)
         assert values is not None and np.all(np.isfinite(values)) and np.any(values != 0), name
     with pytest.raises(Exception, match="Hugging Face hub"):  # no tokenizer offline: a sentence, not a download
