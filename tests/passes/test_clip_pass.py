@@ -9,6 +9,7 @@ from support import REPO, zero_biases
 from support.clip import TINY_CLIP, TINY_SIGLIP, clip_handle, make_clip, siglip_embeddings
 
 from vit_inspect.analysis import gradcam_from_tokens
+from vit_inspect.core.errors import InputError
 from vit_inspect.core.images import load_image
 from vit_inspect.core.open_clip_models import prompt_view
 from vit_inspect.core.prompts import Prompt
@@ -112,3 +113,14 @@ def test_the_siglip_image_path_with_a_given_text_embedding():
         assert values is not None and np.all(np.isfinite(values)) and np.any(values != 0), name
     with pytest.raises(Exception, match="Hugging Face hub"):  # no tokenizer offline: a sentence, not a download
         analyze_image(handle, CHELSEA, target="a cat")
+
+
+@pytest.mark.parametrize("prompt, says", [("x" * 102_400, "102,400 characters"), ("a cat\x1b[2J", "U+001B"),
+                                          ("a\x00cat", "U+0000"), ("", "empty"), ("a " * 80, "tokens")])
+def test_a_hostile_prompt_or_versus_gets_a_sentence_before_the_pass(prompt, says):
+    handle = clip_handle(seed=6)
+    for target, contrast, what in ((prompt, None, "prompt"), (CAT, prompt, "versus prompt")):
+        with pytest.raises(InputError) as caught:
+            analyze_image(handle, CHELSEA, target=target, contrast=contrast)
+        assert says in caught.value.public and len(caught.value.public) < 200
+        assert says == "tokens" or caught.value.public.startswith(f"The {what} ")
