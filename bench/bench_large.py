@@ -10,7 +10,10 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
   for models without one (no backward is run then);
 - slowest redraw ÷ plain forward: raw attention from the class token, the mean of patch rows and a
   patch, every head of a layer, the prefix-token shares, rollout with default and non-default options
-  (both discard rules), gradient rollout (vit-explain), each timed on its first (uncached) call.
+  (every head fusion, both discard rules, a layer range), gradient rollout (vit-explain), and for this
+  checkout's designs also one head from the mean of patch rows and the heads view (every head of the last
+  layer, each head's prefix share, the DINO masks holding 60 % of the attention), each timed on its first
+  (uncached) call.
 
 "today" is the first release's pass plus a stack of vit-explain's gradient-weighted attention (depth, N, N)
 float16, kept here (`analyze_today`) as the design to beat; "main" is another checkout's own `analyze_image` (every method of that
@@ -151,6 +154,23 @@ def _redraws(handle, design: str, result, layout) -> dict:
              "rollout, max, discard 0.9": roll(head_fusion="max", discard_ratio=0.9),
              "rollout, discard 0.9 of the matrix": roll(discard_ratio=0.9, discard="matrix"),
              "rollout, second half, patch query": roll(start_layer=handle.depth // 2, query=patch)}
+    if design != "today":  # the rest of what the app's views draw from a result
+        def head_mean_query():
+            return lambda: result.attention_map(last, 0, "mean")
+
+        def heads_with_shares():  # the heads view: every head's map and its prefix share, DINO masks at 60 %
+            def draw():
+                from vit_inspect.analysis import mass_mask
+                maps = result.head_maps(last)
+                return maps, [result.prefix_share(last, h) for h in range(handle.num_heads)], mass_mask(maps, 0.6)
+            return draw
+
+        draws |= {"attention, one head, mean of patch rows": head_mean_query(),
+                  "all heads of the last layer, shares and DINO masks": heads_with_shares(),
+                  "rollout, min, residual off": roll(head_fusion="min", residual=False),
+                  "rollout, max, discard 0.9 of the matrix": roll(head_fusion="max", discard_ratio=0.9,
+                                                                  discard="matrix"),
+                  "rollout, layers 6 to 11, discard 0.5": roll(start_layer=6, end_layer=12, discard_ratio=0.5)}
     return draws | ({"gradient rollout, discard 0.9": grad_roll()} if handle.has_head else {})
 
 

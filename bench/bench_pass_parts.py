@@ -32,7 +32,7 @@ import torch
 
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
-from vit_inspect.passes import attention_store, head_pass, pipeline, threads
+from vit_inspect.passes import head_pass, layer_stream, pipeline, threads
 
 from .common import (REPO, THREADS, measure, plain_forward_input_backward, plain_model, print_header, report,
                      set_threads)
@@ -66,7 +66,7 @@ def replaced(targets: list[tuple[object, str, object]]) -> Iterator[None]:
 
 def stubs() -> dict[str, list[tuple[object, str, object]]]:
     """For each part, the replacements that make it return a first pass's values."""
-    stream_on, stats_on = attention_store.LayerStream.on_attention, head_pass.HeadStatsStream.on_attention
+    stream_on, stats_on = layer_stream.LayerStream.on_attention, head_pass.HeadStatsStream.on_attention
     sums: dict[tuple[str, int], object] = {}
 
     def stream_copy_only(self, layer, probs):  # the float16 copy of kept maps stays; the sums are replayed
@@ -94,7 +94,7 @@ def stubs() -> dict[str, list[tuple[object, str, object]]]:
         pixels, rgb, box = model_input(*args, **kwargs)
         return pixels.clone(), rgb, box
     return {
-        "forward reductions": [(attention_store.LayerStream, "on_attention", stream_copy_only),
+        "forward reductions": [(layer_stream.LayerStream, "on_attention", stream_copy_only),
                                (head_pass.HeadStatsStream, "on_attention", stats_replayed)],
         "gradient reductions": [(pipeline, "gradient_reductions", cached(pipeline.gradient_reductions))],
         "head pass": [(pipeline, "build_head_pass", cached(pipeline.build_head_pass))],

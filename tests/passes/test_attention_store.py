@@ -16,7 +16,7 @@ from vit_inspect.analysis import (
     rollout,
 )
 from vit_inspect.core.hf_models import handle_from_hf
-from vit_inspect.passes import attention_store
+from vit_inspect.passes import attention_store, layer_stream
 from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
@@ -113,13 +113,13 @@ def test_store_size_grows_like_depth_n_d():
 def test_wrong_rebuild_falls_back_to_maps(monkeypatch):
     """A model that does not compute softmax(s q k^T) (here: a scale the module does not use) is caught by
     the check during the pass; the maps are then stored and still equal the recorded ones."""
-    real = attention_store._qk_modules
+    real = layer_stream._qk_modules
 
     def wrong_scale(attn):
         q, k, shape, scale = real(attn)
         return q, k, shape, scale * 3.0
 
-    monkeypatch.setattr(attention_store, "_qk_modules", wrong_scale)
+    monkeypatch.setattr(layer_stream, "_qk_modules", wrong_scale)
     handle = tiny_handle("distilled")
     result = analyze_image(handle, _image(), input_size=(32, 32))
     store = result.attention_store
@@ -153,18 +153,18 @@ def test_batched_check_equals_the_check_of_each_layer_alone(kind, monkeypatch):
     bound of 0 bytes every layer is checked alone as its maps appear (one layer pending at each flush); the
     tiny model's layers all fit the default bound (one flush, at the end). Same store, same errors."""
     flushed: list[list[int]] = []
-    real_flush = attention_store.LayerStream._flush
+    real_flush = layer_stream.LayerStream._flush
 
     def counting_flush(self):
         flushed.append([entry.layer for entry in self._pending])
         real_flush(self)
 
-    monkeypatch.setattr(attention_store.LayerStream, "_flush", counting_flush)
+    monkeypatch.setattr(layer_stream.LayerStream, "_flush", counting_flush)
     handle = tiny_handle(kind)
     batched = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers in flushed if layers] == [list(range(handle.depth))]
     flushed.clear()
-    monkeypatch.setattr(attention_store, "CHECK_BYTES", 0)
+    monkeypatch.setattr(layer_stream, "CHECK_BYTES", 0)
     alone = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers in flushed if layers] == [[layer] for layer in range(handle.depth)]
     assert batched.mode == alone.mode == "qk16"
@@ -182,7 +182,7 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     from vit_inspect.core.timm_models import handle_from_timm
 
     flushed: list[tuple[list[int], int]] = []
-    real_flush = attention_store.LayerStream._flush
+    real_flush = layer_stream.LayerStream._flush
 
     def recording_flush(self):
         flushed.append(([entry.layer for entry in self._pending], self._pending_bytes))
@@ -191,12 +191,12 @@ def test_check_flushes_when_the_pending_layers_reach_the_byte_bound(monkeypatch)
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=6, num_heads=2, num_classes=10).eval()
     handle = handle_from_timm(model, name="six-layers", device="cpu", input_size=(32, 32))
-    monkeypatch.setattr(attention_store.LayerStream, "_flush", recording_flush)
+    monkeypatch.setattr(layer_stream.LayerStream, "_flush", recording_flush)
     analyze_image(handle, _image(), input_size=(32, 32))
     [(layers, total)] = [f for f in flushed if f[0]]
     assert layers == list(range(6))
     flushed.clear()
-    monkeypatch.setattr(attention_store, "CHECK_BYTES", 2 * total // 6)
+    monkeypatch.setattr(layer_stream, "CHECK_BYTES", 2 * total // 6)
     store = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert [layers for layers, _ in flushed if layers] == [[0, 1], [2, 3], [4, 5]]
     assert store.mode == "qk16" and store.queries.shape[0] == 6
@@ -216,6 +216,31 @@ def test_store_rows_by_hand():
     np.testing.assert_allclose(store_rollout(store, layout), [[0.5 / (e + 1)]], rtol=1e-3)
     with pytest.raises(ValueError, match="out of range"):
         store.rows(1, [0])
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["qk", "maps"])
+def test_one_head_s_rows_equal_that_head_of_every_head_s_rows(small, monkeypatch):
+    """`rows(..., head=h)` rebuilds or reads that head only, with the same values as head h of all heads'
+    rows, bit for bit, and so do the one-head maps and prefix shares built on it."""
+    from vit_inspect.passes import pipeline
+
+    monkeypatch.setattr(pipeline, "keeps_maps", lambda *args: small)
+    handle = tiny_handle("reg4")
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM["reg4"][1], gradients=False)
+    store, layout = result.attention_store, result.layout
+    assert store.mode == ("maps" if small else "qk16")
+    tokens = np.arange(store.num_tokens)
+    for layer in (0, handle.depth - 1):
+        every = store.rows(layer, tokens)
+        for head in range(handle.num_heads):
+            np.testing.assert_array_equal(store.rows(layer, tokens, head), every[head:head + 1])
+            np.testing.assert_array_equal(store.rows(layer, [3], head), every[head:head + 1, [3]])
+            for query in ("mean", (0, 1), None):
+                rows = attention_store.attention_rows(store, layout, layer, query)
+                np.testing.assert_array_equal(attention_store.attention_rows(store, layout, layer, query, head),
+                                              rows[head:head + 1])
+    with pytest.raises(ValueError, match="head 9 out of range"):
+        store.rows(0, [0], 9)
 
 
 def test_rollout_is_cached_per_option():
@@ -258,9 +283,9 @@ def test_dataset_distance_runs_in_chunks_and_never_keeps_the_stack(monkeypatch, 
 
 
 def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monkeypatch):
-    """Issue 13's per-head entropy, prefix share and first-order estimate, reduced layer by layer in the
-    streaming pass, equal the stacked functions on an independent dense pass; the pass never builds the
-    (depth, heads, N, N) stack of the maps or of their gradients."""
+    """The per-head prefix share and first-order estimate, reduced layer by layer in the streaming pass, and
+    the entropy, from the store on first read, equal the stacked functions on an independent dense pass;
+    the pass never builds the (depth, heads, N, N) stack of the maps or of their gradients."""
     from vit_inspect.analysis.heads import (
         first_order_importance,
         head_entropy,
@@ -283,8 +308,12 @@ def test_head_statistics_per_layer_equal_the_stacked_definitions(tiny_kind, monk
     rec.backward(logits[0, result.target])
     dense, grad = rec.attention[0].numpy(), rec.attention_grad()[0].numpy()  # (depth, heads, N, N)
     for heads in (result.heads, no_grad.heads):
-        assert heads.computed_entropy is not None  # reduced in the pass: no maps are kept to read it from
-        np.testing.assert_allclose(heads.entropy, head_entropy(dense), rtol=1e-5, atol=1e-6)
+        assert heads.computed_entropy is None  # not reduced in the pass: from the store, on first read
+        # rows rebuilt from q and k, rounded to float16: float16's first-order bound (see the kept maps' test)
+        # plus each probability's rebuild error (at most the store's max_error) times |ln a + 1| <= 18
+        exact, n = head_entropy(dense), result.layout.num_tokens
+        bound = 2.0 ** -11 * (exact + 1) + n * (2.0 ** -25 + result.attention_store.max_error) * 18
+        assert np.all(np.abs(heads.entropy - exact) <= bound), (np.abs(heads.entropy - exact).max(), bound.min())
         np.testing.assert_allclose(heads.prefix_share, prefix_attention_share(dense, result.layout), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(result.heads.first_order, first_order_importance(dense, grad), rtol=1e-4, atol=1e-6)
     assert no_grad.heads.first_order is None
@@ -309,7 +338,7 @@ def test_kept_maps_give_the_entropy_on_first_read(tiny_kind, monkeypatch):
     result = analyze_image(handle, _image(), input_size=size)
     store = result.attention_store
     assert store.mode == "maps" and result.heads.computed_entropy is None and calls == []  # nothing in the pass
-    assert result.heads.kept_maps is store.maps  # the store's array, not a copy
+    assert result.heads.store is store  # the result's store, not a copy
     entropy = result.heads.entropy
     assert len(calls) == handle.depth and result.heads.entropy is entropy  # one reduction per layer, then kept
     np.testing.assert_allclose(entropy, head_entropy(store.maps.astype(np.float32)), rtol=1e-6)
@@ -361,7 +390,7 @@ def test_small_maps_are_kept_as_the_model_made_them(kind, monkeypatch, tmp_path)
     monkeypatch.setattr(pipeline, "worth_spilling", lambda *args: True)
     handle = tiny_handle(kind)
     recorded = []
-    monkeypatch.setattr(attention_store.LayerStream, "_record", lambda self, *args: recorded.append(args))
+    monkeypatch.setattr(layer_stream.LayerStream, "_record", lambda self, *args: recorded.append(args))
     folder = SpillFolder(2 ** 30, root=tmp_path)
     result = analyze_image(handle, _image(), input_size=TINY_TIMM[kind][1], spill=folder)
     store = result.attention_store

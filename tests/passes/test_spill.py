@@ -1,5 +1,5 @@
-"""Attention maps spilled to local disk (vit_inspect.passes.spill): the folder's byte budget, the files' lifetime,
-and redraws that read the model's own float16 maps instead of rebuilding them from q and k."""
+"""Head-fused attention spilled to local disk (vit_inspect.passes.spill): the folder's byte budget, the files'
+lifetime, and rollout redraws that read the model's own maps fused instead of rebuilding every head from q and k."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,6 +13,7 @@ import pytest
 import torch
 from support import REPO
 
+from vit_inspect.analysis import attention_map as reference_attention_map
 from vit_inspect.analysis import rollout as reference_rollout
 from vit_inspect.core.images import load_image
 from vit_inspect.core.load import load_model
@@ -20,18 +21,22 @@ from vit_inspect.passes import pipeline
 from vit_inspect.passes.attention_store import TOLERANCE, attention_map, rollout
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image, readout_query
-from vit_inspect.passes.spill import SPILL_MIN_SHARE, SpillFolder, worth_spilling
+from vit_inspect.passes.spill import PLANE_BYTES, PLANES, SPILL_MIN_SHARE, SpillFolder, worth_spilling
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import Inspector
 
-SHAPE = (2, 1, 4, 4)  # (depth, heads, N, N): 64 bytes of float16
+SHAPE = (2, 2, 2)  # (depth, N, N): 2 layers of 4 entries, 8 bytes each over the planes: 64 bytes
 LARGE = (448, 448)  # DeiT-Ti at 448 px: N = 785, 3 x 785 >= 0.015 x 192^2, so it spills
+
+
+def planes(value: float, shape=SHAPE[1:]) -> dict[str, np.ndarray]:
+    return {name: np.full(shape, value, np.float32) for name, _ in PLANES}
 
 
 def filled(folder: SpillFolder, value: float):
     spill = folder.reserve(SHAPE)
     for layer in range(SHAPE[0]):
-        spill.write(layer, np.full(SHAPE[1:], value, np.float32))
+        spill.write(layer, planes(value))
     assert spill.finish()
     return spill
 
@@ -41,12 +46,13 @@ def test_the_folder_keeps_spills_within_its_budget_least_recently_read_first(tmp
     assert stat.S_IMODE(folder.path.stat().st_mode) == 0o700  # private to this process's user
     a, b, c = (filled(folder, v) for v in (0.25, 0.5, 0.75))
     assert folder.used == 192 and len(folder) == 3
-    assert a.layer(1)[0, 2, 3] == 0.25  # reading `a` makes `b` the least recently read
+    assert PLANE_BYTES == 8 and a.nbytes == 64
+    assert a.layer(1, "sum")[1, 0] == 0.25  # reading `a` makes `b` the least recently read
     d = filled(folder, 1.0)
-    assert not b.alive and b.layer(0) is None and not b.path.exists()
+    assert not b.alive and b.layer(0, "sum") is None and not b.path.exists()
     assert a.alive and c.alive and d.alive and folder.used == 192
     assert sorted(p.name for p in folder.path.iterdir()) == sorted(s.path.name for s in (a, c, d))
-    assert folder.reserve((2, 1, 8, 8)) is None  # 256 bytes: more than the whole budget
+    assert folder.reserve((2, 4, 4)) is None  # 256 bytes: more than the whole budget
     assert SpillFolder(0, root=tmp_path).reserve(SHAPE) is None
     with pytest.raises(ValueError, match="at least 0"):
         SpillFolder(-1, root=tmp_path)
@@ -57,18 +63,18 @@ def test_the_folder_keeps_spills_within_its_budget_least_recently_read_first(tmp
 def test_a_spill_is_served_only_when_every_layer_was_written(tmp_path):
     folder = SpillFolder(10 ** 6, root=tmp_path)
     spill = folder.reserve(SHAPE)
-    spill.write(0, np.ones(SHAPE[1:], np.float32))
-    assert spill.layer(0) is None  # not before `finish`
+    spill.write(0, planes(1.0))
+    assert spill.layer(0, "max") is None  # not before `finish`
     assert not spill.finish()  # layer 1 is missing: dropped, never half-served
     assert not spill.alive and folder.used == 0 and not spill.path.exists()
     # dropped by the folder while its pass still writes (another session needed the room): the writer
     # stops, closes its file and the spill is never served
     spill = folder.reserve(SHAPE)
-    spill.write(0, np.ones(SHAPE[1:], np.float32))
+    spill.write(0, planes(1.0))
     folder.drop(spill)
     assert spill._fd is not None  # the writer's descriptor is not closed under it
-    spill.write(1, np.ones(SHAPE[1:], np.float32))
-    assert spill._fd is None and not spill.finish() and spill.layer(0) is None and folder.used == 0
+    spill.write(1, planes(1.0))
+    assert spill._fd is None and not spill.finish() and spill.layer(0, "min") is None and folder.used == 0
 
 
 def _rss_file_bytes() -> int:
@@ -84,23 +90,30 @@ def test_reads_leave_nothing_mapped_and_take_the_rows_asked_for(tmp_path):
     """Rows are read into arrays of their own, in runs of consecutive rows: no page of the file stays in the
     process's resident memory (a mapping of the whole file, kept for the spill's life, held every page ever
     read), and any set of rows comes back as the file holds it."""
-    shape = (4, 2, 1024, 1024)  # 4 layers of 4 MiB
+    shape = (4, 1024, 1024)  # 4 layers of 8 MiB over the three planes
     folder = SpillFolder(2 ** 30, root=tmp_path)
     spill = folder.reserve(shape)
-    values = np.random.default_rng(0).random(shape).astype(np.float16)
+    rng = np.random.default_rng(0)
+    values = [{name: rng.random(shape[1:]).astype(dtype) for name, dtype in PLANES} for _ in range(shape[0])]
     for layer in range(shape[0]):
         spill.write(layer, values[layer])
     assert spill.finish()
     before = _rss_file_bytes()
     for layer in range(shape[0]):
-        np.testing.assert_array_equal(spill.layer(layer), values[layer])
-    assert _rss_file_bytes() - before < 2 ** 20  # 16 MiB read, none of it mapped
+        for name, dtype in PLANES:
+            read = spill.layer(layer, name)
+            assert read.dtype == dtype
+            np.testing.assert_array_equal(read, values[layer][name])
+    assert _rss_file_bytes() - before < 2 ** 20  # 32 MiB read, none of it mapped
     for index in ([5], [0, 1, 2, 900, 901, 7], list(range(1000, 1024)), [], [1023, 0]):
-        np.testing.assert_array_equal(spill.rows(3, index), values[3][:, index])
+        for name, _ in PLANES:
+            np.testing.assert_array_equal(spill.rows(3, index, name), values[3][name][index])
     with pytest.raises(IndexError):
-        spill.rows(0, [1024])
+        spill.rows(0, [1024], "sum")
+    with pytest.raises(ValueError, match="unknown plane"):
+        spill.rows(0, [1], "mean")
     folder.drop(spill)
-    assert spill.rows(0, [1]) is None and spill.layer(0) is None
+    assert spill.rows(0, [1], "sum") is None and spill.layer(0, "max") is None
 
 
 def test_a_spill_file_goes_with_its_last_reference(tmp_path):
@@ -139,42 +152,57 @@ def picture():
     return load_image(REPO / "assets" / "chelsea.png")
 
 
-@pytest.mark.slow  # a 518-px DINOv2-S pass
-def test_the_pass_spills_the_model_s_own_maps_and_redraws_read_them(tiny, picture, tmp_path):
+@pytest.mark.slow  # a 448-px DeiT-Ti pass and rollouts over every layer
+def test_the_pass_spills_the_model_s_own_maps_fused_and_redraws_read_them(tiny, picture, tmp_path):
     folder = SpillFolder(2 ** 30, root=tmp_path)
     result = analyze_image(tiny, picture, input_size=LARGE, relevance=False, spill=folder)
     store, layout = result.attention_store, result.layout
     n = layout.num_tokens
     assert store.mode == "qk16" and store.spill is not None and store.spill.alive
-    assert folder.used == tiny.depth * tiny.num_heads * n * n * 2 == store.spill.nbytes
+    assert folder.used == tiny.depth * n * n * 8 == store.spill.nbytes  # float32 sum, float16 max and min
     assert store.nbytes() < store.spill.nbytes / 3  # the spill is on disk, not in the result
-    spilled = np.stack([store.spill.layer(i) for i in range(tiny.depth)])  # (depth, heads, N, N) float16
 
-    # the maps are the model's own, rounded once to float16
+    # the planes are the model's own maps fused: the float32 sum over heads, the maximum and minimum rounded once
     pixels, _ = tiny.preprocess.apply(picture, LARGE)
     with torch.no_grad(), capture_attention(tiny) as rec:
         tiny.forward(pixels)
-    real = rec.attention[0].numpy()
-    np.testing.assert_allclose(spilled.astype(np.float32), real, atol=2.5e-4, rtol=1e-3)  # float16 rounding
-    assert (spilled == real.astype(np.float16)).mean() > 0.999  # the same rounding, up to the odd last bit
+    real = rec.attention[0].numpy()  # (depth, heads, N, N) float32
+    for layer in (0, 5, 11):
+        np.testing.assert_allclose(store.spill.layer(layer, "sum"), real[layer].sum(0), rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(store.spill.layer(layer, "max"), real[layer].max(0).astype(np.float16))
+        np.testing.assert_array_equal(store.spill.layer(layer, "min"), real[layer].min(0).astype(np.float16))
 
-    # a redraw reads them: the first release's rollout on those very maps, every option
+    # a rollout redraw reads them: the first release's rollout on the model's maps, every option; max and min
+    # equal it on the float16-rounded maps (rounding is monotonic), the mean on the float32 maps to float32's
+    # sums. A discard ranks the mean's entries: one a few float32 units from the threshold may fall on either
+    # side, which moves the map by at most the share of such entries (here 2e-3 of its largest value)
     query = readout_query(tiny)
-    maps32 = spilled.astype(np.float32)
-    for options in (dict(), dict(head_fusion="max", discard_ratio=0.9), dict(discard_ratio=0.9, discard="matrix"),
-                    dict(head_fusion="min", residual=False, start_layer=6), dict(discard_ratio=0.5)):
-        np.testing.assert_allclose(rollout(store, layout, query=query, **options),
-                                   reference_rollout(maps32, layout, query=query, **options), rtol=1e-5, atol=1e-9)
-    np.testing.assert_array_equal(store.rows(5, [0, 3, 700]), maps32[5][:, [0, 3, 700]])
-    np.testing.assert_allclose(attention_map(store, layout, 11, 2, (3, 4)),
-                               layout.to_grid(layout.patches(maps32[11, 2, layout.token_index(3, 4)])), atol=0)
+    half = real.astype(np.float16).astype(np.float32)
+    for options in (dict(), dict(head_fusion="max", discard_ratio=0.9), dict(head_fusion="min", residual=False,
+                    start_layer=6), dict(head_fusion="max", discard_ratio=0.9, discard="matrix"),
+                    dict(discard_ratio=0.9, discard="matrix"), dict(discard_ratio=0.5)):
+        mean = options.get("head_fusion", "mean") == "mean"
+        ours = rollout(store, layout, query=query, **options)
+        theirs = reference_rollout(real if mean else half, layout, query=query, **options)
+        if mean and options.get("discard_ratio"):
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=2e-3 * theirs.max())
+            assert np.corrcoef(ours.ravel(), theirs.ravel())[0, 1] > 0.9999
+        else:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-9)
+    # the mean of heads from a query reads the sum plane; one head's rows are rebuilt from q and k
+    np.testing.assert_allclose(attention_map(store, layout, 11, None, "mean"),
+                               reference_attention_map(real, layout, 11, None, "mean"), rtol=1e-5, atol=1e-8)
+    assert np.abs(store.rows(5, [0, 3, 700]) - real[5][:, [0, 3, 700]]).max() <= TOLERANCE
+    assert np.abs(attention_map(store, layout, 11, 2, (3, 4))
+                  - layout.to_grid(layout.patches(real[11, 2, layout.token_index(3, 4)]))).max() <= TOLERANCE
 
     # the same store without the spill rebuilds from q and k, within the store's tolerance
     rebuilt = dataclasses.replace(store, spill=None)
-    assert np.abs(rebuilt.rows(7, np.arange(n)) - maps32[7]).max() <= TOLERANCE
     copy = pickle.loads(pickle.dumps(store))
     assert copy.spill is None and copy.mode == "qk16"
     np.testing.assert_array_equal(rollout(copy, layout, query=query), rollout(rebuilt, layout, query=query))
+    np.testing.assert_allclose(rollout(rebuilt, layout, query=query), rollout(store, layout, query=query),
+                               atol=TOLERANCE)
 
     # dropped (the budget, another session): the next redraw rebuilds, no error
     folder.drop(store.spill)

@@ -5,9 +5,9 @@ attention entropy, attention on prefix tokens and the first-order head importanc
 the residual stream after every block is read through the model's head (see `lens.lens_readouts`)
 under `torch.no_grad()`; no extra pass through the blocks. The attention statistics are reduced layer
 by layer as the pass produces each layer's maps (`HeadStatsStream`), so no (depth, heads, N, N) stack of
-the maps or of their gradients is ever built for them. A model whose float16 maps the result keeps
-(`attention_store.keeps_maps`) takes its entropy from those maps when it is first read instead: only the
-`vit-inspect heads` record reads it, and its per-element logarithm would be 2 % of DeiT-Ti's pass.
+the maps or of their gradients is ever built for them. The attention entropy is computed from the result's
+attention store when it is first read instead: only the `vit-inspect heads` record reads it, and its
+per-element logarithm would be 2 % of DeiT-Ti's pass and 13 % of DINOv2-L/14's at 518 px.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import torch
 from vit_inspect.core.errors import CaptureError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.tokens import TokenLayout
+from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import AttentionRecorder
 from vit_inspect.passes.lens import NO_HEAD, lens_readouts, lens_tokens
 
@@ -33,28 +34,30 @@ class HeadPass:
     token_norms: np.ndarray  # (depth, N) float32 L2 norm of every token after each block
     prefix_share: np.ndarray  # (depth, heads) mean fraction of attention on prefix tokens
     first_order: np.ndarray | None  # (depth, heads) sum_ij A dy/dA per head, logits; None without gradients
-    # (depth, heads) float32 mean attention entropy reduced in the pass; None: from `kept_maps` on first read
+    # (depth, heads) float32 mean attention entropy given to the pass; None: from `store` on first read
     computed_entropy: np.ndarray | None = field(default=None, repr=False)
-    # the result's (depth, heads, N, N) float16 maps (the store's array, not a copy), for `entropy`
-    kept_maps: np.ndarray | None = field(default=None, repr=False)
+    # the result's attention store (the same object, not a copy), for `entropy`
+    store: AttentionStore | None = field(default=None, repr=False)
 
     @property
     def entropy(self) -> np.ndarray:
         """(depth, heads) float32 mean attention entropy, nats (max ln N): `analysis.heads.head_entropy`.
-        Reduced in the pass from the float32 maps, or, when the result keeps its maps in float16, from
-        those maps on first read (layer by layer, the same reductions), then kept. float16 holds each
-        probability to 2^-11 of itself, which moves H_i by at most 2^-11 (H_i + 1) nats to first order
-        (near-uniform rows, whose roundings do not cancel, come closest); on DeiT-Ti's real weights the two
-        differ by at most 1.5e-5 nats."""
+        Computed on first read from the result's attention store, layer by layer (`AttentionStore.layer`:
+        the kept float16 maps, or rows rebuilt from the stored queries and keys and rounded to float16), then
+        kept. float16 holds each probability to 2^-11 of itself, which moves H_i by at most 2^-11 (H_i + 1)
+        nats to first order (near-uniform rows, whose roundings do not cancel, come closest); rebuilt rows
+        also differ from the model's by at most the store's ``max_error`` each. On DeiT-Ti's real weights
+        the entropy differs from the float32 maps' by at most 1.5e-5 nats from kept maps, and by at most
+        1.8e-4 nats at 448 px, where it is rebuilt (tests/passes/test_real_heads.py)."""
         if self.computed_entropy is None:
-            if self.kept_maps is None:
-                raise CaptureError("This pass recorded no attention entropy and keeps no maps to compute it from.")
-            sums = [entropy_sums(torch.from_numpy(layer).float()) for layer in self.kept_maps]  # (heads, N) each
+            if self.store is None:
+                raise CaptureError("This pass recorded no attention entropy and keeps no attention to compute it from.")
+            sums = [entropy_sums(torch.from_numpy(self.store.layer(i))) for i in range(self.store.depth)]
             object.__setattr__(self, "computed_entropy", mean_over_queries(sums, sign=-1.0))
         return self.computed_entropy
 
     def nbytes(self) -> int:
-        """Bytes of its own arrays (`kept_maps` belongs to the attention store, which counts it)."""
+        """Bytes of its own arrays (`store` belongs to the result, which counts it)."""
         arrays = [self.logits, self.token_norms, self.computed_entropy, self.prefix_share, self.first_order,
                   *self.lens.values()]
         return sum(a.nbytes for a in arrays if a is not None)
@@ -126,12 +129,12 @@ def _layer_blocks(residual: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Tensor, entropy: np.ndarray | None,
                     prefix_share: np.ndarray, first_order: np.ndarray | None, tolerance: float = 1e-3,
-                    kept_maps: np.ndarray | None = None) -> HeadPass:
+                    store: AttentionStore | None = None) -> HeadPass:
     """The `HeadPass` of image 0 of a pass recorded with ``capture_attention(..., residual=True)``.
 
     ``entropy``, ``prefix_share`` and ``first_order`` (None without gradients) are that image's
     (depth, heads) attention statistics, reduced per layer by a `HeadStatsStream`; ``entropy`` may be None
-    when ``kept_maps`` (the result's float16 maps) are given to compute it from. The lens is kept only
+    when ``store`` (the result's attention store) is given to compute it from on first read. The lens is kept only
     if its reading after the last block reproduces the model's logits within `tolerance` times their
     largest magnitude.
     """
@@ -161,4 +164,4 @@ def build_head_pass(handle: ViTHandle, rec: AttentionRecorder, logits: torch.Ten
         prefix_share=np.asarray(prefix_share, dtype=np.float32),
         first_order=None if first_order is None else np.asarray(first_order, dtype=np.float32),
         computed_entropy=None if entropy is None else np.asarray(entropy, dtype=np.float32),
-        kept_maps=None if entropy is not None else kept_maps)
+        store=None if entropy is not None else store)

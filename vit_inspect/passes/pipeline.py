@@ -26,10 +26,11 @@ from vit_inspect.core.images import ImageLimits, load_image, preview_rgb
 from vit_inspect.core.open_clip_models import prompt_view, score_factor, score_kind
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
-from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, LayerStream, keeps_maps, query_vector
+from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, keeps_maps, query_vector
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.gradient_rollouts import KEEP_FRACTION, gradient_rollouts
 from vit_inspect.passes.head_pass import HeadStatsStream, build_head_pass
+from vit_inspect.passes.layer_stream import LayerStream
 from vit_inspect.passes.relevance import relevance_rules
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder, worth_spilling
@@ -91,8 +92,9 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     A pass whose float16 maps are small in bytes (`attention_store.keeps_maps`, e.g. DeiT-Ti at 224 px)
     keeps them as they are, with no Q/K, check or spill. Otherwise, with a `spill.SpillFolder`, a model whose
     maps are dear to rebuild (`spill.worth_spilling`: heads * N >= 0.015 D^2, e.g. DeiT-Ti at 448 px,
-    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's float16 maps to a file there, and the result's
-    redraws read them instead of rebuilding rows from q and k (`AttentionStore.spill`).
+    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's maps with their heads fused (sum, maximum and
+    minimum, `spill.PLANES`) to a file there, and the result's rollout redraws read them instead of rebuilding
+    and fusing every head from q and k (`AttentionStore.spill`).
     """
     with blas_one_thread():
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
@@ -118,10 +120,10 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     spilled = None
     small = keeps_maps(handle.depth, handle.num_heads, layout.num_tokens)  # the maps kept: no Q/K, no spill
     if spill is not None and not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
-        spilled = spill.reserve((handle.depth, handle.num_heads, layout.num_tokens, layout.num_tokens))
+        spilled = spill.reserve((handle.depth, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
                          keep_maps=small, held_by_autograd=use_grad)
-    stats = HeadStatsStream(handle.depth, layout, entropy=not small)  # kept maps: entropy on first read
+    stats = HeadStatsStream(handle.depth, layout, entropy=False)  # the entropy: from the store on first read
 
     def on_attention(layer: int, probs: torch.Tensor) -> None:  # per-layer reductions as the pass goes
         stream.on_attention(layer, probs)
@@ -161,8 +163,8 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
         gradient = gradient_rollouts(reduced.fused.__getitem__ if keep_stack else partial(gradient_fused_layer, rec),
                                      handle.depth, layout, query, keep_stack=keep_stack)
         gradcam = gradcam_of_pass(rec, layers, layout)
-    heads = build_head_pass(handle, rec, logits, None if small else stats.entropy(), stats.prefix_share(), first_order,
-                            tolerance=5e-2 if autocast else 1e-3, kept_maps=store.maps if small else None)
+    heads = build_head_pass(handle, rec, logits, None, stats.prefix_share(), first_order,
+                            tolerance=5e-2 if autocast else 1e-3, store=store)
     rec.clear()  # the per-layer maps, gradients and residual stream go now, before the result is kept
     return ImageAnalysis(
         model_name=handle.name, layout=layout, rgb=rgb, probs=probs.astype(np.float32),

@@ -110,8 +110,8 @@ class ImageAnalysis:
         the entries `analysis.prefix_shares` takes from the query's row, rebuilt from the store."""
         if head is not None and not 0 <= head < self.num_heads:
             raise ValueError(f"head {head} out of range: layer {layer} has {self.num_heads} heads (0..{self.num_heads - 1})")
-        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query)
-        row = rows.mean(axis=0) if head is None else rows[head]  # (N,)
+        rows = attention_rows(self.attention_store, self.layout, layer, self.readout if query is None else query, head)
+        row = rows.mean(axis=0) if head is None else rows[0]  # (N,)
         shares = self.layout.split(row.astype(np.float64))[0]
         return dict(zip(self.layout.prefix_names(), (float(v) for v in shares)))
 

@@ -1,17 +1,24 @@
-"""Attention maps spilled to memory-mapped files on local disk, under a byte budget.
+"""Head-fused attention spilled to files on local disk, under a byte budget.
 
 The attention store keeps queries and keys and rebuilds a row as softmax(s·q·Kᵀ) on demand
 (`attention_store`). Where heads x tokens are many for the width, rebuilding is dear: a first rollout
 redraw of DINOv2-S/14 at 518 px (N = 1374, D = 384) rebuilds every layer, q·kᵀ and softmax over 1374²
 entries per head, about 0.45 of a forward pass (`worth_spilling`; a model whose maps are small in bytes, such as
 DeiT-Ti at 224 px, keeps them in memory instead, `attention_store.keeps_maps`, and never reaches a spill).
-For such models the pass also writes each layer's probabilities, as the model produced them, in float16, to a
-file of a private folder, and redraws read rows from it (the operating system keeps recent files in its page
-cache): the same float16 numbers as maps kept in memory, at the cost of disk, not memory.
+
+Rollout, in every option the app offers, reads each layer with its heads fused: their mean, maximum or
+minimum (Abnar & Zuidema 2020; vit-explain). For such models the pass therefore writes, per layer, three
+(N, N) planes of the probabilities the model produced (`PLANES`): the float32 sum over heads (the mean is
+that sum / heads, divided in float64 when read), and the maximum and minimum over heads rounded once to
+float16 (rounding is monotonic, so these equal the maximum and minimum of the float16-rounded maps). That is
+8 N² bytes per layer, a quarter of the heads' own float16 maps for 16 heads (DINOv2-L/14 at 518: 362 MB
+against 1.45 GB), and redraws read them from a private folder (the operating system keeps recent files in
+its page cache) instead of fusing every head again. One head's rows are rebuilt from Q and K, which costs
+heads times less than a fused layer.
 
 A spill is an accelerator only: the queries and keys stay in the store, and a store whose spill was
 dropped (the folder's byte budget, LRU; the result being dropped; a pickled copy) rebuilds rows from Q and K,
-equal to the spilled ones within the store's tolerance. Paths are never chosen by a client: the folder
+equal to the model's within the store's tolerance. Paths are never chosen by a client: the folder
 is made by `tempfile.mkdtemp` (mode 0700), its files are numbered, and it is removed when the process
 exits or the folder is closed.
 """
@@ -41,7 +48,10 @@ log = logging.getLogger("vit_inspect.passes.spill")
 # DINOv2-L/14 at 518 (0.021) 0.23 with 1 thread, DINOv2-S/14 at 518 (0.056) 0.46. From 0.015 on it passes
 # the 0.25 aimed at with 2 threads, so those models spill.
 SPILL_MIN_SHARE = 0.015
-DEFAULT_SPILL_BUDGET = 4 * 2 ** 30  # bytes of local disk the app's spills may take (DINOv2-S/14 at 518: 272 MB each)
+DEFAULT_SPILL_BUDGET = 4 * 2 ** 30  # bytes of local disk the app's spills may take (DINOv2-L/14 at 518: 362 MB each)
+# the planes of each layer, in file order: the float32 sum over heads, the float16 maximum and minimum over heads
+PLANES = (("sum", np.dtype(np.float32)), ("max", np.dtype(np.float16)), ("min", np.dtype(np.float16)))
+PLANE_BYTES = sum(dtype.itemsize for _, dtype in PLANES)  # per entry of an (N, N) plane, all planes together
 
 
 def worth_spilling(num_tokens: int, embed_dim: int, num_heads: int) -> bool:
@@ -50,15 +60,16 @@ def worth_spilling(num_tokens: int, embed_dim: int, num_heads: int) -> bool:
 
 
 class Spill:
-    """One image's (depth, heads, N, N) float16 attention probabilities in a file of a `SpillFolder`.
+    """One image's head-fused attention, ``shape`` (depth, N, N), as the `PLANES` of every layer in a file of a
+    `SpillFolder`.
 
-    `layer(i)` gives layer i's (heads, N, N) maps, or None once the spill was dropped (by the folder's
-    budget, or explicitly); a caller then rebuilds from the store's queries and keys. `complete` is False
-    until `finish`: a pass that fails half-way leaves no half-written spill in use."""
+    `rows(i, index, plane)` gives rows of one plane of layer i, or None once the spill was dropped (by the
+    folder's budget, or explicitly); a caller then rebuilds from the store's queries and keys. `complete` is
+    False until `finish`: a pass that fails half-way leaves no half-written spill in use."""
 
     def __init__(self, folder: "SpillFolder", key: int, path: Path, shape: tuple[int, ...]):
         self.key, self.path, self.shape = key, path, shape
-        self.nbytes = math.prod(shape) * 2
+        self.nbytes = math.prod(shape) * PLANE_BYTES
         self._layer_bytes = self.nbytes // shape[0]
         # written with pwrite (half the time of filling a fresh mapping page by page), read through a mapping
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -73,18 +84,21 @@ class Spill:
         self._dropped = False  # set by the folder from any thread; only the writing thread closes the file
         self._folder = weakref.ref(folder)
 
-    def write(self, layer: int, maps: np.ndarray) -> None:
-        """Store layer ``layer``'s (heads, N, N) probabilities (rounded to float16 here if they are not).
-        A failed write (a full disk) drops the spill; the pass goes on."""
+    def write(self, layer: int, planes: dict[str, np.ndarray]) -> None:
+        """Store layer ``layer``'s (N, N) planes, one per name of `PLANES` (converted to the plane's dtype
+        here if they are not). A failed write (a full disk) drops the spill; the pass goes on."""
         if self._dropped:
             self._close_fd()
         if self._fd is None or self.complete or not 0 <= layer < self.shape[0]:
             return
-        data = memoryview(np.ascontiguousarray(maps, dtype=np.float16).reshape(self.shape[1:])).cast("B")
-        done, offset = 0, layer * self._layer_bytes
+        offset = layer * self._layer_bytes
         try:
-            while done < len(data):
-                done += os.pwrite(self._fd, data[done:], offset + done)
+            for name, dtype in PLANES:
+                data = memoryview(np.ascontiguousarray(planes[name], dtype=dtype).reshape(self.shape[1:])).cast("B")
+                done = 0
+                while done < len(data):
+                    done += os.pwrite(self._fd, data[done:], offset + done)
+                offset += len(data)
         except OSError as exc:
             log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
             self.discard()
@@ -113,25 +127,29 @@ class Spill:
         self._served = self.complete = True
         return True
 
-    def layer(self, layer: int) -> np.ndarray | None:
-        """(heads, N, N) float16 maps of one layer, or None when the spill is gone or unfinished."""
-        return self.rows(layer, np.arange(self.shape[2]))
+    def layer(self, layer: int, plane: str) -> np.ndarray | None:
+        """(N, N) ``plane`` of one layer, or None when the spill is gone or unfinished."""
+        return self.rows(layer, np.arange(self.shape[1]), plane)
 
-    def rows(self, layer: int, index) -> np.ndarray | None:
-        """(heads, len(index), N) float16 query rows ``index`` of one layer, read from the file into memory
-        of their own (runs of consecutive rows in one read per head), or None when the spill is gone or
-        unfinished. Nothing stays mapped: the pages read stay in the page cache, not in this process's
-        resident memory (a mapping kept for the spill's life held every page ever read, up to the whole
-        file per result, DINOv2-L/14 at 518: 1.45 GB)."""
+    def rows(self, layer: int, index, plane: str) -> np.ndarray | None:
+        """(len(index), N) query rows ``index`` of one layer's ``plane`` ("sum", "max" or "min", `PLANES`), read
+        from the file into memory of their own (runs of consecutive rows in one read each), or None when the
+        spill is gone or unfinished. Nothing stays mapped: the pages read stay in the page cache, not in this
+        process's resident memory."""
         if not (self._served and self.complete) or not 0 <= layer < self.shape[0]:
             return None
+        names = [name for name, _ in PLANES]
+        if plane not in names:
+            raise ValueError(f"unknown plane {plane!r}; choose one of {names}")
         folder = self._folder()
         if folder is not None:
             folder._touch(self.key)
         index = np.asarray(index, dtype=np.int64).reshape(-1)
-        heads, tokens, width = self.shape[1:]
-        row_bytes = width * 2
-        out = np.empty((heads, len(index), width), dtype=np.float16)
+        tokens, width = self.shape[1:]
+        dtype = dict(PLANES)[plane]
+        row_bytes = width * dtype.itemsize
+        base = layer * self._layer_bytes + sum(tokens * width * d.itemsize for _, d in PLANES[:names.index(plane)])
+        out = np.empty((len(index), width), dtype=dtype)
         if len(index) == 0:
             return out
         if index.min() < 0 or index.max() >= tokens:
@@ -143,10 +161,8 @@ class Spill:
         except OSError:  # dropped meanwhile: the file went
             return None
         try:
-            for head in range(heads):
-                base = layer * self._layer_bytes + head * tokens * row_bytes
-                for start, end in zip(starts.tolist(), ends.tolist()):
-                    _read_exactly(fd, memoryview(out[head, start:end]).cast("B"), base + int(index[start]) * row_bytes)
+            for start, end in zip(starts.tolist(), ends.tolist()):
+                _read_exactly(fd, memoryview(out[start:end]).cast("B"), base + int(index[start]) * row_bytes)
         except OSError as exc:  # a truncated or vanished file: rebuild instead
             log.warning("Could not read spilled attention maps (%s); redraws rebuild them instead.", exc)
             return None
@@ -214,9 +230,9 @@ class SpillFolder:
             return len(self._spills)
 
     def reserve(self, shape: tuple[int, ...]) -> Spill | None:
-        """A new spill of float16 ``shape``, after dropping least recently read spills as needed; None if
-        it alone exceeds the budget or the file cannot be made (a full disk: the pass goes on without)."""
-        nbytes = math.prod(shape) * 2
+        """A new spill of ``shape`` (depth, N, N) planes, after dropping least recently read spills as needed;
+        None if it alone exceeds the budget or the file cannot be made (a full disk: the pass goes on without)."""
+        nbytes = math.prod(shape) * PLANE_BYTES
         if nbytes > self.budget or not self.path.is_dir():
             return None
         with self._lock:
@@ -224,7 +240,7 @@ class SpillFolder:
                 self._drop_locked(next(iter(self._spills)))
             key = next(self._keys)
             try:
-                spill = Spill(self, key, self.path / f"{key}.f16", shape)
+                spill = Spill(self, key, self.path / f"{key}.planes", shape)
             except OSError as exc:  # no space left, a read-only or vanished folder
                 log.warning("Could not spill attention maps (%s); redraws rebuild them instead.", exc)
                 return None
@@ -263,4 +279,4 @@ class SpillFolder:
         spill = ref()
         if spill is not None:
             spill._forget()
-        (self.path / f"{key}.f16").unlink(missing_ok=True)
+        (self.path / f"{key}.planes").unlink(missing_ok=True)

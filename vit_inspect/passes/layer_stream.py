@@ -1,0 +1,311 @@
+"""The pass's side of the attention store: `LayerStream` takes each layer's probabilities as the forward pass
+produces them, reduces what needs every map (the mean attention distance's sums), writes a spill's head-fused
+planes (`fused_planes`), records the queries and keys and checks that they rebuild the model's maps, and
+copies the compact `attention_store.AttentionStore` to the host once at the end.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from vit_inspect.analysis.attention_distance import patch_distances
+from vit_inspect.core.errors import CaptureError
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.tokens import TokenLayout
+from vit_inspect.passes.attention_store import TOLERANCE, AttentionStore
+from vit_inspect.passes.spill import Spill
+
+ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
+CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
+# Patch-to-patch entries of a layer from which its distance sums are a batched product (`_distance_sums_of`),
+# about where float32 maps outgrow the cache: 16 x 576^2 (5.3M) is faster elementwise, 6 x 1373^2 (11.3M) batched
+EINSUM_DISTANCE_ENTRIES = 8 * 2 ** 20
+
+
+def fused_planes(maps: torch.Tensor) -> dict[str, np.ndarray]:
+    """The `spill.PLANES` of one layer's (heads, N, N) probabilities, on the host: their float32 sum over heads
+    (one matrix-vector product with a vector of ones: a single read of the maps, no temporary of their size),
+    and their maximum and minimum over heads rounded to float16 by torch (as numpy rounds)."""
+    flat = maps.float().reshape(maps.shape[0], -1)  # (heads, N^2), a view for float32 maps
+    ones = torch.ones(1, maps.shape[0], dtype=flat.dtype, device=flat.device)
+    return {"sum": (ones @ flat).reshape(maps.shape[1:]).cpu().numpy(),
+            "max": maps.amax(0).to(torch.float16).cpu().numpy(),
+            "min": maps.amin(0).to(torch.float16).cpu().numpy()}
+
+
+def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | None:
+    """(query module, key module, output layout, scale) of one attention module, or None if unknown.
+
+    timm `Attention`: the outputs of ``q_norm``/``k_norm`` (Identity without qk-norm), (B, heads, N, d),
+    scale ``attn.scale``. Hugging Face: ``q_proj``/``k_proj`` (or ``query``/``key``), (B, N, heads * d),
+    scale ``scaling``."""
+    if hasattr(attn, "q_norm") and hasattr(attn, "k_norm") and hasattr(attn, "scale"):
+        return attn.q_norm, attn.k_norm, "bhnd", float(attn.scale)
+    inner = getattr(attn, "attention", attn)
+    for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
+        q, k = getattr(inner, q_name, None), getattr(inner, k_name, None)
+        if isinstance(q, nn.Module) and isinstance(k, nn.Module):
+            heads = getattr(inner, "num_attention_heads", None) or getattr(getattr(inner, "config", None),
+                                                                           "num_attention_heads", None)
+            head_dim = getattr(inner, "head_dim", None) or getattr(inner, "attention_head_size", None)
+            if heads is None or head_dim is None:
+                return None
+            scale = getattr(inner, "scaling", None) or head_dim ** -0.5
+            return q, k, f"bn(hd):{int(heads)}", float(scale)
+    return None
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One layer waiting for `LayerStream._flush`: its maps (for the fallback), Q and K of image 0 as the model
+    made them and the sampled rows of its maps (None when Q/K were not recorded or the maps are not
+    (B, heads, N, N)), all on the model's device."""
+
+    layer: int
+    maps: torch.Tensor  # (heads, N, N) as the model produced them
+    queries: torch.Tensor | None = None  # (heads, N, d) in the model's dtype
+    keys: torch.Tensor | None = None
+    real: torch.Tensor | None = None  # (heads, n, N) float32 sampled rows
+
+    def nbytes(self, held_by_autograd: bool = False) -> int:
+        """Bytes it keeps alive, or with gradients (the backward keeps the maps, Q and K anyway) the bytes
+        the check will copy: Q, K and the sampled rows."""
+        held = (self.queries, self.keys, self.real) if held_by_autograd else (self.maps, self.queries, self.keys,
+                                                                             self.real)
+        return sum(t.untyped_storage().nbytes() for t in held if t is not None)
+
+
+def _rebuild_errors(queries: torch.Tensor, keys: torch.Tensor, scale: torch.Tensor, real: torch.Tensor,
+                    sample: torch.Tensor) -> torch.Tensor:
+    """(L,) max |softmax(s_l * q kᵀ) - recorded| over the sampled rows of L layers of one shape, computed in
+    float32 from (L, heads, N, d) queries and keys already rounded to the stored dtype, (L,) scales s_l
+    and (L, heads, n, N) recorded rows."""
+    chosen = queries.index_select(2, sample).float()  # (L, heads, n, d)
+    scores = torch.matmul(chosen, keys.float().transpose(-1, -2))  # (L, heads, n, N)
+    rebuilt = torch.softmax(scores * scale.to(scores.dtype).view(-1, 1, 1, 1), dim=-1)
+    return (rebuilt - real).abs().amax(dim=(1, 2, 3))
+
+
+class LayerStream:
+    """Consumes each layer's probabilities as the forward pass produces them, then lets them go.
+
+    Per layer: records Q and K (hooks), checks a sample of rebuilt rows against the real probabilities,
+    and reduces the maps to each query's distance sums for the mean attention distance (`distances_per_image`),
+    finished for every layer at once by `mean_distance`. Only one layer's float32 maps are alive at a time,
+    so the pass never holds depth x heads x N^2 float32 values (with ``keep_maps``, a small model's float16
+    maps of every layer, `keeps_maps`).
+
+    Everything stays on the model's device until `store` copies the result to the host once, already compact:
+    no layer crosses to the host on its own. The check's verdicts are the only values read back before then,
+    a few numbers per `_flush`. ``held_by_autograd`` (a pass with gradients, whose backward keeps every
+    layer's maps, Q and K anyway) counts only what the check copies (Q, K, sampled rows) toward CHECK_BYTES,
+    so such a pass checks several layers at a time even where one layer's maps pass the bound.
+    """
+
+    def __init__(self, handle: ViTHandle, layout: TokenLayout, tolerance: float = TOLERANCE,
+                 spill: Spill | None = None, keep_maps: bool = False, held_by_autograd: bool = False):
+        self.handle = handle
+        self.layout = layout
+        self.tolerance = tolerance
+        self.spill = spill  # each layer's maps of image 0 are written there too, their heads fused (`spill.PLANES`)
+        self.depth = handle.depth
+        # `keeps_maps`: every layer's maps of image 0 go into one float16 array, no Q/K is recorded or checked
+        self.keep_maps = keep_maps
+        self.held_by_autograd = held_by_autograd
+        self._kept: torch.Tensor | None = None  # (depth, heads, N, N) float16 on the maps' device, made on the first layer
+        self._kept_layers: set[int] = set()
+        # the query and key modules each layer's Q/K are recorded from (none when the maps themselves are kept)
+        self.modules = [None] * self.depth if keep_maps else [_qk_modules(a) for a in handle.attention_modules]
+        self._q: dict[int, torch.Tensor] = {}
+        self._k: dict[int, torch.Tensor] = {}
+        # per layer, on the model's device: Q and K rounded to the dtype that passed the check, or the float16
+        # maps of a layer that failed it
+        self.queries: list[torch.Tensor | None] = [None] * self.depth
+        self.keys: list[torch.Tensor | None] = [None] * self.depth
+        self.maps: list[torch.Tensor | None] = [None] * self.depth  # kept only for layers that failed the check
+        self.errors = np.zeros(self.depth)
+        # per layer, image 0: sum_j a_ij d_ij and sum_j a_ij over patch keys j, (heads, P) float32 each
+        self._distance_sums: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.depth
+        self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
+        self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
+        self._pending_bytes = 0
+        self._samples: dict[tuple, torch.Tensor] = {}  # (N, device) -> the rows the check compares
+
+    def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
+        """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tensor = tensor.detach()
+        if shape != "bhnd":
+            heads = int(shape.split(":")[1])
+            if tensor.ndim != 3 or tensor.shape[-1] % heads:
+                return
+            tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], heads, -1).transpose(1, 2)
+        if tensor.ndim == 4:
+            into[layer] = tensor
+
+    @contextmanager
+    def hooks(self) -> Iterator["LayerStream"]:
+        """Forward hooks on every layer's query and key modules, removed on leaving."""
+        handles = []
+        try:
+            for i, found in enumerate(self.modules):
+                if found is None or self.keep_maps:
+                    continue
+                q_module, k_module, shape, _ = found
+                handles.append(q_module.register_forward_hook(
+                    lambda m, a, out, i=i, s=shape: self._record(self._q, i, out, s)))
+                handles.append(k_module.register_forward_hook(
+                    lambda m, a, out, i=i, s=shape: self._record(self._k, i, out, s)))
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def on_attention(self, layer: int, probs: torch.Tensor) -> None:
+        """Called with (B, heads, N, N) probabilities of `layer` (image 0 is kept and reduced).
+
+        Its distance sums are taken now. With ``keep_maps`` its maps are copied, rounded to float16, into the
+        store's array, and that is all. Otherwise the check of Q and K waits in `_pending` (this layer's float32 Q
+        and K, the sampled rows of its maps and a reference to the maps for the fallback) until those hold
+        CHECK_BYTES, then runs for every waiting layer at once (`_flush`): a few batched products instead
+        of a dozen small ones per layer. A layer whose maps alone pass the bound is checked at once, so
+        the pass never holds more than one layer's maps beyond the bound."""
+        probs = probs.detach()
+        self._distance_sums[layer] = self._distance_sums_of(probs[0].float())
+        if self.keep_maps:
+            if self._kept is None:  # on the host directly when the model runs there: `store` then copies nothing
+                self._kept = torch.empty((self.depth, *probs.shape[1:]), dtype=torch.float16, device=probs.device)
+            self._kept[layer].copy_(probs[0])  # rounded to float16 by torch, as numpy rounds
+            self._kept_layers.add(layer)
+            return
+        if self.spill is not None and probs.ndim == 4 and tuple(probs.shape[2:]) == self.spill.shape[1:]:
+            self.spill.write(layer, fused_planes(probs[0]))
+        q, k = self._q.pop(layer, None), self._k.pop(layer, None)
+        found = self.modules[layer]
+        maps = probs[0]  # (heads, N, N), what the maps fallback keeps (a view: no copy)
+        entry = _Pending(layer, maps)
+        if q is not None and k is not None and found is not None and probs.ndim == 4:
+            entry.queries, entry.keys = q[0], k[0]  # (heads, N, d), on the device, no copy
+            entry.real = maps.index_select(1, self._sample(maps.shape[-1], maps.device)).float()  # (heads, n, N)
+        self._pending.append(entry)
+        self._pending_bytes += entry.nbytes(self.held_by_autograd)
+        if self._pending_bytes >= CHECK_BYTES:
+            self._flush()
+
+    def _sample(self, num_tokens: int, device: torch.device) -> torch.Tensor:
+        """The (n,) query rows compared: ROWS_CHECKED evenly spaced, first and last included."""
+        key = (num_tokens, str(device))
+        if key not in self._samples:
+            self._samples[key] = torch.from_numpy(
+                np.unique(np.linspace(0, num_tokens - 1, min(ROWS_CHECKED, num_tokens)).astype(np.int64))).to(device)
+        return self._samples[key]
+
+    def _flush(self) -> None:
+        """Check every waiting layer: its Q and K in float16, else float32, rebuild the sampled rows within
+        the tolerance (`_check`; layers of one shape are checked together, on the model's device, float32 only
+        for those float16 failed); a layer neither reproduces keeps its maps in float16. One small copy per
+        group of layers and dtype tried brings the verdicts to the host."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        groups: dict[tuple, list[_Pending]] = {}
+        for entry in pending:
+            if entry.real is not None and entry.queries.shape == entry.keys.shape \
+                    and entry.queries.shape[0] == entry.real.shape[0] and entry.queries.shape[1] == entry.real.shape[-1]:
+                groups.setdefault((entry.queries.shape, entry.real.shape), []).append(entry)
+            # otherwise: no Q/K recorded, or Q/K that do not match the maps' heads and tokens: keep the maps
+        passed: set[int] = set()
+        for group in groups.values():
+            # float16 first; float32 only for the layers float16 cannot carry (rare: one more small copy then)
+            for dtype in (torch.float16, torch.float32):
+                group = [entry for entry in group if entry.layer not in passed]
+                if not group:
+                    break
+                self._check(group, dtype, passed)
+        for entry in pending:
+            if entry.layer not in passed:
+                self.maps[entry.layer] = entry.maps.to(torch.float16)  # rounded once by torch, on the device
+
+    def _check(self, group: list[_Pending], dtype: torch.dtype, passed: set[int]) -> None:
+        """Check layers of one shape with Q and K rounded to ``dtype``: the errors of their rebuilt rows
+        (`_rebuild_errors`) and whether the dtype's range carries the values (float16 overflows past 65504;
+        NaN fails too), computed on the device and read back together as one (2, L) float64 array. A layer
+        within the tolerance keeps its rounded Q and K and joins ``passed``."""
+        queries = torch.stack([e.queries for e in group]).to(dtype)  # (L, heads, N, d)
+        keys = torch.stack([e.keys for e in group]).to(dtype)
+        largest = torch.stack([torch.maximum(e.queries.abs().amax(), e.keys.abs().amax()) for e in group]).float()
+        scale = torch.tensor([self.modules[e.layer][3] for e in group], device=queries.device)  # (L,)
+        real = torch.stack([e.real for e in group])  # (L, heads, n, N)
+        sample = self._sample(real.shape[-1], real.device)
+        verdicts = torch.stack([_rebuild_errors(queries, keys, scale, real, sample).double(),
+                                (largest <= torch.finfo(dtype).max).double()]).cpu().numpy()  # (2, L)
+        for i, entry in enumerate(group):
+            error, fits = verdicts[0, i], verdicts[1, i]
+            if not fits:
+                continue
+            self.errors[entry.layer] = error
+            if error <= self.tolerance:
+                passed.add(entry.layer)
+                self.queries[entry.layer], self.keys[entry.layer] = queries[i], keys[i]
+
+    def _distance_sums_of(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
+        queries i and patch keys j, d in pixels: float32 products and sums, on the maps' device; `mean_distance`
+        finishes them in float64. No float64 copy of the maps, no sync per layer."""
+        patch = self.layout.patch_slice
+        patch_to_patch = maps[..., patch, patch]  # (heads, P, P), a view
+        if self._patch_distances is None:
+            self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
+        if patch_to_patch.numel() >= EINSUM_DISTANCE_ENTRIES:
+            # sum_j a_hij d_ij as a batched product over queries i: no (heads, P, P) temporary, which out of the
+            # cache costs twice as much (DINOv2-L/14 at 518 on the CPU: 22 against 46 ms a layer)
+            return torch.einsum("hij,ij->hi", patch_to_patch, self._patch_distances), patch_to_patch.sum(-1)
+        # in the cache the elementwise product is 2-4x faster than the batched one (DeiT-Ti at 224: 0.03 ms a layer)
+        return (patch_to_patch * self._patch_distances).sum(-1), patch_to_patch.sum(-1)
+
+    def mean_distance(self) -> np.ndarray:
+        """(depth, heads) mean attention distance in pixels of image 0: `distances_per_image` (renormalised over
+        patch keys) from each layer's sums, the division and the mean over queries in float64."""
+        missing = [i for i, sums in enumerate(self._distance_sums) if sums is None]
+        if missing:
+            raise CaptureError(f"No attention was recorded for layer(s) {missing}: cannot give the mean distance.")
+        per_query = torch.stack([sums[0] for sums in self._distance_sums]).double()  # (depth, heads, P)
+        mass = torch.stack([sums[1] for sums in self._distance_sums]).double()
+        if bool((mass <= 0).any()):
+            raise ValueError("a patch query puts no attention on patch keys; cannot renormalise over patches")
+        return (per_query / mass).mean(-1).cpu().numpy()
+
+    def store(self) -> AttentionStore:
+        """The compact store, copied to the host at once: float16 Q/K when every layer passed, float32 Q/K
+        when some needed it, the float16 maps when any layer could not be rebuilt at all. A spill the stream
+        wrote goes with Q/K stores (`AttentionStore.spill`) and is dropped with the maps fallback. With
+        ``keep_maps``, the maps as recorded."""
+        if self.keep_maps:
+            missing = sorted(set(range(self.depth)) - self._kept_layers)
+            if missing:
+                raise CaptureError(f"No attention was recorded for layer(s) {missing} of {self.depth}.")
+            kept, self._kept = self._kept.cpu().numpy(), None
+            return AttentionStore("maps", None, None, None, kept, 0.0)
+        self._flush()
+        max_error = float(self.errors.max()) if self.depth else 0.0
+        if any(m is not None for m in self.maps) or any(q is None for q in self.queries):
+            if self.spill is not None:  # the maps are kept in memory: no spill needed
+                self.spill.discard()
+            maps = [m if m is not None else torch.softmax(
+                        float(self.modules[i][3]) * (self.queries[i].float() @ self.keys[i].float().transpose(-1, -2)),
+                        dim=-1).to(torch.float16)
+                    for i, m in enumerate(self.maps)]
+            stacked = torch.stack(maps).cpu().numpy()
+            self.queries, self.keys, self.maps = [None] * self.depth, [None] * self.depth, [None] * self.depth
+            return AttentionStore("maps", None, None, None, stacked, max_error)
+        half = all(q.dtype == torch.float16 for q in self.queries)
+        dtype = torch.float16 if half else torch.float32
+        scale = np.array([found[3] for found in self.modules], dtype=np.float64)
+        spill = self.spill if self.spill is not None and self.spill.finish() else None  # all layers written
+        queries, keys = torch.stack(self.queries).to(dtype).cpu().numpy(), torch.stack(self.keys).to(dtype).cpu().numpy()
+        self.queries, self.keys = [None] * self.depth, [None] * self.depth  # the device copies go before the backward
+        return AttentionStore("qk16" if half else "qk32", queries, keys, scale, None, max_error, spill)
