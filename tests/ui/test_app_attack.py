@@ -104,7 +104,8 @@ def error_of(message: dict) -> object:
     return (message.get("output") or {}).get("error")
 
 
-FILE_INPUTS = {"analyze": (0, lambda f: f), "load_model": (1, lambda f: f), "dataset_distance": (0, lambda f: [f])}
+FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
+               "dataset_distance": (0, lambda f: [f])}
 
 
 def file_call_data(client: Client, api_name: str, payload) -> list:
@@ -203,6 +204,10 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     assert browser_only and all(d["js"] and d["api_visibility"] == "private" for d in browser_only)
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
     assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
+    # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
+    assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
+            "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
+            "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:
@@ -214,7 +219,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
             data = defaults(client, api_name)
             for position in positions:
                 data[position] = value
-            if api_name == "analyze" and 0 not in positions or (api_name == "analyze" and len(positions) > 1):
+            if api_name in ("analyze", "analyze_first_image") and (0 not in positions or len(positions) > 1):
                 data[0] = handle_file_payload(client)
             kinds = {components[inputs[p]] for p in positions}
             kind = "file" if kinds & {"image", "file", "dataset"} else "value"
@@ -233,7 +238,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
                                      {"index": [value, 3], "value": None, "selected": True})
                 assert_sentence(api_name, f"click at x = {what}", message, "click")
     assert tried > 100
-    assert analyze(client)["predictions"]["confidences"]  # still serving
+    assert analyze(client, CHELSEA.with_name("coffee.png"))["predictions"]["confidences"]  # still serving
 
 
 _UPLOADED: dict[str, dict] = {}
@@ -261,6 +266,13 @@ def test_the_reported_inputs_get_sentences(server, api_name, data, message):
     client = Client(server.url, verbose=False)
     answer = queue_call(client, api_name, data)
     assert answer["success"] is False and message in error_of(answer), error_of(answer)
+
+
+def test_a_name_pasted_with_spaces_and_a_line_break_loads(server):
+    """It was refused as "at most 200 printable characters" for a 24-character name."""
+    client = Client(server.url, verbose=False)
+    status = client.predict("  deit_tiny_patch16_224\n", None, api_name="/load_model")[0]
+    assert "`deit_tiny_patch16_224`" in status
 
 
 def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
@@ -343,7 +355,7 @@ def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tm
 
     returned = [s for value in outputs.values() for s in strings(value)]
     files = [Path(s) for s in returned if s.startswith(gradio_utils.get_upload_folder()) and Path(s).is_file()]
-    downloads = {Path(p).name for p in outputs["/downloads"] + outputs["/model_downloads"]}
+    downloads = {Path(p).name for p in outputs["/downloads"][0] + outputs["/model_downloads"]}  # files, then a note
     assert {"chelsea.json", "chelsea.npz", "my_vit_filters.png", "my_vit_model.npz"} <= downloads
     record = json.loads(next(f for f in files if f.name == "chelsea.json").read_text())
     assert record["model"] == record["settings"]["model"] == "my_vit"

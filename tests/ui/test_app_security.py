@@ -193,13 +193,13 @@ def test_limits_and_loopback_defaults():
     assert config.limits.max_pixels == 40_000_000 and config.limits.max_bytes == 30 * 2**20
     limits = launch_limits(config)
     (guard,) = limits.pop("app_kwargs")["middleware"]
-    assert limits == {"max_file_size": "30mb", "state_session_capacity": 100}
+    assert limits == {"max_file_size": "30mb", "state_session_capacity": 100, "run_history": False}
     assert guard.cls is RequestGuard and guard.kwargs == {"max_body": 40 * 2**20 + 2**20}  # 30 MiB x 4/3 + 1 MiB
     config, _ = app.parse_args(["--max-upload-mb", "2", "--max-image-pixels", "1000000", "--max-sessions", "7"])
     assert config.limits.max_bytes == 2 * 2**20 and config.limits.max_pixels == 1_000_000
     limits = launch_limits(config)
     assert limits.pop("app_kwargs")["middleware"][0].kwargs == {"max_body": 3_844_779}  # ceil(2 MiB x 4/3) + 1 MiB
-    assert limits == {"max_file_size": "2mb", "state_session_capacity": 7}
+    assert limits == {"max_file_size": "2mb", "state_session_capacity": 7, "run_history": False}
 
 
 @pytest.mark.parametrize("flags", [["--memory-budget", "inf"], ["--memory-budget", "nan"], ["--memory-budget", "0"],

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -12,6 +13,9 @@ from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET
 from vit_inspect.ui.model_cache import DEFAULT_CACHE_SIZE
 from vit_inspect.ui.request_guard import RequestGuard, body_limit
 from vit_inspect.ui.session_store import DEFAULT_BUDGET
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
+FIRST_IMAGE = ASSETS / "chelsea.png"  # what the page shows on load, so that its first view answers at once
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class AppConfig:
     memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
     spill_budget: int = DEFAULT_SPILL_BUDGET  # bytes of attention maps spilled to local disk (vit_inspect.passes.spill); 0: none
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
+    first_image: str | None = str(FIRST_IMAGE) if FIRST_IMAGE.is_file() else None  # analysed on page load; None: none
 
     @property
     def limits(self) -> ImageLimits:
@@ -38,10 +43,12 @@ class AppConfig:
 def launch_limits(config: AppConfig) -> dict:
     """The `launch()` arguments that bound what one server holds: upload size, sessions in memory, and
     `RequestGuard` in front of every route (no file fetched from a URL, no request body or text beyond its
-    bounds)."""
+    bounds); and what a browser keeps: no run history (Gradio's records the inputs and outputs of the last 100
+    events in the browser's storage and rewrites them all on every status message, which made it the largest
+    cost in the browser of a new image, whose answer is followed by several redraws and checks)."""
     guard = Middleware(RequestGuard, max_body=body_limit(config.max_upload_mb))
     return dict(max_file_size=f"{config.max_upload_mb:g}mb", state_session_capacity=config.max_sessions,
-                app_kwargs={"middleware": [guard]})
+                run_history=False, app_kwargs={"middleware": [guard]})
 
 
 def with_launch_limits(blocks: gr.Blocks, config: AppConfig) -> gr.Blocks:
