@@ -116,6 +116,22 @@ def test_nested_pth_state_dict_is_unwrapped(tmp_path):
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
 
+def test_integer_weights_are_refused_at_load_with_a_sentence(tmp_path):
+    """A file whose weight matrices were cast to int8 used to load (the integers cast back to floats) and
+    then fail inside the first image's pass; it is refused when the model loads."""
+    import timm
+
+    state = timm.create_model("test_vit", pretrained=False).state_dict()
+    quantised = {k: (v / v.abs().max() * 127).round().to(torch.int8) if v.ndim >= 2 else v for k, v in state.items()}
+    path = tmp_path / "int8.safetensors"
+    save_file(quantised, str(path))
+    with pytest.raises(WeightsError) as info:
+        load_model("test_vit", weights=str(path), device="cpu")
+    message = info.value.public
+    assert "as int8" in message and "quantised weights are not supported" in message
+    assert str(tmp_path) not in message
+
+
 def test_key_mismatch_is_listed_readably(tmp_path):
     from vit_inspect.core.weights import apply_state_dict
 

@@ -7,6 +7,7 @@ import pytest
 from vit_inspect.analysis.filters import FilterPCA
 from vit_inspect.plots.canvas import CAPTION_LINE_PIXELS, COLORBAR_PIXELS, MOSAIC_GAP
 from vit_inspect.plots.model import (
+    FILTER_CAPTION_PIXELS,
     FILTER_TILE_PIXELS,
     SIMILARITY_PIXELS,
     filter_pca_figure,
@@ -57,20 +58,21 @@ def test_pos_similarity_figure():
     np.testing.assert_array_equal(ax.images[0].get_array().filled(np.nan), mosaic)
     assert ax.images[0].get_clim() == (-1.0, 1.0)
     assert ax.get_xlabel() == "input patch column" and ax.get_ylabel() == "input patch row"
-    assert [t.get_text() for t in ax.get_xticklabels()] == [str(c + 1) for c in range(GRID_W)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(c) for c in range(GRID_W)]  # 0-based, as patches are
+    assert [t.get_text() for t in ax.get_yticklabels()] == [str(r) for r in range(GRID_H)]
 
 
 def test_filter_pca_panel_tiles_by_hand():
-    """Each component min-max scaled on its own to rint(255 x), magnified by whole pixels (4 x 2 filters: 18x, to
-    72 x 36 pixels), under its variance caption band, four to a row MOSAIC_GAP apart, under the heading."""
+    """Each component min-max scaled on its own to rint(255 x), magnified by whole pixels (4 x 2 filters: 26x, to
+    104 x 52 pixels, wide enough for the caption), under its variance caption band, four to a row MOSAIC_GAP apart, under the heading."""
     rng = np.random.default_rng(0)
     ratios = np.array([0.5, 0.2, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01, 0.01, 0.01])
     pca = FilterPCA(components=rng.normal(size=(10, 4, 2, 3)), explained_variance_ratio=ratios)
 
     panel = filter_pca_panel(pca, "model X", ncols=4)
 
-    scale = FILTER_TILE_PIXELS // 4
-    assert scale == 18
+    scale = FILTER_CAPTION_PIXELS // 2
+    assert scale == 26 > FILTER_TILE_PIXELS // 4
     caption = CAPTION_LINE_PIXELS + 8  # one line: "50.0%"
     tile_h, tile_w = 4 * scale + caption, 2 * scale
     grid_h = 3 * tile_h + 2 * MOSAIC_GAP  # 4 + 4 + 2 tiles
@@ -110,7 +112,7 @@ def test_filter_pca_panel_grey_and_refusals():
 
 def test_similarity_panel_cells_colour_bar_and_refusal():
     """Every mosaic cell is viridis((v + 1) / 2) as a square of whole pixels, separators white, at
-    (22 + 7 digits, 6) without a title; the colour bar runs from viridis(1) at the top to viridis(0)."""
+    (24 + 8 digits, 6) without a title; the colour bar runs from viridis(1) at the top to viridis(0)."""
     rng = np.random.default_rng(1)
     similarity = rng.uniform(-1, 1, size=(GRID_H, GRID_W, GRID_H, GRID_W))
     similarity[0, 0, 0, 0], similarity[1, 2, 1, 2] = 1.0, -1.0
@@ -119,7 +121,7 @@ def test_similarity_panel_cells_colour_bar_and_refusal():
 
     mosaic = similarity_mosaic(similarity)  # (5, 11)
     scale = round(SIMILARITY_PIXELS / max(mosaic.shape))
-    x0, y0 = 22 + 7, 6
+    x0, y0 = 24 + 8, 6
     assert panel.shape[1] == x0 + mosaic.shape[1] * scale + COLORBAR_PIXELS
     viridis = matplotlib.colormaps["viridis"]
     for i in range(mosaic.shape[0]):

@@ -78,15 +78,15 @@ def test_overlay_reads_the_per_pixel_blend_from_its_tables(cmap, alpha):
 
 def test_panel_text_masks_are_kept_and_draw_the_same_pixels(monkeypatch):
     caption = "model · attention, layer 3, head 1\nclass 83%, discard 0.90 per row"
-    font = canvas.font_of(11)
+    font = canvas.font_of(canvas.TEXT)
     font._masks.clear()
     first = map_plots.map_panel(RGB, GRID, caption, "attention weight")
     kept = len(font._masks)
-    assert kept == 4  # the caption's two lines, wrapped to 26 characters (the 10 px font draws ticks and unit)
+    assert kept == 4  # the caption's two lines, each wrapped in two to the panel's width (ticks and unit: SMALL_TEXT)
     again = map_plots.map_panel(RGB, GRID, caption, "attention weight")
     assert len(font._masks) == kept  # drawn from the kept masks
     np.testing.assert_array_equal(again, first)
-    plain = {size: ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size) for size in (10, 11)}
+    plain = {size: ImageFont.truetype(font_manager.findfont("DejaVu Sans"), size) for size in (canvas.SMALL_TEXT, canvas.TEXT)}
     for module in (canvas, map_plots):  # the caption's font, and the colour bar's
         monkeypatch.setattr(module, "font_of", plain.__getitem__)
     np.testing.assert_array_equal(map_plots.map_panel(RGB, GRID, caption, "attention weight"), first)

@@ -216,14 +216,14 @@ def test_lens_panel_puts_each_block_at_its_rank_on_a_log_axis_coloured_by_probab
     plain = lens_panel(ranks, probs, "")
     band = CAPTION_LINE_PIXELS + 8
     np.testing.assert_array_equal(shown[band:], plain)
-    left, top = 52, 8  # the axes' corner; two decades over 230 pixels: rank 10 halfway down
+    left, top = 56, 8  # the axes' corner; two decades over 230 pixels: rank 10 halfway down
     width, height = LENS_PLOT_PIXELS
     xs = left + (np.arange(4) + 0.5) * width / 4
     ys = top + np.array([2.0, 1.0, 0.0, 0.0]) / 2 * (height - 1)
     viridis = matplotlib.colormaps["viridis"]
     for x, y, p in zip(xs, ys, probs):  # each dot's centre is the colour of its probability
         np.testing.assert_array_equal(plain[int(round(y)), int(round(x))], (np.array(viridis(p)[:3]) * 255).astype(np.uint8))
-    assert plain.shape == (top + height + 36, left + width + COLORBAR_PIXELS, 3)
+    assert plain.shape == (top + height + 40, left + width + COLORBAR_PIXELS, 3)
     assert (plain[top + 100, left + 10] == 255).all()  # empty axes are white
     deep = lens_panel(np.array([1, 2000]), np.array([0.5, 0.1]), "")  # down to 10^4
     y = top + np.log10(2000) / 4 * (height - 1)  # 3.3 of the 4 decades down: pixel 197
@@ -341,14 +341,14 @@ def test_distance_scatter_puts_dots_on_a_linear_axis_from_zero_under_the_title()
     highest = 1.08 * 110 + 1  # the axis runs from 0 to this, bottom to top
     rows = untitled.points[..., 1]
     np.testing.assert_allclose(rows, 8 + plot_h - 1 - distances / highest * (plot_h - 1))  # linear, 0 at the bottom
-    np.testing.assert_allclose(untitled.points[:, :, 0], [[58 + 95] * 3, [58 + 285] * 3])  # layer centres, 190 px apart
-    assert attention_distance_panel(distances).background.shape[1] == untitled.background.shape[1] - 60  # no fraction axis
+    np.testing.assert_allclose(untitled.points[:, :, 0], [[62 + 95] * 3, [62 + 285] * 3])  # layer centres, 190 px apart
+    assert attention_distance_panel(distances).background.shape[1] == untitled.background.shape[1] - 66  # no fraction axis
     fixed = attention_distance_panel(distances, image_width=224, selectable=False)  # nothing to select (a dataset's mean)
     assert fixed.legend is None
     np.testing.assert_array_equal(fixed.points, untitled.points)
     differ = np.argwhere(np.any(fixed.background != untitled.background, axis=-1))
-    assert len(differ) and differ[:, 0].min() >= 8 + plot_h + 28  # only the legend, under the axes, lost an entry
-    assert differ[:, 1].min() >= 58 + 78 - 6  # the selected entry; the head entry stays
+    assert len(differ) and differ[:, 0].min() >= 8 + plot_h + 36  # only the legend, under the axes, lost an entry
+    assert differ[:, 1].min() >= 62 + 86 - 6  # the selected entry; the head entry stays
     with pytest.raises(ValueError, match="depth, heads"):
         attention_distance_panel(np.zeros(3))
     with pytest.raises(ValueError, match="finite"):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from support import PHOTOS, tiny_handle
+from support import PHOTOS, tiny_handle, tiny_hf
 
 from vit_inspect.analysis.compare import (
     common_grid,
@@ -285,7 +285,7 @@ def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth
     np.testing.assert_array_equal(picture[band:], untitled)
     np.testing.assert_allclose(at_a[..., 1] - plain_a[..., 1], band)
     plot_w, plot_h = COMPARE_PLOT_PIXELS
-    left, top, highest = 58, 8, 1.08 * 40.0 + 1.0
+    left, top, highest = 62, 8, 1.08 * 40.0 + 1.0
     # by hand: A's offset -0.5 * 0.15 / 2 = -0.0375, B's +0.5 * 0.15 / 4 = 0.01875; the axis runs 0..1.05
     np.testing.assert_allclose(plain_a[:, 0, 0], left + (np.array([0.5, 1.0]) - 0.0375) / 1.05 * (plot_w - 1))
     np.testing.assert_allclose(at_b[:, 0, 0], left + (np.array([0.25, 0.5, 0.75, 1.0]) + 0.01875) / 1.05 * (plot_w - 1))
@@ -296,7 +296,7 @@ def test_compare_distance_picture_puts_each_models_heads_at_their_relative_depth
             np.testing.assert_array_equal(picture[y, x], rgb_of(colour))
     bottom = band + top + plot_h - 1
     for index, colour in enumerate(MODEL_COLORS):  # each legend line starts with its model's dot
-        np.testing.assert_array_equal(picture[bottom + 42 + 16 * index, left + 8], rgb_of(colour))
+        np.testing.assert_array_equal(picture[bottom + 48 + 18 * index, left + 8], rgb_of(colour))
     long_name = "B: " + "a_very_long_model_name_" * 4
     wider, _ = compare_distance_panel([a, b], ["A: two", long_name], [32, 48])
     assert wider.shape[1] > untitled.shape[1]  # the legend fits: the picture widens for it
@@ -381,7 +381,7 @@ def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
     picture = compare_plots.aligned_maps_panel(pair, aligned, "A: tiny", "B: tiny wide")
     attention = aligned[0]
     assert attention.kind == "attention" and attention.layer_b == 0
-    panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 of 2 (rel. depth 0.50), class {result.target}",
+    panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 of 2 (rel. depth 0.50)",  # attention: no class
                         "map value", *map_range(grid_map, False))
               for result, name, grid_map in ((pair.a, "A: tiny", attention.map_a), (pair.b, "B: tiny wide", attention.map_b))]
     [(row, left)] = _found_at(picture, panels[0])  # model A's, at the left of the first row
@@ -391,9 +391,30 @@ def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
     relu_panel = map_panel(pair.b.rgb, gradcam.map_b, f"B: tiny wide, layer 0 of 2 (rel. depth 0.50), class "
                            f"{pair.b.target}", "map value (ReLU)", *map_range(gradcam.map_b, True), relu=True)
     assert len(_found_at(picture, relu_panel)) == 1
+    named = compare_plots.aligned_maps_panel(pair, aligned, "A: tiny", "B: tiny wide", classes=("cat (#3)", "cat (#3)"))
+    relu_named = map_panel(pair.b.rgb, gradcam.map_b, "B: tiny wide, layer 0 of 2 (rel. depth 0.50), class cat (#3)",
+                           "map value (ReLU)", *map_range(gradcam.map_b, True), relu=True)
+    assert len(_found_at(named, relu_named)) == 1  # the class in words where the caller names it
     assert picture.shape[0] > sum(max(p.shape[0] for p in panels) for _ in aligned)  # one row per kind, titled
     with pytest.raises(ValueError, match="no maps"):
         compare_plots.aligned_maps_panel(pair, [], "A", "B")
+
+
+def test_both_models_explain_one_class_when_asked_and_label_sets_are_compared():
+    from vit_inspect.studies.comparison import same_labels
+
+    a, b = tiny_handle("cls"), tiny_handle("cls", seed=1)
+    picture = Image.open(PHOTOS / "chelsea.png")
+    own = compare_images(a, b, picture)
+    assert (own.a.target, own.b.target) == (int(own.a.probs.argmax()), int(own.b.probs.argmax()))
+    wanted = next(i for i in range(10) if i not in (own.a.target, own.b.target))
+    one = compare_images(a, b, picture, target_a=wanted, target_b=wanted)
+    assert one.a.target == one.b.target == wanted
+    assert same_labels(a, b)
+    from vit_inspect.core.hf_models import handle_from_hf
+
+    seven = handle_from_hf(tiny_hf(), name="tiny-hf", device="cpu")  # 7 classes: another label set
+    assert not same_labels(a, seven) and not same_labels(seven, a)
 
 
 @pytest.mark.slow

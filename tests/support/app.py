@@ -17,13 +17,14 @@ from PIL import Image
 from support import REPO
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
+from vit_inspect.ui.inspector import LATER_PANELS
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CATS = ("Egyptian cat", "tabby", "tiger cat")
-ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry", "status", "query")
 APP_MARKS = [  # each served-app test module: pytestmark = APP_MARKS
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
                                                      "(bash .ci/run copies them from ../shared/models)"),
@@ -78,8 +79,19 @@ class Server:
         self.forwards += 1
 
 
+EXPLAIN_TABS = ("Attention", "Rollout", "Grad-CAM")  # the Explain section's views of a single map
+
+
 def analyze(client: Client, path: Path = CHELSEA) -> dict:
-    return dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+    """/analyze's outputs by name, with the Explain section's maps filled in as the page draws them when their
+    view is shown (/panels_of_new_image); the other figures stay as the answer left them (None)."""
+    answer = dict(zip(ANALYZE_OUTPUTS, client.predict(handle_file(str(path)), api_name="/analyze"), strict=True))
+    if not isinstance(answer["first_attention"], str):
+        return answer  # no image (None), or the image shown already (nothing changes)
+    for tab in EXPLAIN_TABS:
+        drawn = dict(zip(LATER_PANELS, client.predict(tab, api_name="/panels_of_new_image"), strict=True))
+        answer |= {name: drawn[name] for name, shown in LATER_PANELS.items() if shown == tab}
+    return answer
 
 
 def pixels(path: str) -> np.ndarray:

@@ -39,8 +39,26 @@ def click_pixel(image, x: int, y: int) -> None:
                           "y": (box["height"] - natural_h * scale) / 2 + (y + 0.5) * scale})
 
 
+SECTION_OF = {  # each view's section: its sub-tabs are shown only once the section is open
+    **dict.fromkeys(("Overview", "Attention", "Rollout", "Grad-CAM", "All maps", "Faithfulness"), "Explain"),
+    **dict.fromkeys(("All heads", "Ablate & rank"), "Heads"),
+    **dict.fromkeys(("Filters & positions", "Attention distance"), "How it sees"),
+}
+FIRST_VIEW = ("first-attention", "first-rollout", "first-relevance")  # the first view's maps
+
+
 def open_tab(page, name: str) -> None:
+    """Open a view: its section first (a view of its own, such as Compare, is a section)."""
+    if name in SECTION_OF:
+        page.get_by_role("tab", name=SECTION_OF[name], exact=True).click()
     page.get_by_role("tab", name=name, exact=True).click()
+
+
+def first_view(page) -> None:
+    """Wait for the first view the page opens on: the example's top-5 and its three maps, no control touched."""
+    for elem_id in FIRST_VIEW:
+        sync_api.expect(page.locator(f"#{elem_id} img")).to_be_visible()
+    sync_api.expect(page.locator("#predictions")).to_contain_text(CAT)
 
 
 def require_browser() -> None:

@@ -28,7 +28,8 @@ from vit_inspect.ui.common import (
 )
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
-from vit_inspect.ui.inspector import FIRST_PANELS, FIRST_TAB, LATER_PANELS
+from vit_inspect.plots.canvas import COLORBAR_PIXELS
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_PANELS, FIRST_TAB, LATER_PANELS
 from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.ui.panels import IMAGE_PANELS
 from vit_inspect.ui.view import PATCH
@@ -52,10 +53,15 @@ def _zlib_level_class(png: bytes) -> int:
 
 
 def test_the_page_records_the_tab_it_shows():
+    """Five sections, three with sub-tabs; a sub-tab opening records its label (and remembers it for its
+    section), a section opening records the sub-tab it last showed, its first at the start; all in the page."""
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
     labels = {tab.label for tab in tabs}
-    assert set(LATER_PANELS.values()) | {FIRST_TAB, "Heads"} <= labels  # the tabs the gating names exist
+    assert set(LATER_PANELS.values()) | {FIRST_TAB, "Ablate & rank"} <= labels  # the tabs the gating names exist
+    sections = {"Explain": "Overview", "Heads": "All heads", "How it sees": "Filters & positions",
+                "Compare": "Compare", "Downloads": "Downloads"}
+    assert set(sections) <= labels and len(tabs) == 15  # 5 sections, 12 views
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
     assert shown.value == FIRST_TAB and not shown.visible
     recorded = {}
@@ -63,15 +69,20 @@ def test_the_page_records_the_tab_it_shows():
         if not dep.get("backend_fn") and dep["outputs"] == [shown._id] and dep["js"]:
             [(target, event)] = dep["targets"]
             assert event == "select"
-            recorded[target] = dep["js"]
+            recorded.setdefault(target, []).append(dep["js"])
     assert {t._id for t in tabs} <= set(recorded)  # every tab records itself, without a server call
-    assert all(recorded[t._id] == f"() => {json.dumps(t.label)}" for t in tabs)
+    for tab in tabs:
+        if tab.label in sections:  # reads what its sub-tab recorded
+            assert any(js.endswith(f"[{json.dumps(tab.label)}] || {json.dumps(sections[tab.label])})")
+                       for js in recorded[tab._id]), tab.label
+        else:
+            assert any(js.endswith(f"= {json.dumps(tab.label)})") for js in recorded[tab._id]), tab.label
 
 
 def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
-    assert len(outputs) == 28  # every map and figure of every tab
+    assert len(outputs) == 31  # every map and figure of every tab
     plain = [block for block in demo.blocks.values() if type(block) is gr.Image]
     assert [block.label for block in plain] == ["Image (upload, drop, paste or webcam)"]  # the upload, an input
     kinds = {c["id"]: c["type"] for c in demo.config["components"]}
@@ -101,14 +112,19 @@ def test_a_cat_photo_is_a_cat(client):
     assert sum(any(cat in label for cat in CATS) for label in labels[:3]) == 3
     assert pixels(result["crop"]).shape == (224, 224, 3)
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
-    for name in FIRST_PANELS:
-        assert pixels(result[name]).ndim == 3
-    for name, tab in LATER_PANELS.items():  # the figures: cleared by the answer, then drawn if in view
-        assert result[name] is None
-        assert pixels(client.predict(tab, api_name=f"/{name}_of_new_image")).ndim == 3
+    for name in FIRST_PANELS:  # the first view's three maps, at the crop's own size with a colour bar
+        assert pixels(result[name]).shape[1] == 224 + COLORBAR_PIXELS
+    for name in ("attention", "rollout", "gradcam", "relevance"):  # the Explain section's maps: 448 pixels wide
+        assert pixels(result[name]).shape[1] == 448 + COLORBAR_PIXELS
+    for name, tab in LATER_PANELS.items():  # cleared by the answer, then drawn only for the view shown
+        drawn = dict(zip(LATER_PANELS, client.predict(tab, api_name="/panels_of_new_image")))
+        assert pixels(drawn[name]).ndim == 3
+        assert all(value == {"__type__": "update"} for other, value in drawn.items() if LATER_PANELS[other] != tab)
     assert set(FIRST_PANELS) | set(LATER_PANELS) == set(IMAGE_PANELS)
-    # what the browser turns a clicked pixel into a patch with: DeiT-Ti's 224 px input, 16 px patches, 14 x 14
-    assert result["geometry"] == {"input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
+    # what the browser turns a clicked pixel into a patch with: the map's enlargement, DeiT-Ti's 224 px input,
+    # 16 px patches, 14 x 14
+    assert result["geometry"] == {"scale": 2, "input": [224, 224], "patch": [16, 16], "grid": [14, 14]}
+    assert result["query"] == "class / readout token"  # a new image starts from the readout token
 
 
 def test_sliders_redraw_from_the_cached_pass_without_the_model(server, client):
@@ -117,7 +133,7 @@ def test_sliders_redraw_from_the_cached_pass_without_the_model(server, client):
     other_head = pixels(client.predict(layer=11, head=1, api_name="/attention"))
     other_layer = pixels(client.predict(layer=3, head=1, api_name="/attention"))
     mean = pixels(client.predict(layer=3, mean_heads=True, api_name="/attention"))
-    rollout = pixels(client.predict(discard_ratio=0.9, head_fusion="max", api_name="/rollout"))
+    rollout = pixels(client.predict(discard_ratio=0.9, head_fusion="max", api_name="/rollout")[0])
     gradcam = pixels(client.predict(gradcam_layer=5, api_name="/gradcam"))
     distance = pixels(client.predict(layer=3, head=1, api_name="/distance"))
     compare = pixels(client.predict(layer=3, api_name="/compare"))
@@ -126,13 +142,13 @@ def test_sliders_redraw_from_the_cached_pass_without_the_model(server, client):
     assert not np.array_equal(other_head, other_layer)
     assert not np.array_equal(other_layer, mean)
     assert min(rollout.shape[:2]) > 224 and min(gradcam.shape[:2]) > 224  # the map, its colour bar and caption
-    assert distance.shape[2] == compare.shape[2] == 3 and compare.shape[1] > 3 * compare.shape[0]
+    assert distance.shape[2] == compare.shape[2] == 3 and compare.shape[1] >= 3 * (224 + COLORBAR_PIXELS)
 
 
 def test_clicking_a_patch_queries_from_it(server, client):
     readout = pixels(analyze(client)["attention"])
     before = server.forwards
-    row, col, query, image = click(client, "pick_patch", x=100, y=40)  # pixel (y 40, x 100) -> patch (2, 6)
+    row, col, query, image = click(client, "pick_patch", x=200, y=80)  # map pixel (80, 200) = crop (40, 100)
     assert (row, col, query) == (2, 6, PATCH)
     clicked = pixels(image["path"])
     assert not np.array_equal(clicked, readout)
@@ -144,12 +160,13 @@ def test_clicking_a_patch_queries_from_it(server, client):
 def test_a_new_target_runs_one_pass_and_switching_back_is_free(server, client):
     first = pixels(analyze(client)["gradcam"])
     before = server.forwards
-    tabby = [pixels(p) for p in client.predict("281", "", api_name="/set_target")[1:4]]
+    gradcam = 1 + CLASS_PANELS.index("gradcam")  # after the class list
+    tabby = pixels(client.predict("281", "", api_name="/set_target")[gradcam])
     assert server.forwards == before + 1
-    assert not np.array_equal(tabby[0], first)
-    back = [pixels(p) for p in client.predict("285", "", api_name="/set_target")[1:4]]
+    assert not np.array_equal(tabby, first)
+    back = pixels(client.predict("285", "", api_name="/set_target")[gradcam])
     assert server.forwards == before + 1, "switching back to a seen class ran the model again"
-    assert np.array_equal(back[0], first)
+    assert np.array_equal(back, first)
 
 
 def test_a_bad_upload_is_explained_and_the_app_keeps_serving(client, tmp_path):
@@ -179,8 +196,10 @@ def test_unknown_models_and_wrong_weights_are_explained(client, tmp_path):
 
 def test_downloads_hold_png_json_and_npz(client):
     analyze(client)
-    files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")}
+    listed, note = client.predict(layer=4, api_name="/downloads")
+    files = {Path(p).name: Path(p) for p in listed}
     assert {f"chelsea_{name}.png" for name in IMAGE_PANELS} <= set(files)
+    assert note.startswith("Prepared for chelsea.png (model's centre crop, 224×224 pixels), class Egyptian cat")
     for name in IMAGE_PANELS:
         data = files[f"chelsea_{name}.png"].read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -201,14 +220,14 @@ def test_downloads_hold_png_json_and_npz(client):
         assert arrays["attention_map"].shape == arrays["rollout_map"].shape == (14, 14)
         assert np.allclose(arrays["attention"].astype(np.float32).sum(-1), 1.0, atol=1e-2)  # softmax rows
     assert pixels(Path(client.predict(True, api_name="/relevance"))).shape[2] == 3  # the All maps toggle
-    files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")}
+    files = {Path(p).name: Path(p) for p in client.predict(layer=4, api_name="/downloads")[0]}
     assert json.loads(files["chelsea.json"].read_text())["settings"]["relevance"] is True
     with np.load(files["chelsea.npz"]) as arrays:
         assert arrays["legrad"].shape == arrays["attnlrp"].shape == (14, 14)
 
 
 def test_model_figures_and_similarity_at_another_size(client):
-    filters = pixels(client.predict(api_name="/filter_figure"))
+    filters = pixels(client.predict(api_name="/model_figures")[0])
     assert filters.shape[2] == 3 and filters.std() > 0
     with pytest.raises(AppError, match="at most 20 patches per side"):
         client.predict(1024, 1024, api_name="/pos_similarity")
@@ -221,7 +240,7 @@ def test_dataset_average_over_uploaded_images(server, client, tmp_path):
     fake.write_text("not an image")
     images = [handle_file(str(REPO / "assets" / name)) for name in ("chelsea.png", "coffee.png")]
     figure, note = client.predict(images + [handle_file(str(fake))], api_name="/dataset_distance")
-    assert note.startswith("Averaged over 2 image(s).") and "notes.png" in note
+    assert note.startswith("Averaged over 2 image(s) with deit_tiny_patch16_224") and "notes.png" in note
     # the scatter of the two photos' mean distances, titled with the model and the count, no "selected" entry
     handle = server.cache.get(CacheKey.of(server.config.model, server.config.weights, server.config.device))
     stats = dataset_attention_distance(handle, [REPO / "assets" / name for name in ("chelsea.png", "coffee.png")])
@@ -248,3 +267,69 @@ def test_missing_weights_are_explained_in_the_page_and_an_upload_fixes_it(monkey
         assert any(cat in labels[0] for cat in CATS)
     finally:
         demo.close()
+
+
+def test_a_backward_rollout_range_is_swapped_on_the_sliders_as_faithfulness_swaps_it(client):
+    analyze(client)
+    picture, first, last = client.predict(first_layer=9, last_layer=3, api_name="/rollout")
+    assert (first, last) == (3, 9)  # the sliders show the range drawn
+    forward, *kept = client.predict(first_layer=3, last_layer=9, api_name="/rollout")
+    assert kept == [{"__type__": "update"}] * 2  # a forward range leaves the sliders alone
+    assert pixels(picture).shape == pixels(forward).shape and not np.array_equal(pixels(picture), pixels(forward))
+
+
+def test_curated_models_that_cannot_load_here_are_marked_before_a_pick(monkeypatch):
+    from vit_inspect.core import hub
+    from vit_inspect.ui import inputs
+
+    at_hand = {"deit_tiny_patch16_224"}
+    monkeypatch.setattr(inputs, "weights_at_hand", lambda name: name in at_hand)
+    monkeypatch.setattr(hub, "offline_by_setting", lambda: True)  # HF_HUB_OFFLINE: the hub is not asked
+    monkeypatch.setattr(hub, "hub_reachable", lambda: pytest.fail("an offline server probed the hub"))
+    choices = dict((value, label) for label, value in inputs.model_choices(inputs.CURATED_MODELS, ("my_vit",)))
+    assert choices["deit_tiny_patch16_224"] == "deit_tiny_patch16_224"
+    assert choices["deit_small_patch16_224"] == "deit_small_patch16_224 · needs the hub"
+    assert sum(label.endswith("needs the hub") for label in choices.values()) == len(inputs.CURATED_MODELS) - 1
+    assert inputs.model_choices(("my_vit",), ("my_vit",)) == [("my_vit", "my_vit")]  # the operator's own model
+    monkeypatch.setattr(hub, "offline_by_setting", lambda: False)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: True)  # online: every curated model can be fetched
+    assert all(label == value for label, value in inputs.model_choices(inputs.CURATED_MODELS))
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)  # a hub that does not answer: as offline
+    assert inputs.model_choices(("deit_base_patch16_224",)) == [("deit_base_patch16_224 · needs the hub",
+                                                                 "deit_base_patch16_224")]
+
+
+def test_weights_at_hand_reads_the_checkpoints_folder_and_the_hub_cache(tmp_path, monkeypatch):
+    from vit_inspect.core.load import weights_at_hand
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert not weights_at_hand("deit_small_patch16_224", tmp_path)
+    (tmp_path / "deit_small_patch16_224.safetensors").write_bytes(b"")
+    assert weights_at_hand("deit_small_patch16_224", tmp_path)
+    assert weights_at_hand("deit_tiny_patch16_224")  # the repository's checkpoints/ (the real weights)
+
+
+def test_the_same_input_again_changes_nothing_and_costs_no_pass(server, client):
+    """Gradio's image fires two changes when an upload replaces an image: the second costs no pass and
+    draws nothing (its controls are still checked)."""
+    analyze(client)
+    before = server.forwards
+    again = analyze(client)
+    assert server.forwards == before
+    assert all(value == {"__type__": "update"} for value in again.values())
+    with pytest.raises(AppError, match="must be a number"):
+        client.predict(handle_file(str(CHELSEA)), layer="deep", api_name="/analyze")
+    assert analyze(client, REPO / "assets" / "coffee.png")["predictions"]["label"] == "espresso (#967)"
+    assert server.forwards == before + 1
+
+
+def test_the_status_line_gives_a_non_square_inputs_own_grid(client, tmp_path):
+    from support import dog_and_cat
+
+    pair = tmp_path / "dog_and_cat.png"
+    dog_and_cat(pair)
+    answer = client.predict(handle_file(str(pair)), "whole image, aspect kept", 224, api_name="/analyze")
+    status = answer[-2]
+    assert "on a 14×14 grid at its own size; **this input: 224×" in status and "a 14×" in status.split("this input")[1]
+    square = client.predict(handle_file(str(CHELSEA)), "model's centre crop", 224, api_name="/analyze")[-2]
+    assert "this input" not in square and "on a 14×14 grid" in square

@@ -203,6 +203,9 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     assert browser_only and all(d["js"] and d["api_visibility"] == "private" for d in browser_only)
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
     assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
+    # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
+    assert {"first_view", "model_choices", "model_figures", "panels_of_new_image", "stale_check_image",
+            "stale_check_class", "stale_check_model", "stale_check_model_b", "stale_check_settings"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:
@@ -233,7 +236,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
                                      {"index": [value, 3], "value": None, "selected": True})
                 assert_sentence(api_name, f"click at x = {what}", message, "click")
     assert tried > 100
-    assert analyze(client)["predictions"]["confidences"]  # still serving
+    assert analyze(client, CHELSEA.with_name("coffee.png"))["predictions"]["confidences"]  # still serving
 
 
 _UPLOADED: dict[str, dict] = {}
@@ -261,6 +264,13 @@ def test_the_reported_inputs_get_sentences(server, api_name, data, message):
     client = Client(server.url, verbose=False)
     answer = queue_call(client, api_name, data)
     assert answer["success"] is False and message in error_of(answer), error_of(answer)
+
+
+def test_a_name_pasted_with_spaces_and_a_line_break_loads(server):
+    """It was refused as "at most 200 printable characters" for a 24-character name."""
+    client = Client(server.url, verbose=False)
+    status = client.predict("  deit_tiny_patch16_224\n", None, api_name="/load_model")[0]
+    assert "`deit_tiny_patch16_224`" in status
 
 
 def test_a_slider_at_infinity_is_clamped_for_a_new_image(server):
@@ -343,7 +353,7 @@ def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tm
 
     returned = [s for value in outputs.values() for s in strings(value)]
     files = [Path(s) for s in returned if s.startswith(gradio_utils.get_upload_folder()) and Path(s).is_file()]
-    downloads = {Path(p).name for p in outputs["/downloads"] + outputs["/model_downloads"]}
+    downloads = {Path(p).name for p in outputs["/downloads"][0] + outputs["/model_downloads"]}  # files, then a note
     assert {"chelsea.json", "chelsea.npz", "my_vit_filters.png", "my_vit_model.npz"} <= downloads
     record = json.loads(next(f for f in files if f.name == "chelsea.json").read_text())
     assert record["model"] == record["settings"]["model"] == "my_vit"

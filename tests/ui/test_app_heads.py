@@ -276,19 +276,24 @@ def test_a_new_images_figures_and_heads_overview_wait_for_their_tab(served):
     state = tab.ablate(session, None, "0:0", "zero", None, progress=Progress(), **CONTROLS)[0]
     other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     outputs = len(tab.overview(session, state, **CONTROLS))
-    if_shown = tab.overview_if_shown("Heads", outputs)
+    if_shown = tab.overview_if_shown("Ablate & rank", outputs)
     hidden = if_shown(other, state, FIRST_TAB, **CONTROLS)
-    assert len(hidden) == outputs and all(output == gr.skip() for output in hidden[1:])
-    assert hidden[0].key == result_key(other) and hidden[0].ablated is None  # the old ablated pass let go at once
-    assert state.ablated_slot.dropped
-    shown = if_shown(other, hidden[0], "Heads", **CONTROLS)
+    # out of view: the lens and the first-order heatmap (and where its cells lie) cleared; the ablation and the
+    # importance are the page's stale-result check's to clear (`ui.stale`), with the state
+    cleared = {2: None, 4: None, 5: None, 6: "", 9: None}
+    assert len(hidden) == outputs
+    assert all(hidden[i] == cleared.get(i, gr.skip()) for i in range(outputs))
+    reset = tab.reset(state, other)  # what the stale-result check keeps of the state
+    assert reset.key == result_key(other) and reset.ablated is None and state.ablated_slot.dropped  # let go at once
+    assert tab.reset(state, None) is None
+    shown = if_shown(other, reset, "Ablate & rank", **CONTROLS)
     assert shown[2].ndim == 3 and shown[9] == {"first_order": {"box": list(dict(shown[0].boxes)["first_order"]),
                                                                 "grid": [12, 3]}}
 
 
 def test_a_cell_click_redraws_the_attention_map_and_the_distance_scatter_only_in_its_tab(served):
-    """After a click on a Heads cell the page asks for the panels showing layer and head: the attention
-    map always (no tab opening redraws it), the distance scatter only while its tab is shown."""
+    """After a click on a Heads cell the page asks for the panels showing layer and head: each drawn only
+    while its view is shown (its opening draws it otherwise)."""
     inspector, handle, session, tab = served
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
@@ -299,11 +304,8 @@ def test_a_cell_click_redraws_the_attention_map_and_the_distance_scatter_only_in
             api = f"pick_head_{which}_{name}"
             assert inputs[api][1] == shown._id  # the page's record of the tab it shows
             follow, drawn = handlers[api], inspector.redraw(name)(session, **CONTROLS)
-            np.testing.assert_array_equal(follow(session, "Attention distance", **CONTROLS), drawn)
-            if name == "attention":
-                np.testing.assert_array_equal(follow(session, "Heads", **CONTROLS), drawn)
-            else:
-                assert follow(session, "Heads", **CONTROLS) == gr.skip()
+            np.testing.assert_array_equal(follow(session, LATER_PANELS[name], **CONTROLS), drawn)
+            assert follow(session, "Ablate & rank", **CONTROLS) == gr.skip()
 
 
 def test_a_layer_or_head_change_redraws_the_heads_tab_only_while_it_is_shown(served):

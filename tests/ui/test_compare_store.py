@@ -39,7 +39,8 @@ def test_comparison_lives_in_the_store_and_runs_through_the_apps_pass():
                           config=SimpleNamespace(limits=ImageLimits()))
     compare = Compare(app, upload_source=lambda image, max_bytes: (image, "photo.png"))
     outputs = compare.run(_png(), "a", "b", "", 0.6, False, 0.5, progress=lambda *a, **k: None)
-    slot = outputs[0]
+    made_from, slot = outputs[:2]  # what it was computed from (`ui.stale`), then where it is held
+    assert made_from.model == "a" and made_from.extra == "b" and made_from.image is None  # no session here
     assert isinstance(slot, Slot) and len(passes) == 2 and all(grad for _, grad in passes)
     state = slot.get()
     assert store.held == slot.nbytes == state.nbytes() > state.comparison.nbytes()

@@ -16,7 +16,7 @@ from vit_inspect.plots import distance as distance_plots
 from vit_inspect.ui import inspector as inspector_module
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
-from vit_inspect.ui.inspector import Inspector, Session
+from vit_inspect.ui.inspector import CLASS_PANELS, Inspector, Session
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import IMAGE_PANELS
@@ -157,7 +157,8 @@ def test_a_slider_redraw_overtaken_by_a_typed_patch_leaves_the_patch(served, mon
 def test_a_click_overtaken_by_a_newer_draw_changes_nothing(served, monkeypatch):
     inspector, session = served
     draw = inspector.redraw("attention")
-    click = types.SimpleNamespace(index=[20, 4])  # pixel (y 4, x 20) of the 32-pixel input -> patch (0, 2)
+    scale = 14  # a 32-pixel input's map is drawn 14 times as large, 448 pixels (`panels.main_scale`)
+    click = types.SimpleNamespace(index=[20 * scale, 4 * scale])  # input pixel (y 4, x 20) -> patch (0, 2)
     older, newer = overtaken(monkeypatch, lambda: inspector.pick_patch(click, session, request("s1"), **CONTROLS),
                              lambda: draw(session, request("s1"), **CONTROLS))
     assert all(is_skip(value) for value in older) and len(older) == 4
@@ -186,7 +187,8 @@ def test_a_redraw_of_the_previous_class_loses_to_the_new_class(served, monkeypat
     older, newer = overtaken(monkeypatch, lambda: draw(session, request("s1"), **CONTROLS),
                              lambda: inspector.set_target(session, other, "", Progress(), request("s1"), **CONTROLS))
     assert is_skip(older)
-    assert newer[0].target == (int(other), None) and newer[2:] == ("gradcam at layer 1, None",) * 3
+    assert newer[0].target == (int(other), None)
+    assert newer[2:] == (f"{CLASS_PANELS[0]} at layer 1, None",) * len(CLASS_PANELS)  # one draw of them all
 
 
 def test_the_served_app_orders_each_web_session_by_its_id(monkeypatch, tmp_path):

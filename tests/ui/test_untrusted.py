@@ -33,6 +33,7 @@ from vit_inspect.ui.untrusted import (
     finite_int,
     redact_paths,
     safe_name,
+    text,
 )
 
 
@@ -303,3 +304,14 @@ def test_file_names_are_bounded_in_bytes_and_huge_integers_are_a_sentence():
     assert safe_name("é" * 200) == "é" * 60  # no suffix: cut to 120 bytes
     with pytest.raises(InputError, match="Layer must be a number within range, not one of 401 digits"):
         finite_int(10 ** 400, "Layer", 0, 11)  # float() of it raised OverflowError, a traceback in the log
+
+
+def test_text_is_trimmed_before_it_is_checked():
+    """A pasted name with spaces and a line break around it is that name; a control character inside it, or
+    a name too long, gets a sentence naming the real reason."""
+    assert text("  deit_tiny_patch16_224\n", "The model name") == "deit_tiny_patch16_224"
+    assert text(None, "The model name") == ""
+    with pytest.raises(InputError, match="control character"):
+        text("deit\x00tiny", "The model name")
+    with pytest.raises(InputError, match=r"at most 20 characters \(it has 21\)"):
+        text("x" * 21, "The model name", max_chars=20)

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     records, features, crops = [], ([], []), ([], [])
     for path, stem in zip(files, figure_stems(files)):
-        comparison = compare_images(handles[0], handles[1], load_image(path), sizes[0], sizes[1], target=target,
-                                    contrast=contrast)
+        comparison = compare_images(handles[0], handles[1], load_image(path), sizes[0], sizes[1], target_a=target,
+                                    target_b=target, contrast=contrast)
         aligned = aligned_maps(comparison, layer_a=args.layer)
         record = {"image": str(path), "label_a": labels[0], "label_b": labels[1],
                   **agreement_record(comparison, aligned)}

@@ -16,7 +16,7 @@ from vit_inspect.core.errors import ModelNotFoundError
 from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle, default_checkpoint_dir, resolve_device
 from vit_inspect.core.hf_models import load_hf
 from vit_inspect.core.open_clip_models import is_open_clip_name, load_open_clip
-from vit_inspect.core.timm_models import load_timm
+from vit_inspect.core.timm_models import cached_on_this_machine, load_timm
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
 
@@ -78,3 +78,11 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
                       max_model_bytes=max_model_bytes)
 
 
+def weights_at_hand(name: str, checkpoint_dir: str | os.PathLike | None = None) -> bool:
+    """Whether the pretrained weights of a timm name are on this machine, so that it loads without the hub:
+    a file `checkpoint_dir/<name>.safetensors` (or `.pth`), or its hub weights in the local hub cache. Reads
+    only file names and timm's config; a Hugging Face id (with '/') asks for its config in the hub cache."""
+    folder = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir()
+    if "/" not in name and any((folder / f"{name}{suffix}").is_file() for suffix in (".safetensors", ".pth")):
+        return True
+    return cached_on_this_machine(name)

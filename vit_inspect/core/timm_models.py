@@ -110,20 +110,40 @@ def _pretrained_cfg(name: str) -> dict | None:
     return None if cfg is None else cfg.to_dict()
 
 
-def _offline_and_not_cached(cfg: dict) -> bool:
-    """True when the hub is switched off (HF_HUB_OFFLINE) and the hub weights of `cfg` are not in the
-    local cache, so that building the model could only end in a failed download."""
+def cached_on_this_machine(name: str) -> bool:
+    """Whether the hub weights of a timm name (or the config of a Hugging Face id) are in the local hub cache."""
     try:
-        from huggingface_hub import constants, try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return False
+    if "/" in name:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    return _hub_files_cached(_pretrained_cfg(name) or {})
+
+
+def _hub_files_cached(cfg: dict) -> bool:
+    """Whether the hub weights a timm config names are in the local hub cache (False without a hub id)."""
+    from huggingface_hub import try_to_load_from_cache
+
     repo = cfg.get("hf_hub_id")
-    if not constants.HF_HUB_OFFLINE or not repo:
+    if not repo:
         return False
     repo, _, revision = repo.partition("@")
     filenames = [cfg["hf_hub_filename"]] if cfg.get("hf_hub_filename") else ["model.safetensors", "pytorch_model.bin",
                                                                             "open_clip_pytorch_model.bin"]
-    return not any(isinstance(try_to_load_from_cache(repo, f, revision=revision or None), str) for f in filenames)
+    return any(isinstance(try_to_load_from_cache(repo, f, revision=revision or None), str) for f in filenames)
+
+
+def _offline_and_not_cached(cfg: dict) -> bool:
+    """True when the hub is switched off (HF_HUB_OFFLINE) and the hub weights of `cfg` are not in the
+    local cache, so that building the model could only end in a failed download."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    if not constants.HF_HUB_OFFLINE or not cfg.get("hf_hub_id"):
+        return False
+    return not _hub_files_cached(cfg)
 
 
 def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:

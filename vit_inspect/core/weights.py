@@ -151,7 +151,22 @@ def fitted_state(model: nn.Module, state: dict[str, torch.Tensor], source: str) 
                 shown = ", ".join(keys[:8]) + (f", … ({len(keys) - 8} more)" if len(keys) > 8 else "")
                 parts.append(f"{len(keys)} {title} key(s): {shown}.")
         raise WeightsError(" ".join(parts))
+    check_floating(own, state, source)
     return state
+
+
+def check_floating(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse integer tensors (int8, uint8, ...) for a model's floating-point parameters: `load_state_dict`
+    would cast the stored integers to floats, and the model would run on numbers that were never its weights
+    (a quantised file's scales live elsewhere), giving nonsense or attention that misses every patch."""
+    integer = sorted(k for k in set(own) & set(state)
+                     if own[k].is_floating_point() and not (state[k].is_floating_point() or state[k].is_complex()))
+    if integer:
+        dtypes = sorted({str(state[k].dtype).removeprefix("torch.") for k in integer})
+        shown = ", ".join(integer[:3]) + (f", … ({len(integer) - 3} more)" if len(integer) > 3 else "")
+        raise WeightsError(f"The weights in {source} store {len(integer)} floating-point parameter(s) as "
+                           f"{'/'.join(dtypes)} ({shown}): quantised weights are not supported. Use the float32, "
+                           "float16 or bfloat16 weights of this model.")
 
 
 def _shape_mismatches(own: dict[str, torch.Tensor], state: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> list[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import io
 import struct
-import textwrap
 import threading
 import zlib
 from collections import OrderedDict
@@ -25,8 +24,10 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
 MASK_DIM = 0.3  # brightness kept outside a threshold mask
-COLORBAR_PIXELS = 110  # width of map_panel's colour bar column, tick labels and unit included
-CAPTION_LINE_PIXELS = 13  # height of one caption line under a map_panel
+SMALL_TEXT = 12  # pixels: tick labels, axis labels, legends and tile titles (never smaller on a screen)
+TEXT = 13  # pixels: captions and titles
+COLORBAR_PIXELS = 100  # width of map_panel's colour bar column, tick labels and unit included
+CAPTION_LINE_PIXELS = 16  # height of one caption line under a map_panel
 MOSAIC_GAP = 10  # white pixels between two panels of maps_panel
 SCATTER_PLOT_PIXELS = (380, 280)  # (width, height) of attention_distance_panel's axes
 
@@ -140,7 +141,7 @@ def draw_colorbar(panel: Image.Image, pen: ImageDraw.ImageDraw, left: int, top: 
     """A colour bar of ``cmap`` from ``low`` (row ``bottom`` - 1) to ``high`` (row ``top``), 12 pixels wide from
     column ``left``, outlined, with up to five ticks labelled to its right and ``unit`` written upwards at
     ``left + COLORBAR_PIXELS - 24``: the column `map_panel` keeps right of its map."""
-    small = font_of(10)
+    small = font_of(SMALL_TEXT)
     ramp = matplotlib.colormaps[cmap](np.linspace(1.0, 0.0, bottom - top))[:, :3]  # (rows, 3), high at the top
     bar = np.repeat((ramp * 255).astype(np.uint8)[:, None], 12, axis=1)  # (rows, 12, 3)
     panel.paste(Image.fromarray(bar), (left, top))
@@ -157,26 +158,45 @@ def draw_colorbar(panel: Image.Image, pen: ImageDraw.ImageDraw, left: int, top: 
 
 
 def write_upwards(panel: Image.Image, text: str, left: int, top: int, length: int) -> None:
-    """``text`` in 10-pixel DejaVu Sans, written bottom to top in the 14-pixel column from ``left``, centred
-    on the ``length`` rows from ``top`` (an axis or colour bar label)."""
-    label = Image.new("RGB", (max(1, length), 14), (255, 255, 255))
-    ImageDraw.Draw(label).text((label.width // 2, 7), text, fill=(0, 0, 0), font=font_of(10), anchor="mm")
+    """``text`` in SMALL_TEXT-pixel DejaVu Sans, written bottom to top in the 16-pixel column from ``left``,
+    centred on the ``length`` rows from ``top`` (an axis or colour bar label)."""
+    label = Image.new("RGB", (max(1, length), 16), (255, 255, 255))
+    ImageDraw.Draw(label).text((label.width // 2, 8), text, fill=(0, 0, 0), font=font_of(SMALL_TEXT), anchor="mm")
     panel.paste(label.rotate(90, expand=True), (left, top))
+
+
+def wrap_to(text: str, width: int, font: ImageFont.FreeTypeFont) -> list[str]:
+    """``text`` as lines no wider than ``width`` pixels in ``font`` (split at "\\n", then between words, a
+    word longer than the width on a line of its own); measured, not guessed from a character count."""
+    lines = []
+    for part in text.split("\n"):
+        line = ""
+        for word in part.split():
+            candidate = f"{line} {word}" if line else word
+            if line and font.getlength(candidate) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = candidate
+        if line:
+            lines.append(line)
+    return lines
 
 
 def titled(picture: np.ndarray, title: str) -> np.ndarray:
     """``picture`` (H, W, 3) uint8 under a white band holding ``title`` (lines split at "\\n", then wrapped
-    to the width), 11-pixel DejaVu Sans; the picture itself when the title is empty."""
+    to the width), TEXT-pixel DejaVu Sans; the picture itself when the title is empty."""
     width = picture.shape[1]
-    chars = max(20, width // 7)  # 11-pixel DejaVu Sans: about 7 pixels a character
-    lines = [line for part in title.split("\n") for line in textwrap.wrap(part, chars)] if title else []
+    text = font_of(TEXT)
+    lines = wrap_to(title, max(width, 120) - 8, text) if title else []
     if not lines:
         return picture
     band = CAPTION_LINE_PIXELS * len(lines) + 8
-    out = np.full((band + picture.shape[0], width, 3), 255, dtype=np.uint8)
-    out[band:] = picture
+    widest = max(width, 8 + max(int(text.getlength(line)) for line in lines))  # a word wider than the picture
+    out = np.full((band + picture.shape[0], widest, 3), 255, dtype=np.uint8)
+    out[band:, :width] = picture
     image = Image.fromarray(out)
-    pen, text = ImageDraw.Draw(image), font_of(11)
+    pen = ImageDraw.Draw(image)
     for index, line in enumerate(lines):
         pen.text((4, 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
     return np.asarray(image)
@@ -236,11 +256,11 @@ def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_
     `x_label` under them, then `below` pixels for a legend; with ``image_width`` a right-hand axis reads y
     as a fraction of that width. ``legend``: how far the widest legend line reaches right of the plot's left
     edge, pixels; the panel widens to hold it."""
-    small = font_of(10)
-    left, top = 58, 8
+    small = font_of(SMALL_TEXT)
+    left, top = 62, 8
     plot_w, plot_h = plot
-    right = 70 if image_width else 10
-    panel = Image.new("RGB", (max(left + plot_w + right, left + legend + 10), top + plot_h + 28 + below),
+    right = 76 if image_width else 10
+    panel = Image.new("RGB", (max(left + plot_w + right, left + legend + 10), top + plot_h + 36 + below),
                       (255, 255, 255))
     axes = PlotAxes(panel, ImageDraw.Draw(panel), left, top, plot_w, plot_h, highest)
     pen, bottom, row = axes.pen, axes.bottom, axes.row
@@ -254,11 +274,11 @@ def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_
                 y = row(fraction * image_width)
                 pen.line((left + plot_w, y, left + plot_w + 3, y), fill=(0, 0, 0))
                 pen.text((left + plot_w + 6, y), f"{fraction:g}", fill=(0, 0, 0), font=small, anchor="lm")
-        write_upwards(panel, "fraction of image width", left + plot_w + right - 16, top, plot_h)
+        write_upwards(panel, "fraction of image width", left + plot_w + right - 18, top, plot_h)
     for x, label in x_ticks:
         pen.line((left + x, bottom + 1, left + x, bottom + 4), fill=(0, 0, 0))
         pen.text((left + x, bottom + 6), label, fill=(0, 0, 0), font=small, anchor="mt")
-    pen.text((left + plot_w / 2, bottom + 20), x_label, fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((left + plot_w / 2, bottom + 22), x_label, fill=(0, 0, 0), font=small, anchor="mt")
     write_upwards(panel, y_label, 0, top, plot_h)
     pen.rectangle((left - 1, top - 1, left + plot_w, bottom + 1), outline=(0, 0, 0))
     return axes

@@ -19,7 +19,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import canvas
 from vit_inspect.plots import model as model_plots
-from vit_inspect.plots.canvas import font_of, grid_of, map_range, normalized, plot_axes, rgb_of, titled
+from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, map_range, normalized, plot_axes, rgb_of, titled
 from vit_inspect.plots.maps import PANEL_INCHES, heads_panel, map_panel, overlay
 from vit_inspect.studies.comparison import MAP_TITLES, AlignedMap, Comparison
 from vit_inspect.studies.model_report import model_report, pos_similarity_at
@@ -68,13 +68,15 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
     return fig
 
 
-def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> np.ndarray:
+def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str,
+                       classes: tuple[str, str] | None = None) -> np.ndarray:
     """What `aligned_maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL (the app's Compare tab
     redraws it when model A's layer changes: a matplotlib figure takes ≈ 0.8 s for two DeiT-Ti, this ≈ 20 ms):
     one row per map kind under its agreement numbers (Spearman, top-10 % overlap), model A's map on its own
     crop beside model B's at the aligned layer, each a `plots.maps.map_panel` with its own colour bar over its
     own range (Grad-CAM after a ReLU) and a caption naming the model, layer (with its relative depth) and
-    class; the layer mapping and where agreement is measured above all."""
+    class (``classes``: each model's class in words, e.g. "tabby (#281)"; default its index); the layer
+    mapping and where agreement is measured above all."""
     if not aligned:
         raise ValueError("no maps to compare")
     a, b = comparison.a, comparison.b
@@ -82,10 +84,12 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
     for item in aligned:
         relu = item.kind == "gradcam"
         panels = []
-        for result, name, grid_map, layer in ((a, name_a, item.map_a, item.layer_a), (b, name_b, item.map_b, item.layer_b)):
+        for index, (result, name, grid_map, layer) in enumerate(((a, name_a, item.map_a, item.layer_a),
+                                                                  (b, name_b, item.map_b, item.layer_b))):
             where = ", all layers" if item.kind in ("rollout", "relevance") else (
                 f", layer {layer} of {result.depth} (rel. depth {relative_depth(layer, result.depth):.2f})")
-            target = "" if result.target is None else f", class {result.target}"
+            target = "" if result.target is None or item.kind in ("attention", "rollout") else (
+                f", class {classes[index] if classes else result.target}")
             low, high = map_range(grid_map, relu)
             panels.append(map_panel(result.rgb, grid_map, f"{name}{where}{target}",
                                     "map value" + (" (ReLU)" if relu else ""), vmin=low, vmax=high, relu=relu))
@@ -144,7 +148,7 @@ def compare_distance_panel(distances: list[np.ndarray], names: list[str], widths
         raise ValueError(f"expected (depth, heads) distances, got shapes {[d.shape for d in arrays]}")
     if not all(np.isfinite(d).all() for d in arrays):
         raise ValueError("attention distances must be finite")
-    small = font_of(10)
+    small = font_of(SMALL_TEXT)
     plot_w = COMPARE_PLOT_PIXELS[0]
     labels = [f"{name} ({d.shape[0]} layers × {d.shape[1]} heads, input width {width} px)"
               for d, name, width in zip(arrays, names, widths)]
@@ -162,7 +166,7 @@ def compare_distance_panel(distances: list[np.ndarray], names: list[str], widths
         centres = np.stack([np.broadcast_to(columns[:, None], dist.shape), axes.row(dist)], axis=-1)
         for cx, cy in centres.reshape(-1, 2):
             axes.dot(cx, cy, COMPARE_DOT_RADIUS, colour)
-        legend_y = axes.bottom + 42 + 16 * index
+        legend_y = axes.bottom + 48 + 18 * index
         axes.dot(axes.left + 8, legend_y, COMPARE_DOT_RADIUS, colour)
         axes.pen.text((axes.left + 18, legend_y), label, fill=(0, 0, 0), font=small, anchor="lm")
         points.append(centres)
@@ -250,15 +254,15 @@ def _channel_bar(label: str, colour: tuple[int, int, int]) -> np.ndarray:
     matplotlib figure's black-to-colour map), outlined, ticks 0, 0.5 and 1 under it and ``label`` below."""
     width, height = CHANNEL_BAR_PIXELS
     ramp = np.rint(np.linspace(0.0, 1.0, width)[:, None] * np.asarray(colour, dtype=np.float64)).astype(np.uint8)
-    panel = Image.new("RGB", (width + 16, height + 34), (255, 255, 255))
+    panel = Image.new("RGB", (width + 16, height + 40), (255, 255, 255))
     panel.paste(Image.fromarray(np.repeat(ramp[None], height, axis=0)), (8, 2))
-    pen, small = ImageDraw.Draw(panel), font_of(10)
+    pen, small = ImageDraw.Draw(panel), font_of(SMALL_TEXT)
     pen.rectangle((8, 2, 8 + width - 1, 2 + height - 1), outline=(0, 0, 0))
     for value in (0.0, 0.5, 1.0):
         x = 8 + value * (width - 1)
         pen.line((x, 2 + height, x, 5 + height), fill=(0, 0, 0))
         pen.text((x, 6 + height), f"{value:g}", fill=(0, 0, 0), font=small, anchor="mt")
-    pen.text((8, 20 + height), label, fill=(0, 0, 0), font=small)
+    pen.text((8, 22 + height), label, fill=(0, 0, 0), font=small)
     return np.asarray(panel)
 
 

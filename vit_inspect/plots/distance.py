@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import SCATTER_PLOT_PIXELS, font_of, plot_axes, rgb_of, titled
+from vit_inspect.plots.canvas import SCATTER_PLOT_PIXELS, SMALL_TEXT, font_of, plot_axes, rgb_of, titled
 
 DISTANCE_FIGURE_INCHES = (5.0, 4.0)  # (width, height) of the attention-distance scatter
 HIGHLIGHT_COLOR = "tab:red"
@@ -82,7 +82,7 @@ class DistanceScatter:
             x, y = self.legend
             pen.rectangle((x, y - 7, image.width - 1, y + 7), fill=(255, 255, 255))
             words = f"layer {layer}, every head" if head is None else f"layer {layer}, head {head}"
-            pen.text((x, y), f"selected: {words}", fill=(0, 0, 0), font=font_of(10), anchor="lm")
+            pen.text((x, y), f"selected: {words}", fill=(0, 0, 0), font=font_of(SMALL_TEXT), anchor="lm")
         return np.asarray(image)
 
 
@@ -128,24 +128,24 @@ def attention_distance_panel(distances: np.ndarray, image_width: int | None = No
     depth, heads = distances.shape
     plot_w = SCATTER_PLOT_PIXELS[0]
     offsets = (np.arange(depth) + 0.5) * plot_w / depth
-    every = max(1, math.ceil((7 * len(str(depth - 1)) + 4) / (plot_w / depth)))
+    every = max(1, math.ceil((8 * len(str(depth - 1)) + 6) / (plot_w / depth)))
     axes = plot_axes(1.08 * float(distances.max()) + 1.0,
                      [(offsets[layer], str(layer)) for layer in range(0, depth, every)],
                      "network depth (layer)", "mean attention distance (pixels)", image_width)
-    head_colour, highlight_colour, small = rgb_of(HEAD_COLOR), rgb_of(HIGHLIGHT_COLOR), font_of(10)
+    head_colour, highlight_colour, small = rgb_of(HEAD_COLOR), rgb_of(HIGHLIGHT_COLOR), font_of(SMALL_TEXT)
     columns = axes.left + offsets
     points = np.stack([np.broadcast_to(columns[:, None], distances.shape), axes.row(distances)], axis=-1)  # (depth, heads, 2)
     for x, y in points.reshape(-1, 2):
         axes.dot(x, y, HEAD_DOT_RADIUS, head_colour)
-    legend_y, left = axes.bottom + 42, axes.left
+    legend_y, left = axes.bottom + 48, axes.left
     axes.dot(left + 8, legend_y, HEAD_DOT_RADIUS, head_colour)
     axes.pen.text((left + 18, legend_y), "head", fill=(0, 0, 0), font=small, anchor="lm")
     if selectable:
-        axes.dot(left + 78, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
-        axes.pen.text((left + 90, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
+        axes.dot(left + 86, legend_y, HIGHLIGHT_DOT_RADIUS, highlight_colour)
+        axes.pen.text((left + 98, legend_y), "selected layer / head", fill=(0, 0, 0), font=small, anchor="lm")
     body = np.asarray(axes.panel)
     background = titled(body, title)
     band = background.shape[0] - body.shape[0]  # the title's, above
     points[..., 1] += band
     return DistanceScatter(background=background.copy(), points=points, radius=HIGHLIGHT_DOT_RADIUS,
-                           legend=(left + 90, legend_y + band) if selectable else None)
+                           legend=(left + 98, legend_y + band) if selectable else None)

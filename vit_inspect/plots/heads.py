@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import COLORBAR_PIXELS, draw_colorbar, font_of, titled, write_upwards
+from vit_inspect.plots.canvas import COLORBAR_PIXELS, SMALL_TEXT, draw_colorbar, font_of, titled, write_upwards
 
 HEATMAP_INCHES = (4.0, 5.0)  # (width, height) of a layers x heads heatmap
 LENS_INCHES = (6.0, 3.5)
@@ -96,23 +96,23 @@ def head_heatmap_panel(values: np.ndarray, title: str, unit: str, diverging: boo
     colours = (matplotlib.colormaps[cmap](np.clip(fraction, 0.0, 1.0))[..., :3] * 255).astype(np.uint8)
     colours[~finite] = NOT_FINITE_COLOR
     cells = np.repeat(np.repeat(colours, cell_h, axis=0), cell_w, axis=1)  # (depth * h, heads * w, 3)
-    small = font_of(10)
+    small = font_of(SMALL_TEXT)
     digits = len(str(depth - 1))
-    x0, y0 = 18 + 7 * digits, 4  # room for "layer" and the layer numbers; the title goes above, later
+    x0, y0 = 22 + 8 * digits, 4  # room for "layer" and the layer numbers; the title goes above, later
     grid_w, grid_h = heads * cell_w, depth * cell_h
-    panel = Image.new("RGB", (x0 + grid_w + COLORBAR_PIXELS, y0 + grid_h + 34), (255, 255, 255))
+    panel = Image.new("RGB", (x0 + grid_w + COLORBAR_PIXELS, y0 + grid_h + 40), (255, 255, 255))
     panel.paste(Image.fromarray(cells), (x0, y0))
     pen = ImageDraw.Draw(panel)
     if selected is not None and 0 <= selected[0] < depth and 0 <= selected[1] < heads:
         left, top = x0 + selected[1] * cell_w, y0 + selected[0] * cell_h
         pen.rectangle((left, top, left + cell_w - 1, top + cell_h - 1), outline=(0, 0, 0), width=2)
-    every = max(1, math.ceil(12 / cell_h))  # layer numbers at least 12 pixels apart
+    every = max(1, math.ceil(14 / cell_h))  # layer numbers at least 14 pixels apart
     for layer in range(0, depth, every):
         pen.text((x0 - 3, y0 + (layer + 0.5) * cell_h), str(layer), fill=(0, 0, 0), font=small, anchor="rm")
-    every = max(1, math.ceil((7 * len(str(heads - 1)) + 4) / cell_w))
+    every = max(1, math.ceil((8 * len(str(heads - 1)) + 6) / cell_w))
     for head in range(0, heads, every):
         pen.text((x0 + (head + 0.5) * cell_w, y0 + grid_h + 3), str(head), fill=(0, 0, 0), font=small, anchor="mt")
-    pen.text((x0 + grid_w / 2, y0 + grid_h + 18), "head", fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((x0 + grid_w / 2, y0 + grid_h + 22), "head", fill=(0, 0, 0), font=small, anchor="mt")
     write_upwards(panel, "layer", 0, y0, grid_h)
     draw_colorbar(panel, pen, x0 + grid_w + 8, y0, y0 + grid_h, low, high, unit, cmap)
     body = np.asarray(panel)
@@ -138,10 +138,10 @@ def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
         raise ValueError("ranks start at 1 (the top class)")
     depth = len(ranks)
     decades = max(1, math.ceil(math.log10(ranks.max()) - 1e-12))  # the axis runs from 10^0 to 10^decades
-    small = font_of(10)
-    left, top = 52, 8
+    small = font_of(SMALL_TEXT)
+    left, top = 56, 8
     plot_w, plot_h = max(LENS_PLOT_PIXELS[0], 24 * depth), LENS_PLOT_PIXELS[1]
-    panel = Image.new("RGB", (left + plot_w + COLORBAR_PIXELS, top + plot_h + 36), (255, 255, 255))
+    panel = Image.new("RGB", (left + plot_w + COLORBAR_PIXELS, top + plot_h + 40), (255, 255, 255))
     pen = ImageDraw.Draw(panel)
     xs = left + (np.arange(depth) + 0.5) * plot_w / depth
     ys = top + np.log10(ranks) / decades * (plot_h - 1)
@@ -149,11 +149,11 @@ def lens_panel(ranks: np.ndarray, probs: np.ndarray, title: str) -> np.ndarray:
         y = top + decade / decades * (plot_h - 1)
         pen.line((left - 4, y, left - 1, y), fill=(0, 0, 0))
         pen.text((left - 6, y), f"{10 ** decade:g}", fill=(0, 0, 0), font=small, anchor="rm")
-    every = max(1, math.ceil(7 * len(str(depth - 1)) / (plot_w / depth)))
+    every = max(1, math.ceil((8 * len(str(depth - 1)) + 4) / (plot_w / depth)))
     for block in range(0, depth, every):
         pen.line((xs[block], top + plot_h, xs[block], top + plot_h + 3), fill=(0, 0, 0))
         pen.text((xs[block], top + plot_h + 5), str(block), fill=(0, 0, 0), font=small, anchor="mt")
-    pen.text((left + plot_w / 2, top + plot_h + 20), "after block", fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((left + plot_w / 2, top + plot_h + 22), "after block", fill=(0, 0, 0), font=small, anchor="mt")
     write_upwards(panel, "rank of the final class (1 = top)", 0, top, plot_h)
     pen.line(list(zip(xs.tolist(), ys.tolist())), fill=(128, 128, 128), width=1)
     colours = (matplotlib.colormaps["viridis"](np.clip(probs, 0.0, 1.0))[:, :3] * 255).astype(np.uint8)

@@ -10,8 +10,9 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
 from vit_inspect.passes.result import ImageAnalysis
-from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, add_colorbar, blend_tables, color_index,
-                                      draw_colorbar, font_of, grid_of, map_range, normalized, titled, upsample)
+from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, SMALL_TEXT, TEXT, add_colorbar,
+                                      blend_tables, color_index, draw_colorbar, font_of, grid_of, map_range, normalized,
+                                      titled, upsample, wrap_to)
 
 MARKER_COLOR = (0, 255, 255)  # cyan, visible on the inferno/viridis palettes and on most photos
 MARKER_WIDTH_FRACTION = 0.125  # marker outline width as a fraction of the smaller patch side (>= 1 px)
@@ -131,20 +132,30 @@ def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[
     return fig
 
 
+def enlarged(rgb: np.ndarray, scale: int) -> np.ndarray:
+    """(H, W, 3) -> (scale H, scale W, 3): each pixel a scale x scale square (the model's own pixels, enlarged)."""
+    if scale == 1:
+        return rgb
+    return np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+
+
 def map_panel(rgb: np.ndarray, grid_map: np.ndarray, caption: str, unit: str, vmin: float | None = None,
               vmax: float | None = None, relu: bool = False, marker: tuple[int, int] | None = None,
-              mask: np.ndarray | None = None, cmap: str = "inferno") -> np.ndarray:
-    """One map as an (H', W', 3) uint8 picture: the overlay (`overlay`) at its own pixels in the top-left
-    corner, so that pixel (x, y) of the panel is pixel (x, y) of the crop; a colour bar with its range
-    and ``unit`` to the right; the ``caption`` (what the map is: model, layer, head, class, settings)
-    wrapped underneath. Drawn with PIL, not a matplotlib figure, so a slider redraw stays fast."""
+              mask: np.ndarray | None = None, cmap: str = "inferno", scale: int = 1) -> np.ndarray:
+    """One map as an (H', W', 3) uint8 picture: the overlay (`overlay`) on the crop enlarged ``scale`` times
+    (each input pixel a scale x scale square, the map upsampled to that size) in the top-left corner, so that
+    pixel (x, y) of the panel is pixel (x // scale, y // scale) of the crop; a colour bar with its range and
+    ``unit`` to the right; the ``caption`` (what the map is: model, layer, head, class, settings) wrapped
+    underneath in TEXT-pixel type, never over the map. Drawn with PIL, not a matplotlib figure, so a slider
+    redraw stays fast."""
+    if not (isinstance(scale, int) and scale >= 1):
+        raise ValueError(f"scale must be a whole number of at least 1, got {scale!r}")
     low, high = map_range(grid_map, relu) if vmin is None or vmax is None else (vmin, vmax)
-    image = overlay(rgb, grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
+    image = overlay(enlarged(rgb, scale), grid_map, cmap, relu=relu, marker=marker, vmin=low, vmax=high, mask=mask)
     height, width = image.shape[:2]
-    text = font_of(11)
+    text = font_of(TEXT)
     total_w = width + COLORBAR_PIXELS
-    chars = max(20, total_w // 6)
-    lines = [line for part in caption.split("\n") for line in textwrap.wrap(part, chars)]
+    lines = wrap_to(caption, total_w - 8, text)
     caption_h = CAPTION_LINE_PIXELS * len(lines) + 8
     panel = Image.new("RGB", (total_w, height + caption_h), (255, 255, 255))
     panel.paste(Image.fromarray(image), (0, 0))
@@ -182,7 +193,7 @@ def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[s
     return titled(grid_of(panels, columns), title)
 
 
-HEAD_TILE_PIXELS = 224  # longest side of one head's overlay in heads_panel (larger crops are scaled down)
+HEAD_TILE_PIXELS = 216  # longest side of one head's overlay in heads_panel (larger crops are scaled down)
 
 
 def heads_panel(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str, title: str = "",
@@ -207,9 +218,8 @@ def heads_panel(rgb: np.ndarray, maps: np.ndarray, titles: list[str], unit: str,
     size = (max(1, round(width * shrink)), max(1, round(height * shrink)))  # (w, h)
     if shrink < 1.0:  # the photo scaled once, each head coloured at the tile's size (5x less work at 518 px)
         rgb = np.asarray(Image.fromarray(rgb).resize(size, Image.BILINEAR))
-    small = font_of(10)
-    chars = max(10, size[0] // 6)
-    wrapped = [textwrap.wrap(t, chars) or [""] for t in titles]
+    small = font_of(SMALL_TEXT)
+    wrapped = [wrap_to(t, size[0], small) or [""] for t in titles]
     head_h = CAPTION_LINE_PIXELS * max(len(lines) for lines in wrapped) + 4
     tiles = []
     for index in range(heads):

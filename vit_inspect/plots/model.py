@@ -13,7 +13,8 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
 from vit_inspect.analysis.filters import FilterPCA
-from vit_inspect.plots.canvas import COLORBAR_PIXELS, draw_colorbar, font_of, grid_of, normalized, titled, write_upwards
+from vit_inspect.plots.canvas import (COLORBAR_PIXELS, SMALL_TEXT, draw_colorbar, font_of, grid_of, normalized, titled,
+                                      write_upwards)
 
 TILE_INCHES = 1.0  # side of one tile in the filter and position-embedding grids
 TITLE_INCHES = 0.5  # room for a figure title above a grid of tiles
@@ -46,6 +47,7 @@ def filter_pca_figure(pca: FilterPCA, ncols: int = 7, model: str = "") -> Figure
 
 
 FILTER_TILE_PIXELS = 72  # a filter_pca_panel tile is magnified by whole pixels to at least this many on its longer side
+FILTER_CAPTION_PIXELS = 52  # ... and to at least this width, its caption's ("100.0%" in TEXT-pixel type)
 
 
 def filter_pca_panel(pca: FilterPCA, title: str = "", ncols: int = 7) -> np.ndarray:
@@ -53,8 +55,9 @@ def filter_pca_panel(pca: FilterPCA, title: str = "", ncols: int = 7) -> np.ndar
     of the patch-embedding filters (Dosovitskiy et al. 2021, Fig. 7 left) as a tile min-max scaled to
     [0, 1] on its own (`normalized`: the sign of a component is arbitrary) and written as rint(255 x),
     magnified by whole pixels (each filter pixel a square) to at least FILTER_TILE_PIXELS on its longer
-    side, under its explained variance in percent; ``ncols`` tiles per row (`grid_of`), under a heading
-    that says what the tiles are and how they are scaled, itself under the wrapped ``title``. RGB filters
+    side and FILTER_CAPTION_PIXELS wide, under its explained variance in percent; ``ncols`` tiles per row
+    (`grid_of`), under a heading that says what the tiles are and how they are scaled, itself under the
+    wrapped ``title``. RGB filters
     show in colour, single-channel ones in grey. A matplotlib figure of DeiT-Ti's 28 components takes
     ≈ 1 s to draw (the Model tab's first picture, and twice in a Compare run)."""
     num_components, height, width, channels = pca.components.shape
@@ -62,7 +65,7 @@ def filter_pca_panel(pca: FilterPCA, title: str = "", ncols: int = 7) -> np.ndar
         raise ValueError(f"can only draw 1- or 3-channel filters, got {channels} channels")
     if ncols < 1:
         raise ValueError(f"ncols must be at least 1, got {ncols}")
-    scale = max(1, math.ceil(FILTER_TILE_PIXELS / max(height, width)))
+    scale = max(1, math.ceil(FILTER_TILE_PIXELS / max(height, width)), math.ceil(FILTER_CAPTION_PIXELS / width))
     tiles = []
     for index in range(num_components):
         tile = np.rint(normalized(pca.components[index], relu=False) * 255.0).astype(np.uint8)  # (h, w, C)
@@ -97,8 +100,8 @@ def pos_similarity_figure(similarity: np.ndarray, title: str = "Position embeddi
     ax = fig.add_subplot()
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
     image = ax.imshow(similarity_mosaic(similarity), cmap=cmap, vmin=-1.0, vmax=1.0, interpolation="nearest")
-    ax.set_xticks((np.arange(grid_w) + 0.5) * (grid_w + 1) - 1, labels=np.arange(grid_w) + 1)
-    ax.set_yticks((np.arange(grid_h) + 0.5) * (grid_h + 1) - 1, labels=np.arange(grid_h) + 1)
+    ax.set_xticks((np.arange(grid_w) + 0.5) * (grid_w + 1) - 1, labels=np.arange(grid_w))
+    ax.set_yticks((np.arange(grid_h) + 0.5) * (grid_h + 1) - 1, labels=np.arange(grid_h))
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
@@ -120,8 +123,8 @@ def pos_similarity_panel(similarity: np.ndarray, title: str = "Position embeddin
     `similarity_mosaic`, tile (r, c) where patch (r, c) sits, every cell viridis over the one range
     [-1, 1] (matplotlib's colour for (v + 1) / 2), tiles one white cell apart, each cell magnified to a
     square of whole pixels (the mosaic about SIMILARITY_PIXELS on its longer side); tile rows and columns
-    numbered from 1 ("input patch row", "input patch column"), a colour bar labelled "cosine similarity",
-    and the wrapped ``title`` above. The matplotlib figure takes 0.25-0.5 s to draw."""
+    numbered from 0, as patches are everywhere ("input patch row", "input patch column"), a colour bar
+    labelled "cosine similarity", and the wrapped ``title`` above. The matplotlib figure takes 0.25-0.5 s to draw."""
     if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
         raise ValueError(f"expected (grid_h, grid_w, grid_h, grid_w) similarities, got shape {similarity.shape}")
     grid_h, grid_w = similarity.shape[:2]
@@ -134,22 +137,22 @@ def pos_similarity_panel(similarity: np.ndarray, title: str = "Position embeddin
     colours[blank] = SIMILARITY_SEPARATOR
     scale = max(1, round(SIMILARITY_PIXELS / max(mosaic.shape)))
     cells = np.repeat(np.repeat(colours, scale, axis=0), scale, axis=1)
-    small = font_of(10)
-    digits = len(str(grid_h))
-    x0, y0 = 22 + 7 * digits, 6  # room for "input patch row" and the row numbers
+    small = font_of(SMALL_TEXT)
+    digits = len(str(grid_h - 1))
+    x0, y0 = 24 + 8 * digits, 6  # room for "input patch row" and the row numbers
     body_w, body_h = cells.shape[1], cells.shape[0]
-    panel = Image.new("RGB", (x0 + body_w + COLORBAR_PIXELS, y0 + body_h + 34), (255, 255, 255))
+    panel = Image.new("RGB", (x0 + body_w + COLORBAR_PIXELS, y0 + body_h + 40), (255, 255, 255))
     panel.paste(Image.fromarray(cells), (x0, y0))
     pen = ImageDraw.Draw(panel)
-    row_every = max(1, math.ceil(14 / ((grid_h + 1) * scale)))  # numbers at least 14 pixels apart
-    col_every = max(1, math.ceil((7 * len(str(grid_w)) + 6) / ((grid_w + 1) * scale)))
+    row_every = max(1, math.ceil(15 / ((grid_h + 1) * scale)))  # numbers at least 15 pixels apart
+    col_every = max(1, math.ceil((8 * len(str(grid_w - 1)) + 6) / ((grid_w + 1) * scale)))
     for row in range(0, grid_h, row_every):  # tile row r spans mosaic rows r (gh + 1) to r (gh + 1) + gh - 1
-        pen.text((x0 - 3, y0 + (row * (grid_h + 1) + grid_h / 2) * scale), str(row + 1), fill=(0, 0, 0), font=small,
+        pen.text((x0 - 3, y0 + (row * (grid_h + 1) + grid_h / 2) * scale), str(row), fill=(0, 0, 0), font=small,
                  anchor="rm")
     for col in range(0, grid_w, col_every):
-        pen.text((x0 + (col * (grid_w + 1) + grid_w / 2) * scale, y0 + body_h + 3), str(col + 1), fill=(0, 0, 0),
+        pen.text((x0 + (col * (grid_w + 1) + grid_w / 2) * scale, y0 + body_h + 3), str(col), fill=(0, 0, 0),
                  font=small, anchor="mt")
-    pen.text((x0 + body_w / 2, y0 + body_h + 18), "input patch column", fill=(0, 0, 0), font=small, anchor="mt")
+    pen.text((x0 + body_w / 2, y0 + body_h + 22), "input patch column", fill=(0, 0, 0), font=small, anchor="mt")
     write_upwards(panel, "input patch row", 0, y0, body_h)
     draw_colorbar(panel, pen, x0 + body_w + 8, y0, y0 + body_h, -1.0, 1.0, "cosine similarity", "viridis")
     return titled(np.asarray(panel), title)

@@ -44,17 +44,26 @@ class Comparison:
 def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
                    input_size_a: tuple[int, int] | None = None, input_size_b: tuple[int, int] | None = None,
                    limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image,
-                   target=None, contrast=None) -> Comparison:
+                   target_a: int | str | None = None, target_b: int | str | None = None,
+                   contrast: int | str | None = None) -> Comparison:
     """One `analyze_image` pass per model (forward + backward each) on the same decoded image; ``run_pass``
-    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`). ``target`` and
-    ``contrast`` (a text prompt for two CLIP-style models) are the same for both."""
+    stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`). ``target_a`` and
+    ``target_b`` are the classes each model's gradient maps explain (None: its own top class); give both the
+    same class, where the label sets agree (`same_labels`), to compare the models on one question. For two
+    CLIP-style models both may be the same text prompt, and ``contrast`` a versus prompt (or class) for both."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    explained = {} if target is None and contrast is None else {"target": target, "contrast": contrast}
-    result_a = run_pass(handle_a, picture, input_size=input_size_a, **explained)
-    result_b = run_pass(handle_b, picture, input_size=input_size_b, **explained)
+    versus = {} if contrast is None else {"contrast": contrast}
+    result_a = run_pass(handle_a, picture, input_size=input_size_a, target=target_a, **versus)
+    result_b = run_pass(handle_b, picture, input_size=input_size_b, target=target_b, **versus)
     return Comparison(a=result_a, b=result_b, image_size=picture.size,
                       box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
                       box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))
+
+
+def same_labels(handle_a: ViTHandle, handle_b: ViTHandle) -> bool:
+    """Whether both models classify into the same label set (both have a head with the same class names, in
+    the same order), so that one class index asks both the same question."""
+    return handle_a.has_head and handle_b.has_head and tuple(handle_a.labels) == tuple(handle_b.labels)
 
 
 def result_map(result: ImageAnalysis, kind: str, layer: int, query=None) -> np.ndarray | None:

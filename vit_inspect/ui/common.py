@@ -28,9 +28,11 @@ from vit_inspect.ui.untrusted import client_file, redact_paths
 log = logging.getLogger("vit_inspect.app")
 
 # Options of an output picture: a map over the image (captioned in the picture), and a figure (titled in it).
-MAP_OUT = MappingProxyType(dict(interactive=False, format="png", buttons=["download", "fullscreen"]))
-FIGURE_OUT = MappingProxyType(dict(interactive=False, format="png", show_label=False,
-                                   buttons=["download", "fullscreen"]))
+# Neither shows Gradio's label, which would sit over the picture's top-left corner.
+# No container either: its border and padding would make the browser shrink a picture drawn at the column's width.
+MAP_OUT = MappingProxyType(dict(interactive=False, format="png", show_label=False, container=False,
+                                buttons=["download", "fullscreen"]))
+FIGURE_OUT = MAP_OUT
 # How events run. Model passes run one at a time on one queue (hooks are per model); redraws in parallel.
 MODEL_PASS = MappingProxyType(dict(concurrency_id="model_pass", concurrency_limit=1))
 DRAW_CONCURRENCY = 4
@@ -153,12 +155,19 @@ def weights_label(handle: ViTHandle) -> str:
     return public_name(handle.weights)
 
 
-def describe(handle: ViTHandle) -> str:
+def describe(handle: ViTHandle, shown=None) -> str:
+    """The status line: the model, its weights and device, its layers, heads, patches and grid; with ``shown``
+    (the `TokenLayout` of the input shown), that input's own size and grid when they differ from the model's."""
     layout = handle.layout()
     prefix = ", ".join(layout.prefix_names()) or "none"
+    grid = f"a {layout.grid_h}×{layout.grid_w} grid"
+    if shown is not None and (shown.grid_h, shown.grid_w) != (layout.grid_h, layout.grid_w):
+        height, width = shown.input_size
+        grid = (f"a {layout.grid_h}×{layout.grid_w} grid at its own size; **this input: {height}×{width} pixels, "
+                f"a {shown.grid_h}×{shown.grid_w} grid**")
     return (f"**Model** `{public_name(handle.name)}` · **weights** `{weights_label(handle)}` · **device** `{handle.device}`  \n"
             f"{handle.depth} layers × {handle.num_heads} heads · "
-            f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on a {layout.grid_h}×{layout.grid_w} grid · "
+            f"{handle.patch_size[0]}×{handle.patch_size[1]}-pixel patches on {grid} · "
             f"prefix tokens: {prefix}"
             + ("" if handle.has_head else " · no classification head (no predictions or Grad-CAM)"))
 

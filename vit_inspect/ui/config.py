@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 from starlette.middleware import Middleware
@@ -12,6 +13,9 @@ from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET
 from vit_inspect.ui.model_cache import DEFAULT_CACHE_SIZE
 from vit_inspect.ui.request_guard import RequestGuard, body_limit
 from vit_inspect.ui.session_store import DEFAULT_BUDGET
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
+FIRST_IMAGE = ASSETS / "chelsea.png"  # what the page shows on load, so that its first view answers at once
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class AppConfig:
     memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
     spill_budget: int = DEFAULT_SPILL_BUDGET  # bytes of attention maps spilled to local disk (vit_inspect.passes.spill); 0: none
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
+    first_image: str | None = str(FIRST_IMAGE) if FIRST_IMAGE.is_file() else None  # analysed on page load; None: none
 
     @property
     def limits(self) -> ImageLimits:

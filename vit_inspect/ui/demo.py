@@ -1,25 +1,25 @@
-"""The app's page: `build_demo(config)` lays out the header, the input column and each tab, then wires the
-page's own events (the image pass, model loading, redraws) and each tab's."""
+"""The app's page: `build_demo(config)` lays out the header, the input column and the sections (`sections`),
+then wires the page's own events (the image pass, model loading, class switching, redraws, the stale-result
+check) and each tab's."""
 from __future__ import annotations
-
-import json
 
 import gradio as gr
 
-from vit_inspect.ui import clicks, inputs
+from vit_inspect.ui import clicks, inputs, sections
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
 from vit_inspect.ui.model_cache import ModelCache
-from vit_inspect.ui.panels import IMAGE_PANELS
-from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, distance, downloads, faithfulness, gradcam,
-                                 heads, model, predictions, rollout)
-from vit_inspect.ui.view import SCALES, View
+from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS
+from vit_inspect.ui.stale import KEEP, NOTE, Tracked, refresh, refresh_io
+from vit_inspect.ui.tabs import all_maps, attention, compare, distance, downloads, faithfulness, heads, model, overview
+from vit_inspect.ui.view import View
 
 INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and how it sees. "
-         "Upload an image or pick an example; every slider and click redraws instantly from one pass of the "
-         "model. Every map has a colour bar with its unit; **Colour scale** chooses each map's own range or one "
-         "shared range.")
+         "The page opens on an example; upload your own image or pick another, and every slider and click "
+         "redraws from one pass of the model. Every map has a colour bar with its unit and a caption with its "
+         "settings.")
+API_NAMES = {"relevance": "gradient_weighted_attention"}  # a redraw whose panel's name is another event's api_name
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
 
@@ -29,95 +29,134 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     models = inputs.CURATED_MODELS
     if config.model not in models:
         models = (app.default_label, *models)
-    with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS) as demo:
+    with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS, fill_width=True) as demo:
         key = gr.State(app.default_key)  # the model every event of this session uses
         session = gr.State(None, time_to_live=config.session_ttl_s)  # the image's passes (inspector.Session)
         gr.Markdown(INTRO)
         status = gr.Markdown("⏳ Loading the model…", elem_id="status")
         with gr.Row():
             given = inputs.layout(models, app.default_label)
-            with gr.Column(scale=2):
-                scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
-                                 info="Shared: one range over every layer and head (attention) or block "
-                                      "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
-                shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the tab the page shows
-                with gr.Tabs() as tabs:
-                    predictions_view = predictions.layout()
-                    attention_view = attention.layout()
-                    all_heads_view = all_heads.layout()
-                    heads_view = heads.layout(len(inputs.EXAMPLES), config.session_ttl_s)
-                    rollout_view = rollout.layout()
-                    gradcam_view = gradcam.layout()
-                    all_maps_view = all_maps.layout()
-                    faithfulness_view = faithfulness.layout()
-                    distance_view = distance.layout()
-                    model_view = model.layout()
-                    downloads_view = downloads.layout()
-                    compare_view = compare.layout(models, config.session_ttl_s)
+            with gr.Column(scale=4, min_width=640):
+                shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the sub-tab in view
+                page = sections.layout(models, len(inputs.EXAMPLES), config.session_ttl_s)
 
         # Events are registered in the order below, and the page runs the listeners of one trigger in that order.
-        compare.wire(compare_view, compare.CompareTab(app, upload_source), given.image, key)
-
-        panel = {"attention": attention_view.panel, "distance": distance_view.panel, "rollout": rollout_view.panel,
-                 "gradcam": gradcam_view.panel, "relevance": gradcam_view.relevance, "compare": all_maps_view.panel,
-                 "heads": all_heads_view.panel}
-        controls = dict(layer=attention_view.layer, head=attention_view.head, mean_heads=attention_view.mean_heads,
-                        query=attention_view.query, row=attention_view.row, col=attention_view.col,
-                        head_fusion=rollout_view.head_fusion, discard_ratio=rollout_view.discard_ratio,
-                        first_layer=rollout_view.first_layer, last_layer=rollout_view.last_layer,
-                        gradcam_layer=gradcam_view.layer, scale=scale, rollout_method=rollout_view.method,
-                        discard=rollout_view.discard, threshold_on=all_heads_view.threshold_on,
-                        threshold=all_heads_view.threshold)
-        geometry = [attention_view.layer, attention_view.head, rollout_view.first_layer, rollout_view.last_layer,
-                    gradcam_view.layer, attention_view.row, attention_view.col]  # fitted to each model
-        model_outputs = [model_view.pca, model_view.similarity, model_view.similarity_other]
-        cleared = [distance_view.dataset_plot, distance_view.dataset_note, downloads_view.files, model_view.files]
+        compare_b = compare.wire(page.compare, compare.CompareTab(app, upload_source), given.image, key, session)
+        panel = dict(zip(FIRST_VIEW, page.overview.maps)) | {
+            "attention": page.attention.panel, "distance": page.distance.panel, "rollout": page.rollout.panel,
+            "gradcam": page.gradcam.panel, "relevance": page.gradcam.relevance, "compare": page.all_maps.panel,
+            "heads": page.all_heads.panel}
+        controls = dict(layer=page.attention.layer, head=page.attention.head, mean_heads=page.attention.mean_heads,
+                        query=page.attention.query, row=page.attention.row, col=page.attention.col,
+                        head_fusion=page.rollout.head_fusion, discard_ratio=page.rollout.discard_ratio,
+                        first_layer=page.rollout.first_layer, last_layer=page.rollout.last_layer,
+                        gradcam_layer=page.gradcam.layer, scale=given.scale, rollout_method=page.rollout.method,
+                        discard=page.rollout.discard, threshold_on=page.all_heads.threshold_on,
+                        threshold=page.all_heads.threshold)
+        geometry = [page.attention.layer, page.attention.head, page.rollout.first_layer, page.rollout.last_layer,
+                    page.gradcam.layer, page.attention.row, page.attention.col]  # fitted to each model
 
         clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
-        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry], api_name="startup")
-        gr.on([given.load_button.click, given.model_name.select], app.load_model,
-              inputs=[given.model_name, given.weights],
-              outputs=[key, status, given.model_box, *geometry, *model_outputs, *cleared], api_name="load_model",
-              **RAW).failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name")
+        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry, given.image], api_name="startup")
+        gr.on([given.model_box.expand, page.compare.tab.select], inputs.choices_handler(models, (app.default_label,)),
+              outputs=[given.model_name, page.compare.name_b], api_name="model_choices",
+              show_progress="hidden")  # when a picker comes into view, not while the first view loads
+        loaded = gr.on([given.load_button.click, given.model_name.select], app.load_model,
+                       inputs=[given.model_name, given.weights], outputs=[key, status, given.model_box, *geometry],
+                       api_name="load_model", **RAW)
+        loaded.failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name")
         analyzed = gr.on(
             [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
-            inputs_kwargs=controls | dict(relevance=all_maps_view.relevance_toggle),
-            outputs=[session, predictions_view.predictions, predictions_view.crop, gradcam_view.target,
-                     *[panel[n] for n in IMAGE_PANELS], predictions_view.seen, attention_view.geometry],
+            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
+            outputs=[session, given.predictions, page.overview.crop, given.target, *[panel[n] for n in IMAGE_PANELS],
+                     page.overview.seen, page.attention.geometry, status, page.attention.query],
             api_name="analyze", **RAW, **MODEL_PASS)
-        for tab in tabs.children:  # the page records which tab it shows, in the page (no server call)
-            gr.on([tab.select], None, outputs=[shown_tab], js=f"() => {json.dumps(tab.label)}", queue=False)
-        for name, tab in LATER_PANELS.items():  # the figures of a new image, once its maps are shown, if in view
-            analyzed.success(app.redraw_if_shown(name, tab), inputs=[session, shown_tab], inputs_kwargs=controls,
-                             outputs=panel[name], api_name=f"{name}_of_new_image", show_progress="hidden",
-                             concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        sections.record_shown(page, shown_tab)
+        analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
+                         outputs=[panel[n] for n in LATER_PANELS], api_name="panels_of_new_image",
+                         show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)  # those in view
         # Each panel redraws from the session's pass when a control it shows changes (maps with a colour range
         # also on the colour scale); panels showing other tabs' controls redraw when their tab opens.
-        redraws = {"attention": [*attention_view.redraw_on, scale.input],
-                   "rollout": [*rollout_view.redraw_on, scale.input],
-                   "gradcam": [*gradcam_view.redraw_on, scale.input],
-                   "heads": [*all_heads_view.redraw_on, scale.input],
-                   "distance": distance_view.redraw_on,
-                   "compare": all_maps_view.redraw_on}
+        # A view drawn out of sight is drawn when it opens, or its section does (the view it shows then).
+        redraws = {"attention": [*page.attention.redraw_on, given.scale.input, page.attention.tab.select],
+                   "gradcam": [*page.gradcam.redraw_on, given.scale.input, page.gradcam.tab.select],
+                   "relevance": [page.gradcam.tab.select],
+                   "heads": [*page.all_heads.redraw_on, page.heads_section.select, given.scale.input],
+                   "distance": [*page.distance.redraw_on, page.sees.select],
+                   "compare": page.all_maps.redraw_on}
         for name, triggers in redraws.items():
             gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
-                  api_name=name, trigger_mode="always_last", show_progress="hidden",
+                  api_name=API_NAMES.get(name, name), trigger_mode="always_last", show_progress="hidden",
                   concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        gr.on([*page.rollout.redraw_on, given.scale.input, page.rollout.tab.select], app.redraw_rollout,
+              inputs=[session], inputs_kwargs=controls,
+              outputs=[page.rollout.panel, page.rollout.first_layer, page.rollout.last_layer], api_name="rollout",
+              trigger_mode="always_last", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        explain = {name: tab for name, tab in LATER_PANELS.items() if tab in page.labels(page.explain)}
+        gr.on([page.explain.select], app.redraw_shown(explain), inputs=[session, shown_tab], inputs_kwargs=controls,
+              outputs=[panel[n] for n in explain], js=sections.shown_js(page, page.explain, position=1),
+              api_name="explain_opened", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
+        gr.on([given.scale.input], app.redraw_many(FIRST_VIEW), inputs=[session], inputs_kwargs=controls,
+              outputs=list(page.overview.maps), api_name="first_view", trigger_mode="always_last",
+              show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
 
-        attention.wire(attention_view, app, session, controls)
-        retargeted, searched = gradcam.wire(gradcam_view, app, session, controls,
-                                            class_outputs=[session, gradcam_view.target,
-                                                           *[panel[n] for n in CLASS_PANELS]])
-        all_maps.wire(all_maps_view, app, session, controls)
-        faithfulness.wire(faithfulness_view, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session,
-                          controls)
-        heads.wire(heads_view, heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls),
-                   session, controls, refreshed=[analyzed, retargeted, searched],
+        attention.wire(page.attention, app, session, controls)
+        retargeted, searched = inputs.wire_classes(given, app, session, controls, class_outputs=[
+            session, given.target, *[panel[n] for n in CLASS_PANELS]])
+        all_maps.wire(page.all_maps, app, session, controls)
+        faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session,
+                          key, controls, also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
+        heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
+        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
-                   shown_tab=shown_tab)
-        distance.wire(distance_view, distance.DistanceTab(app), key)
-        model.wire(model_view, model.ModelTab(app.handle, app.cache.max_size), key)
-        downloads.wire(downloads_view, app, session, controls)
+                   shown_tab=shown_tab, opened=sections.opened(page.heads_section, page.heads.tab))
+        distance.wire(page.distance, distance.DistanceTab(app), key)
+        model_tab = model.ModelTab(app.handle, app.cache.max_size)
+        model.wire(page.model, model_tab, key, opened=sections.opened(page.sees, page.model.tab))
+        downloads.wire(page.downloads, app, session, key, controls)
+
+        # One check against stale results (`ui.stale`) after every change of model, image, class or model B; the
+        # downloads, which depend on every setting, also when a tab opens or the colour scale changes.
+        tracked = tracked_results(page, heads_tab, model_tab)
+        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (loaded, "model"),
+                            (compare_b, "model_b")):
+            check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+        by_settings = tuple(item for item in tracked if item.level == "options")
+        every_tab = list({id(tab): tab for section, tabs in page.groups() for tab in (section, *tabs)}.values())
+        check(lambda **kw: gr.on([tab.select for tab in every_tab] + [given.scale.input], **kw),
+              by_settings, session, key, shown_tab, controls, "stale_check_settings")
     return demo
+
+
+def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_tab: model.ModelTab) -> tuple:
+    """The results that cost model passes or files, each with what it depends on and what recomputes it."""
+    verdicts = (overview.NOT_SCORED,) * len(page.overview.verdicts)
+    return (
+        Tracked("faithfulness", page.faithfulness.scored,
+                (page.faithfulness.figure, page.faithfulness.table, page.faithfulness.note, *page.overview.verdicts),
+                (None, None, NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
+        Tracked("compare", page.compare.made_from, (page.compare.state, *page.compare.results),
+                (None, KEEP, NOTE, *[None] * (len(page.compare.results) - 2)), "class", f"**{compare.PRESS}**",
+                extra=page.compare.key_b),
+        Tracked("heads", page.heads.state,
+                (page.heads.effect, page.heads.top, *page.heads.maps, page.heads.importance, page.heads.importance_note),
+                (NOTE, None, *[None] * len(page.heads.maps), None, ""), "class",
+                "**Ablate these heads** or **Rank every head**", reset=heads_tab.reset),
+        Tracked("model", page.model.made_from, tuple(page.model.figure_outputs), (None, None, None, None, NOTE),
+                "model", "nothing: they are drawn again when this tab opens", tab=page.model.tab.label,
+                recompute=model_tab.recompute),
+        Tracked("dataset_distance", page.distance.made_from, (page.distance.dataset_plot, page.distance.dataset_note),
+                (None, NOTE), "model", "**Average over these images**"),
+        Tracked("downloads", page.downloads.made_from, (page.downloads.files, page.downloads.note), (None, NOTE),
+                "options", f"**{downloads.PRESS}**", options=download_options),
+    )
+
+
+def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str) -> None:
+    """`stale.refresh` of the ``tracked`` results, registered by ``register`` (an event's ``.success``, or
+    `gr.on` with its triggers) under ``api_name``."""
+    extra_inputs, outputs = refresh_io(tracked)
+    register(fn=refresh(tracked), inputs=[session, key, shown_tab, *extra_inputs], inputs_kwargs=controls,
+             outputs=outputs, api_name=api_name, show_progress="hidden", **RAW)

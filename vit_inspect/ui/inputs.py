@@ -1,15 +1,23 @@
-"""The page's input column: the image, how it becomes the model's input, the example photos, and the model
-picker. Its events are the page's own (`build_demo`): the image pass and the model loading."""
+"""The page's input column, beside every section: the image and how it becomes the model's input, the model's
+top-5, the class every gradient map explains, the colour scale, the example photos, and the model picker. A
+control here acts on every section, and every caption prints its value. Its events are the page's own
+(`build_demo`): the image pass, class switching (`wire_classes`) and model loading.
+
+The curated models are listed honestly: one whose weights are neither on this machine nor reachable on the
+hub is marked "needs the hub" before it is picked (`model_choices`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import gradio as gr
 
+from vit_inspect.core import hub
+from vit_inspect.core.load import weights_at_hand
+from vit_inspect.ui.common import MODEL_PASS, RAW
+from vit_inspect.ui.config import ASSETS
 from vit_inspect.ui.inspector import GEOMETRIES
+from vit_inspect.ui.view import SCALES
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
 CURATED_MODELS = (
     "deit_tiny_patch16_224",
     "deit_small_patch16_224",
@@ -21,6 +29,7 @@ CURATED_MODELS = (
     "vit_small_patch16_224.dino",
     "vit_small_patch14_reg4_dinov2.lvd142m",
 )
+NEEDS_HUB = "needs the hub"  # how a curated model that cannot load here is marked
 
 EXAMPLES = (  # (file in assets/, caption with the credit and licence from assets/README.md)
     ("chelsea.png", "Chelsea the cat · Stéfan van der Walt · CC0"),
@@ -33,13 +42,35 @@ EXAMPLES = (  # (file in assets/, caption with the credit and licence from asset
 EXAMPLE_PATHS = tuple(ASSETS / name for name, _ in EXAMPLES)
 
 
+def model_choices(models: tuple[str, ...], loaded: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(label, name) choices of a model picker: a name whose weights are neither on this machine
+    (`load.weights_at_hand`) nor reachable on the hub (switched off, or not answering: `hub.hub_reachable`)
+    labelled "name · needs the hub"; the ``loaded`` names (the operator's own) as they are."""
+    online = not hub.offline_by_setting() and hub.hub_reachable()
+    return [(name if online or name in loaded or weights_at_hand(name) else f"{name} · {NEEDS_HUB}", name)
+            for name in models]
+
+
+def choices_handler(models: tuple[str, ...], loaded: tuple[str, ...]):
+    """The page-load handler that lists `model_choices` in both model pickers (the page's and Compare's B)."""
+    def handler():
+        choices = model_choices(models, loaded)
+        return gr.update(choices=choices), gr.update(choices=choices)
+    return handler
+
+
 @dataclass(frozen=True)
 class InputView:
     """The input column's components."""
 
     image: gr.Image
+    predictions: gr.Label
+    class_search: gr.Textbox
+    target: gr.Dropdown
+    versus: gr.Textbox
     geometry_mode: gr.Radio
     shorter_side: gr.Number
+    scale: gr.Radio
     model_box: gr.Accordion
     model_name: gr.Dropdown
     weights: gr.File
@@ -49,9 +80,18 @@ class InputView:
 def layout(models: tuple[str, ...], model: str) -> InputView:
     """The column, inside the page's ``gr.Row``; ``models`` are the names the picker offers, ``model`` the one
     it shows first."""
-    with gr.Column(scale=1, min_width=320):
-        image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=320,
+    with gr.Column(scale=1, min_width=280, elem_id="input-column"):
+        image = gr.Image(label="Image (upload, drop, paste or webcam)", type="filepath", height=240,
                          sources=["upload", "clipboard", "webcam"], elem_id="input-image")
+        predictions = gr.Label(num_top_classes=5, label="Top-5 classes", show_heading=False, elem_id="predictions")
+        with gr.Group():
+            target = gr.Dropdown([], label="Class to explain", elem_id="target",
+                                 info="Every gradient map, the faithfulness scores, the heads' ablation and "
+                                      "Compare explain this class: the top 5 first, then what the search found.")
+            class_search = gr.Textbox(label="Find a class: name or index, then Enter", placeholder="e.g. 1 (goldfish) "
+                                      "or beagle", elem_id="class-search", max_lines=1)
+            versus = gr.Textbox(label="Versus class (optional): name or index, then Enter", placeholder="e.g. tabby",
+                                elem_id="versus", max_lines=1, info="Gradients of logit A − logit B: why A and not B?")
         geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
                                  elem_id="geometry", info="The model's own centre crop, the whole image "
                                  "squashed to its input size, or the whole image with its aspect ratio "
@@ -61,11 +101,30 @@ def layout(models: tuple[str, ...], model: str) -> InputView:
         gr.Examples([[str(path)] for path in EXAMPLE_PATHS], inputs=image, label="Examples",
                     examples_per_page=len(EXAMPLES))
         gr.Markdown("Examples, left to right: " + "; ".join(c for _, c in EXAMPLES) + ".")
+        scale = gr.Radio(list(SCALES), value="each map its own range", label="Colour scale", elem_id="scale",
+                         info="Shared: one range over every layer and head (attention) or block "
+                              "(Grad-CAM). Absolute: attention and rollout weights on 0 to 1.")
         with gr.Accordion("Change model", open=False) as model_box:
             model_name = gr.Dropdown(list(models), value=model, label="Model", allow_custom_value=True,
                                      elem_id="model-name", info="Or type any timm ViT name, or a Hugging Face id "
-                                                                "such as google/vit-base-patch16-224.")
+                                                                f"such as google/vit-base-patch16-224. '{NEEDS_HUB}': "
+                                                                "its weights are not on this server and the hub "
+                                                                "does not answer.")
             weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
                               file_types=[".safetensors"], type="filepath", elem_id="weights-file")
             load_button = gr.Button("Load model", variant="primary", elem_id="load-model")
-    return InputView(image, geometry_mode, shorter_side, model_box, model_name, weights, load_button)
+    return InputView(image, predictions, class_search, target, versus, geometry_mode, shorter_side, scale, model_box,
+                     model_name, weights, load_button)
+
+
+def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_outputs: list) -> tuple:
+    """The class picker's events: a class picked in the list, a versus class typed, or a class searched, each
+    switching the session to that class (the page's `Inspector` ``app``) and redrawing ``class_outputs`` (the
+    session, the class list, then the panels that depend on the class). Returns both events, for what follows
+    them."""
+    retargeted = gr.on([view.target.input, view.versus.submit], app.set_target,
+                       inputs=[session, view.target, view.versus], inputs_kwargs=controls, outputs=class_outputs,
+                       api_name="set_target", **RAW, **MODEL_PASS)
+    searched = gr.on([view.class_search.submit], app.search_class, inputs=[session, view.class_search, view.versus],
+                     inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **RAW, **MODEL_PASS)
+    return retargeted, searched

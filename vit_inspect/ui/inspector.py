@@ -3,8 +3,10 @@ switching, downloads); a tab's own handlers live in its module (`ui.tabs`). UI v
 values out. A session's results live in the byte-bounded store; models in the shared cache."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,27 +31,30 @@ from vit_inspect.ui.common import (describe, download_folder, geometry_updates, 
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
-from vit_inspect.ui.panels import IMAGE_PANELS, MAP_NAMES, draw_panels, view_map
+from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, view_map
 from vit_inspect.ui.relevance import computed, with_relevance
-from vit_inspect.ui.session_store import SessionStore, Slot, module_nbytes
+from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.tabs.attention import map_geometry
 from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, text
-from vit_inspect.ui.view import PATCH, View
+from vit_inspect.ui.view import PATCH, READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass
 
 log = logging.getLogger("vit_inspect.app")
 
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
-CLASS_PANELS = ("gradcam", "relevance", "rollout")  # the panels a new class redraws
+CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")  # the panels a new class redraws
+CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # a refused class: the session, the list and its panels kept
 
-# A new image's answer carries its maps; these figures (PIL pictures of 3-20 ms for DeiT-Ti; once about 1 s
-# of matplotlib, 7x its pass) are drawn by events that follow it, so predictions and maps show as soon as the
-# pass is done, and only if the page shows their tab then (else the tab draws its figure when it opens):
-# panel -> its tab
-LATER_PANELS = {"distance": "Attention distance", "compare": "All maps", "heads": "All heads"}
-FIRST_TAB = "Predictions"  # the tab a page opens on
-FIRST_PANELS = tuple(name for name in IMAGE_PANELS if name not in LATER_PANELS)
+# A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
+# the pass is done; every other panel it clears. The event that follows it draws those (PIL pictures of 3-20 ms
+# for DeiT-Ti) only if the page shows their tab then, else the tab draws them when it opens: nothing drawn out
+# of view competes with the browser fetching the first view. panel -> its tab
+FIRST_PANELS = FIRST_VIEW
+LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "relevance": "Grad-CAM",
+                "compare": "All maps", "heads": "All heads", "distance": "Attention distance"}
+FIRST_TAB = "Overview"  # the tab a page opens on
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class Session:
     geometry: InputGeometry = InputGeometry()  # how the upload became the input
     relevance: bool = False  # passes also compute LeGrad and AttnLRP (the All maps toggle; off: the gradient floor)
     relevance_for: frozenset = frozenset()  # the (target, contrast) passes whose LeGrad and AttnLRP were computed
+    digest: str = ""  # of the input the model saw (upload and geometry): what results computed from it share
+    image_words: str = ""  # the upload's name and geometry, for sentences: "chelsea.png (model's centre crop, ...)"
 
     @property
     def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
@@ -79,6 +86,24 @@ class Session:
 
     def class_text(self, index: int | None) -> str:
         return "" if index is None else class_name(self.labels, index)
+
+    def target_words(self) -> str:
+        """The class explained now, "tabby, tabby cat (#281)" (and "versus ..."); "" for a model without a head."""
+        target, contrast = self.target
+        return self.class_text(target) + ("" if contrast is None else f" versus {self.class_text(contrast)}")
+
+
+def input_digest(rgb: np.ndarray) -> str:
+    """A digest of the (H, W, 3) input a pass saw: equal for equal inputs, whatever upload gave them."""
+    return hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=16).hexdigest()
+
+
+def download_options(session: Session, controls: dict) -> dict:
+    """The settings the downloads depend on (`View.record`), or a mark that the controls are unreadable."""
+    try:
+        return View.from_controls(session.result, **controls).record()
+    except InputError:
+        return {"unreadable": True}
 
 
 def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:
@@ -114,7 +139,8 @@ class Inspector:
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model (the server loads it in the background; this waits for it with a
-        progress bar), or in its place how to get its weights."""
+        progress bar), or in its place how to get its weights; and the first image (`AppConfig.first_image`),
+        whose pass the image's change event then runs, so that the first view answers with no control touched."""
         progress(0, desc=f"Loading the model {self.default_key.name} (first start: a few seconds)")
         try:
             handle = self.handle(self.default_key)
@@ -123,13 +149,15 @@ class Inspector:
             return (f"⚠️ **The model could not be loaded.** {public_message(exc)}\n\nYou can still use the app: open "
                     "**Change model** below the image, upload a `.safetensors` weights file, type its timm "
                     "architecture name (e.g. `deit_tiny_patch16_224`) and press **Load model**.",
-                    gr.update(open=True), *[gr.skip()] * 7)
-        return describe(handle), gr.update(), *geometry_updates(handle)
+                    gr.update(open=True), *[gr.skip()] * 7, gr.skip())
+        first = self.config.first_image
+        return describe(handle), gr.update(), *geometry_updates(handle), first if first else gr.skip()
 
     @shows_errors
     def load_model(self, name: object, weights: object, progress=gr.Progress()):
-        """Another model: everything shown for the previous one is cleared (the image is rerun through
-        `key.change`). On failure the picker goes back to the model in use (the event's .failure)."""
+        """Another model: the image is rerun through `key.change`, and what was computed with the previous model
+        is cleared by the page's stale-result check (`ui.stale`). On failure the picker goes back to the model
+        in use (the event's .failure)."""
         name = text(name, "The model name")
         if not name:
             raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
@@ -149,8 +177,7 @@ class Inspector:
             key = CacheKey.of(name, weights, self.config.device)
         progress(0, desc=f"Loading {name}")
         handle = self.handle(key)
-        return (key, describe(handle), gr.update(open=False), *geometry_updates(handle),
-                *[None] * 3, None, "", None, None)
+        return key, describe(handle), gr.update(open=False), *geometry_updates(handle)
 
     @staticmethod
     def picker_name(key: CacheKey) -> str:
@@ -192,36 +219,48 @@ class Inspector:
     def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
                 progress=gr.Progress(), request: gr.Request = None, **controls):
         relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
+        current = controls.pop("current", None)  # the session's pass so far (a state: read when this event runs)
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
-            return None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None
+            return (None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None,
+                    gr.skip(), READOUT)
         source, name = upload
         geometry = self.geometry_of(geometry_mode, shorter_side)
-        view_controls = controls | dict(first_layer=0, last_layer=10**6)  # an inverted range must not stop a pass
-        progress(0.1, desc="Loading the model")
         handle = self.handle(key)
+        if (current is not None and (current.source, current.model, current.geometry) == (source, key, geometry)
+                and current.relevance == relevance):
+            # The page shows this input already: Gradio's image fires two changes when an upload replaces an
+            # image. Nothing changes (the controls are still checked), no pass, and nothing drawn.
+            with suppress(ResultDropped):  # unless the store let it go: then a pass as for a new image
+                View.from_controls(current.result, **controls)
+                return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output: session, top-5, ..., query
+        session = self._new_session(handle, key, source, name, geometry, relevance, progress)
+        result = session.result
+        progress(0.8, desc="Drawing")
+        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
+                            interactive=True) if result.probs.size else gr.update(choices=[], value=None))
+        view = View.from_controls(result, **(controls | dict(query=READOUT)))  # a new image: no patch chosen yet
+        drawn = dict(zip(FIRST_PANELS, draw_panels(FIRST_PANELS, session, view)))
+        panels = [drawn.get(name) for name in IMAGE_PANELS]  # the others: cleared now, drawn by the next events
+        self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
+        seen = map_plots.outline_region(result.preview, result.seen_box, result.source_size)
+        return (session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result),
+                describe(handle, result.layout), READOUT)
+
+    def _new_session(self, handle: ViTHandle, key: CacheKey, source, name: str, geometry: InputGeometry,
+                     relevance: bool, progress) -> Session:
+        """One pass over a new input (one forward, one backward), kept in the store: the session showing it."""
         progress(0.4, desc="Running the model (one forward and one backward pass"
                            + (", plus AttnLRP and LeGrad)" if relevance else ")"))
         result = self._pass(handle, source, geometry, relevance=relevance)
-        progress(0.8, desc="Drawing")
         scatter = distance_plots.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
-                                               title=f"{public_name(handle.name)} · this image")
+                                                     title=f"{public_name(handle.name)} · this image")
         slot = self.store.put({(result.target, None): result}, result.nbytes())
-        session = Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
-                          distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
-                          relevance=relevance,
-                          relevance_for=frozenset({(result.target, None)} if relevance else ()))
-        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
-                            interactive=True) if result.probs.size else gr.update(choices=[], value=None))
-        try:
-            view = View.from_controls(result, **controls)
-        except InputError:  # an inverted rollout range must not stop a new image; the rollout tab refuses it
-            view = View.from_controls(result, **view_controls)
-        drawn = dict(zip(FIRST_PANELS, draw_panels(FIRST_PANELS, session, view)))
-        panels = [drawn.get(name) for name in IMAGE_PANELS]  # LATER_PANELS: cleared now, drawn by the next events
-        self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
-        seen = map_plots.outline_region(result.preview, result.seen_box, result.source_size)
-        return session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result)
+        return Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+                       distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
+                       relevance=relevance, relevance_for=frozenset({(result.target, None)} if relevance else ()),
+                       digest=input_digest(result.rgb),
+                       image_words=f"{Path(name).name} ({geometry.describe(result.layout.input_size)})")
 
     def redraw(self, name: str):
         """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
@@ -232,6 +271,34 @@ class Inspector:
             picture, newest = self._draw_newest(request, name, session, View.from_controls(session.result, **controls))
             return picture if newest else gr.skip()
         return handler
+
+    def redraw_shown(self, tabs: dict[str, str]):
+        """One handler for the panels of ``tabs`` (panel -> its tab): those whose tab the page shows are drawn
+        (`redraw`), the others left as the new image's answer left them, cleared."""
+        draws = {name: self.redraw(name) for name in tabs}
+
+        def handler(session: Session | None, shown: object, request: gr.Request = None, **controls):
+            return tuple(draws[name](session, request=request, **controls) if tab == shown else gr.skip()
+                         for name, tab in tabs.items())
+        return handler
+
+    def redraw_many(self, names: tuple[str, ...]):
+        """`redraw` of several panels in one event (the first view's maps on another colour scale)."""
+        draws = [self.redraw(name) for name in names]
+
+        def handler(session: Session | None, request: gr.Request = None, **controls):
+            return tuple(draw(session, request=request, **controls) for draw in draws)
+        return handler
+
+    @shows_errors
+    def redraw_rollout(self, session: Session | None, request: gr.Request = None, **controls):
+        """The rollout map, and a backward range (From after To) swapped on the sliders as it is drawn."""
+        if session is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        view = View.from_controls(session.result, **controls)
+        picture, newest = self._draw_newest(request, "rollout", session, view)
+        sliders = (view.first_layer, view.last_layer) if view.swapped else (gr.skip(), gr.skip())
+        return picture if newest else gr.skip(), *sliders
 
     def redraw_if_shown(self, name: str, tab: str | None):
         """`redraw(name)` when the page shows ``tab`` (the browser's own record of its open tab, a client's
@@ -258,8 +325,9 @@ class Inspector:
         if not isinstance(evt.index, (list, tuple)) or len(evt.index) < 2:
             raise InputError("A click gives the (x, y) pixel it landed on; this one gave none.")
         height, width = session.result.layout.input_size
-        x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6)
-        y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6)
+        scale = main_scale(session.result)  # the map shows the crop enlarged by this whole factor
+        x = finite_float(evt.index[0], "The clicked x", -1e6, 1e6) / scale
+        y = finite_float(evt.index[1], "The clicked y", -1e6, 1e6) / scale
         if not (0 <= x < width and 0 <= y < height):  # the colour bar or the caption beside the map
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         row, col = session.result.layout.patch_at(y, x)
@@ -309,7 +377,7 @@ class Inspector:
         try:
             target = text(target, "The class to explain", max_chars=40)
             if session is None or not target:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return CLASS_SKIP
             if not target.isdigit():
                 raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
                                  "in the search box.")
@@ -318,7 +386,7 @@ class Inspector:
             return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return CLASS_SKIP
 
     def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
                      request: gr.Request = None, **controls):
@@ -328,7 +396,7 @@ class Inspector:
         try:
             wanted = text(wanted, "The class search", 100)
             if session is None or not wanted:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return CLASS_SKIP
             index = find_class(session.labels, session.result.probs, wanted, "class to explain")
             contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
                                   "comparison")
@@ -336,7 +404,7 @@ class Inspector:
             return self._show_class(session, index, contrast, found, progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return CLASS_SKIP
 
     def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls,
                     request=None):
@@ -348,9 +416,10 @@ class Inspector:
         return session, gr.update(choices=choices, value=str(index)), *panels
 
     @shows_errors
-    def downloads(self, session: Session | None, **controls) -> list[str]:
+    def downloads(self, session: Session | None, key: CacheKey | None = None, **controls):
         """The current image's figures as PNG (each captioned with its model, class and settings), its
-        numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings)."""
+        numbers as JSON (the CLI's record plus the settings) and .npz (with the same settings); and what they
+        were made from (a `stale.Basis` down to the settings) with a line saying so."""
         if session is None:
             raise InputError("Analyse an image first; the downloads are its figures and numbers.")
         result = session.result
@@ -377,4 +446,7 @@ class Inspector:
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
-        return [str(p) for p in paths]
+        basis = Basis.of(session, key or session.model, download_options(session, controls))
+        note = (f"Prepared for {session.image_words}" + (f", class {session.target_words()}" if session.target_words()
+                else "") + " and the settings recorded in each file; a change to any of them clears these files.")
+        return basis, [str(p) for p in paths], note

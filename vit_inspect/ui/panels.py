@@ -5,6 +5,9 @@ the controls' `View` (`view`) into images, for the page's handlers (`inspector`)
 """
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
 from vit_inspect.analysis import mass_mask
@@ -14,7 +17,15 @@ from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.relevance import present, relevance_words
 
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
-IMAGE_PANELS = ("attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")  # per-image outputs
+FIRST_VIEW = ("first_attention", "first_rollout", "first_relevance")  # the first view's three maps, fixed settings
+IMAGE_PANELS = (*FIRST_VIEW, "attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")
+PANEL_COLUMNS = 3  # map panels side by side in a mosaic: three at a 224-pixel crop fit the page at 1366 pixels
+MAIN_MAP_PIXELS = 448  # a view's main map is drawn at least this wide (the crop enlarged by a whole factor)
+FIRST_VIEW_WORDS = {  # what each of the first view's maps is, and why it is there
+    "first_attention": "what the class token reads in the last layer",
+    "first_rollout": "attention carried through every layer",
+    "first_relevance": "the most faithful one-pass map on 200 ImageNet photos (README)",
+}
 UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
          "gradcam": "Grad-CAM (activation × gradient)", "relevance": "relevance (logit units)",
          "heads": "attention weight (probability)"}
@@ -33,6 +44,21 @@ def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
     if result.gradcam is None:
         return None
     return result.gradcam[view.gradcam_layer] if name == "gradcam" else result.chefer
+
+
+def main_scale(result: ImageAnalysis) -> int:
+    """The whole factor a view's main map enlarges the crop by: at least MAIN_MAP_PIXELS wide (2 for a 224-pixel
+    crop; 1 from 448 pixels up). A click's pixel on such a map is divided by it (`attention.map_geometry`)."""
+    return max(1, math.ceil(MAIN_MAP_PIXELS / result.layout.input_size[1]))
+
+
+def first_view(result: ImageAnalysis, view):
+    """The settings of the first view's maps, whatever the other views' controls say (only the colour scale is
+    shared): the last layer's attention from the readout token, mean of heads; attention rollout over every
+    layer, mean fusion, nothing discarded."""
+    last = result.depth - 1
+    return replace(view, layer=last, head=None, patch=None, head_fusion="mean", discard_ratio=0.0, first_layer=0,
+                   last_layer=last, rollout_method="attention", discard="row", swapped=False)
 
 
 def colour_range(result: ImageAnalysis, view, name: str, grid_map: np.ndarray) -> tuple[tuple[float, float], str]:
@@ -79,7 +105,7 @@ def heads_figure(session, view) -> np.ndarray:
     mask_words = "" if masks is None else f" · bright: the patches holding {view.threshold:.0%} of each head's attention"
     title = (f"{session.model_label} · layer {view.layer}, every head, from {view.query_text()}{mask_words}\n{words}")
     return map_plots.heads_panel(result.rgb, maps, titles, UNITS["heads"], title=title, vmin=low, vmax=high,
-                                 masks=masks)  # PIL tiles: ≈ 30x faster than a matplotlib figure
+                                 masks=masks, columns=min(result.num_heads, PANEL_COLUMNS + 1))  # PIL: ≈ 30x a figure
 
 
 def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None]:
@@ -96,7 +122,9 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
 
     drawn = []
     for name in names:
-        if name == "distance":
+        if name in FIRST_VIEW:
+            drawn.append(first_view_panel(session, first_view(result, view), name.removeprefix("first_")))
+        elif name == "distance":
             drawn.append(session.distance.draw((view.layer, view.head)))
         elif name == "heads":
             drawn.append(heads_figure(session, view))
@@ -113,12 +141,26 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
-                ranges={titles[k]: r for k, r in ranges.items()}, title=title))
+                ranges={titles[k]: r for k, r in ranges.items()}, title=title, columns=PANEL_COLUMNS))
         elif grid_map(name) is None:
             drawn.append(None)
         else:
             (low, high), words = colour_range(result, view, name, grid_map(name))
             drawn.append(map_plots.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
                                             UNITS[name], vmin=low, vmax=high, relu=name == "gradcam",
-                                            marker=view.patch if name == "attention" else None))
+                                            marker=view.patch if name == "attention" else None,
+                                            scale=main_scale(result)))
     return drawn
+
+
+def first_view_panel(session, view, name: str) -> np.ndarray | None:
+    """One of the first view's maps at the crop's own size (three fit side by side), captioned with what it is
+    and why it is shown; None for the gradient map of a model without a head."""
+    result = session.result
+    grid_map = view_map(result, view, name)
+    if grid_map is None:
+        return None
+    (low, high), words = colour_range(result, view, name, grid_map)
+    text = f"{caption(session, view, name, words)}\n{FIRST_VIEW_WORDS['first_' + name]}"
+    return map_plots.map_panel(result.rgb, grid_map, text, UNITS[name],
+                               vmin=low, vmax=high)

@@ -207,9 +207,12 @@ def text(value: object, name: str, max_chars: int = 200) -> str:
         value = str(value)
     if not isinstance(value, str):
         raise InputError(f"{name} must be text.")
-    if len(value) > max_chars or any(ord(c) < 32 for c in value):
-        raise InputError(f"{name} must be at most {max_chars} printable characters.")
-    return value.strip()
+    value = value.strip()  # spaces and line breaks around a pasted name are not part of it
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InputError(f"{name} must be printable characters only (it holds a control character).")
+    if len(value) > max_chars:
+        raise InputError(f"{name} must be at most {max_chars} characters (it has {len(value)}).")
+    return value
 
 
 # ----------------------------------------------------------------------------------------- messages

@@ -1,13 +1,14 @@
 """What the controls ask to see (`View`), in library terms, and the choices the controls offer.
 
 Every value comes from a client and is untrusted: `View.from_controls` clamps numbers beyond the model,
-refuses NaN, wrong types and an inverted rollout range with a sentence (`InputError`), and maps the
-radio labels to library names (an unknown label is the default)."""
+refuses NaN and wrong types with a sentence (`InputError`), and maps the
+radio labels to library names (an unknown label is the default). A backward rollout range (From after To) is
+swapped, and the View says so (`swapped`): the Rollout tab shows the swap on its sliders, the Faithfulness tab
+scores the same swapped range, and every caption names the layers drawn."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vit_inspect.core.errors import InputError
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag
 
@@ -15,6 +16,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 READOUT, PATCH = "class / readout token", "clicked patch"  # choices of the attention query
 SCALES = {"each map its own range": "own", "shared across layers and heads": "shared", "absolute (0 to 1)": "absolute"}
 ROLLOUTS = {"attention rollout (Abnar & Zuidema)": "attention", "gradient rollout for the class (vit-explain)": "gradient"}
+SWAPPED = " (From and To swapped)"  # a backward rollout range, as every caption and score names it
 DISCARDS = {"lowest in each row (ours)": "row", "lowest in the whole matrix (vit-explain)": "matrix"}
 
 
@@ -34,14 +36,15 @@ class View:
     rollout_method: str = "attention"  # "attention" (Abnar & Zuidema) or "gradient" (vit-explain, class-specific)
     discard: str = "row"  # "row" (ours) or "matrix" (vit-explain's whole-matrix discard)
     threshold: float | None = None  # heads grid: keep the patches holding this fraction of the mass; None: off
+    swapped: bool = False  # rollout: From and To were given backwards and are swapped
 
     @classmethod
     def from_controls(cls, result: ImageAnalysis, *, layer, head, mean_heads, query, row, col, head_fusion,
                       discard_ratio, first_layer, last_layer, gradcam_layer, scale=None, rollout_method=None,
                       discard=None, threshold_on=False, threshold=60) -> View:
         """Raw client values -> a View. Values beyond this model (±inf included) are clamped, an empty
-        box is 0; NaN and wrong types are refused with a sentence (`InputError`), and so is an inverted
-        rollout range (never silently swapped)."""
+        box is 0; NaN and wrong types are refused with a sentence (`InputError`); a backward rollout range
+        is swapped, and `swapped` records it (the Rollout tab shows it on its sliders)."""
         layout = result.layout
         top = result.depth - 1
 
@@ -52,9 +55,8 @@ class View:
             return options[value] if isinstance(value, str) and value in options else default
 
         first, last = clamp(first_layer, "From layer", top), clamp(last_layer, "To layer", top)
-        if first > last:
-            raise InputError(f"The rollout range runs backwards (from layer {first} to layer {last}); "
-                             "'From layer' must not be after 'To layer'.")
+        swapped = first > last
+        first, last = min(first, last), max(first, last)
         mass = finite_float(threshold, "Attention mass kept", 1.0, 100.0, default=60.0) / 100.0
         return cls(layer=clamp(layer, "Layer", top),
                    head=None if flag(mean_heads, "Mean of heads") else clamp(head, "Head", result.num_heads - 1),
@@ -65,7 +67,7 @@ class View:
                    first_layer=first, last_layer=last, gradcam_layer=clamp(gradcam_layer, "Grad-CAM block", top),
                    scale=choice(scale, SCALES, "own"), rollout_method=choice(rollout_method, ROLLOUTS, "attention"),
                    discard=choice(discard, DISCARDS, "row"),
-                   threshold=mass if flag(threshold_on, "Threshold mask") else None)
+                   threshold=mass if flag(threshold_on, "Threshold mask") else None, swapped=swapped)
 
     def query_text(self) -> str:
         return "the class / readout token" if self.patch is None else f"patch (row {self.patch[0]}, col {self.patch[1]})"
@@ -77,7 +79,7 @@ class View:
                    else f"rollout ({self.head_fusion} of heads)")
         return {"attention": f"attention, layer {self.layer}, {heads}, from {self.query_text()}",
                 "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
-                           + (discard if self.discard_ratio > 0 else ""),
+                           + (SWAPPED if self.swapped else "") + (discard if self.discard_ratio > 0 else ""),
                 "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
                 "relevance": "gradient-weighted attention (Chefer et al.)"}
 

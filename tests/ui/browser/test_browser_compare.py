@@ -9,8 +9,8 @@ import re
 
 import pytest
 from playwright import sync_api
-from support.app import APP_MARKS, CHELSEA
-from support.browser import ARTIFACTS, image_src, open_tab
+from support.app import APP_MARKS
+from support.browser import ARTIFACTS, first_view, image_src, open_tab
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
@@ -22,10 +22,9 @@ def shot(locator, name: str) -> None:
 def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     expect = sync_api.expect
     errors = page.locator("[data-testid='toast-body'].error")
-    page.set_viewport_size({"width": 2000, "height": 1100})  # wide enough that every tab shows
+    page.set_viewport_size({"width": 1366, "height": 768})  # every section in reach, the table in full
     expect(page.get_by_text("12 layers × 3 heads")).to_be_visible()
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby|tiger cat"))
+    first_view(page)  # the example the page opens on: chelsea.png
     open_tab(page, "Compare")
 
     page.locator("#compare-run").click()  # before model B is loaded: a sentence, not a traceback
@@ -43,9 +42,15 @@ def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     page.locator("#compare-run").click()
     note = page.locator("#compare-note")
     expect(note).to_contain_text("A's layer 11 of 12 (1.00) ↔ B's layer 5 of 6 (1.00)")
+    # one question: both explain the class explained on the page, A's top class, named (the label sets agree)
+    expect(note).to_contain_text("Both models explain the same class")
+    expect(note).to_contain_text("A: Egyptian cat (#285). B: Egyptian cat (#285).")
     table = page.locator("#compare-table")
-    expect(table).to_contain_text("layer 11 of 12 (relative depth 1.00) ↔ layer 5 of 6 (relative depth 1.00)")
+    expect(table).to_contain_text("11 ↔ 5")
     expect(table).to_contain_text("gradient-weighted attention")
+    wrap = table.locator("table").evaluate("t => { const s = t.closest('.table-wrap') || t.parentElement;"
+                                           " return [s.scrollWidth, s.clientWidth]; }")
+    assert wrap[0] <= wrap[1], f"the agreement table is {wrap[0]} px wide in a {wrap[1]} px box"
     expect(page.locator("#compare-top-a")).to_contain_text(re.compile("Egyptian cat|tabby|tiger cat"))
     maps = image_src(page, "compare-maps-ab")
     for elem_id in ("compare-distance", "compare-heads-a", "compare-heads-b", "compare-pca-a", "compare-pca-b"):
@@ -67,4 +72,7 @@ def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     expect(note).to_contain_text("A's layer 2 of 12 (0.25) ↔ B's layer 1 of 6 (0.33)")
     shot(page.locator("#compare-maps-ab"), "07_aligned_maps_layer2")
     assert server.forwards == forwards + 1, "moving the slider ran the model"
+    page.locator("#compare-classes input[value=\"each model's own top class\"]").check()  # asked for explicitly
+    page.locator("#compare-run").click()
+    expect(note).to_contain_text("Each model explains its own top class")
     expect(errors).to_have_count(0)

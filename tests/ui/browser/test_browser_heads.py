@@ -3,12 +3,11 @@ ablation, head importance, and a click on a heatmap cell that selects that layer
 Attention tab. Screenshots go to artifacts/browser/ (git-ignored)."""
 from __future__ import annotations
 
-import re
 
 import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA
-from support.browser import ARTIFACTS, image_src, open_tab
+from support.browser import ARTIFACTS, first_view, image_src, open_tab
 
 from vit_inspect.analysis import class_name
 from vit_inspect.passes.pipeline import analyze_image
@@ -21,11 +20,10 @@ pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 def test_heads_tab(server, page):
     expect = sync_api.expect
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby"))
+    first_view(page)  # the example the page opens on: chelsea.png
     open_tab(page, "Attention")
     attention = image_src(page, "attention-map")  # drawn for layer 11, head 0 by the first pass
-    open_tab(page, "Heads")
+    open_tab(page, "Ablate & rank")
     expect(page.locator("#lens-table")).to_contain_text("readout: rank of final class")
     expect(page.locator("#lens-note")).to_contain_text("Final class")
     expect(page.locator("#first-order-map img")).to_be_visible()

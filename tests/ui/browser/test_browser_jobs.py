@@ -14,11 +14,11 @@ from PIL import Image
 from playwright import sync_api
 from support import REPO
 from support.app import APP_MARKS, CHELSEA
-from support.browser import ARTIFACTS, CAT, image_src, open_tab
+from support.browser import ARTIFACTS, first_view, image_src, open_tab
 
 from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
-from vit_inspect.plots.faithfulness import method_colours
+from vit_inspect.plots.faithfulness import method_colours, paper_name
 from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.tabs.faithfulness import METHODS
@@ -43,15 +43,14 @@ def test_faithfulness_score_and_dataset_average_show_their_pictures(server, page
     expect = sync_api.expect
     errors = page.locator("[data-testid='toast-body'].error")
     page.set_viewport_size({"width": 2000, "height": 1100})
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text(CAT)
+    first_view(page)  # the example the page opens on: chelsea.png
 
     open_tab(page, "Faithfulness")
     page.get_by_role("button", name=re.compile("Score the maps")).click()
     table = page.locator("#faithfulness-table")
     expect(table).to_contain_text("the floor")  # the random map's row
-    for method in METHODS:  # every standard map is scored, LeGrad and AttnLRP computed first
-        expect(table).to_contain_text(method)
+    for method in METHODS:  # every standard map is scored, LeGrad and AttnLRP computed first, by its paper's name
+        expect(table).to_contain_text(paper_name(method))
     curves = shown_pixels(page, "faithfulness-curves")
     others = [m for m in METHODS if m != "random"]
     for method, colour in method_colours(others).items():  # each one's colour is drawn: its line, its legend

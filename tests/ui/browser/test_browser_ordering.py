@@ -20,7 +20,7 @@ from gradio_client import Client, handle_file
 from PIL import Image
 from playwright import sync_api
 from support.app import APP_MARKS, CHELSEA, Server, pixels
-from support.browser import click_pixel, image_src, open_tab
+from support.browser import click_pixel, first_view, image_src, open_tab
 
 from vit_inspect.analysis import class_name
 from vit_inspect.passes.pipeline import analyze_image
@@ -34,6 +34,7 @@ from vit_inspect.ui.view import PATCH, READOUT
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
+COFFEE = CHELSEA.with_name("coffee.png")
 HELD = {"type_patch": threading.Event(), "pick_patch": threading.Event(),  # set: that handler may answer
         "pick_head": threading.Event()}
 INSPECTOR = ("type_patch", "pick_patch")  # Inspector's handlers; pick_head is HeadsTab.pick's handler
@@ -76,8 +77,7 @@ def shown_pixels(page, elem_id: str) -> np.ndarray:
 
 def test_a_typed_patch_is_the_query_before_the_server_answers(server, page):
     expect = sync_api.expect
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text("cat")
+    first_view(page)
     open_tab(page, "Attention")
     readout = image_src(page, "attention-map")
     page.locator("#patch-row input").fill("3")
@@ -98,11 +98,11 @@ def test_a_clicked_patch_is_the_query_of_a_redraw_sent_before_the_server_answers
     assert not np.array_equal(clicked, readout)
 
     expect = sync_api.expect
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text("cat")
+    page.reload(wait_until="load")  # a new session: the readout token again (the module shares one page)
+    first_view(page)
     open_tab(page, "Attention")
     before = image_src(page, "attention-map")
-    click_pixel(page.locator("#attention-map img"), 100, 40)  # crop pixel (x 100, y 40): patch (row 2, col 6)
+    click_pixel(page.locator("#attention-map img"), 200, 80)  # the map is 2x: crop (x 100, y 40), patch (2, 6)
     expect(page.locator("#query input[value='clicked patch']")).to_be_checked()
     expect(page.locator("#patch-row input")).to_have_value("2")
     expect(page.locator("#patch-col input")).to_have_value("6")
@@ -131,28 +131,30 @@ def test_a_clicked_heads_cell_is_the_layer_and_head_of_a_redraw_sent_before_the_
     client.predict(handle_file(str(CHELSEA)), api_name="/analyze")
     clicked = pixels(client.predict(layer=layer, head=head, scale=shared, api_name="/attention"))
     assert not np.array_equal(clicked, pixels(client.predict(layer=11, head=0, scale=shared, api_name="/attention")))
+    clicked_own = pixels(client.predict(layer=layer, head=head, api_name="/attention"))  # each map its own range
 
     expect = sync_api.expect
     page.reload(wait_until="load")  # a new session with the default controls (the module shares one page)
     page.wait_for_selector("#input-image")
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text("cat")
+    first_view(page)
     open_tab(page, "Attention")
     expect(page.locator(f"#query input[value='{READOUT}']")).to_be_checked()
     before = image_src(page, "attention-map")
-    open_tab(page, "Heads")
+    open_tab(page, "Ablate & rank")
     heatmap_img = page.locator("#first-order-map img")
     expect(heatmap_img).to_be_visible()
     assert heatmap_img.evaluate("e => [e.naturalWidth, e.naturalHeight]") == list(local.shape[1::-1])
     click_pixel(heatmap_img, x, y)
-    open_tab(page, "Attention")
+    open_tab(page, "Attention")  # the view's opening redraws its map: a redraw sent while the pick is held
     expect(page.locator("#layer-slider input[type=number]")).to_have_value(str(layer))
     expect(page.locator("#head-slider input[type=number]")).to_have_value(str(head))
     assert not HELD["pick_head"].is_set()  # set in the browser: the server's pick has not answered
-    expect(page.locator("#attention-map img")).to_have_attribute("src", before)
-
-    page.locator("#scale").get_by_text(shared).click()  # a redraw sent while the pick is still held
     expect(page.locator("#attention-map img")).not_to_have_attribute("src", before)
+    assert np.array_equal(shown_pixels(page, "attention-map"), clicked_own)  # the clicked layer and head
+    drawn = image_src(page, "attention-map")
+
+    page.locator("#scale").get_by_text(shared).click()  # another redraw sent while the pick is still held
+    expect(page.locator("#attention-map img")).not_to_have_attribute("src", drawn)
     assert np.array_equal(shown_pixels(page, "attention-map"), clicked)  # the clicked layer and head
     HELD["pick_head"].set()
 
@@ -165,9 +167,13 @@ def test_a_new_images_figure_is_drawn_for_the_tab_in_view(server, page, monkeypa
     monkeypatch.setattr(inspector_module, "draw_panels", lambda names, *args: drawn.extend(names) or draw(names, *args))
     page.reload(wait_until="load")  # a new session (the module shares one page)
     page.wait_for_selector("#input-image")
+    first_view(page)
     open_tab(page, "All maps")
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    sync_api.expect(page.locator("#predictions")).to_contain_text("cat")
     sync_api.expect(page.locator("#compare-maps img")).to_be_visible()
+    before = image_src(page, "compare-maps")
+    drawn.clear()
+    page.locator("#input-image input[type=file]").set_input_files(str(COFFEE))
+    sync_api.expect(page.locator("#predictions")).to_contain_text("espresso")
+    sync_api.expect(page.locator("#compare-maps img")).not_to_have_attribute("src", before)
     assert drawn.count("compare") == 1 and "distance" not in drawn and "heads" not in drawn
-    assert set(drawn) == {*FIRST_PANELS, "compare"}
+    assert set(drawn) == {*FIRST_PANELS, "compare"}  # nothing out of view

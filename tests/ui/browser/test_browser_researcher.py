@@ -11,7 +11,7 @@ import pytest
 from playwright import sync_api
 from support import dog_and_cat
 from support.app import APP_MARKS, CHELSEA, WEIGHTS
-from support.browser import ARTIFACTS, image_src, open_tab
+from support.browser import ARTIFACTS, first_view, image_src, open_tab
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
@@ -39,15 +39,14 @@ def close_toasts(page) -> None:
 def test_researcher_workflow(server, page, tmp_path):
     expect = sync_api.expect
     expect(page.get_by_text("12 layers × 3 heads")).to_be_visible()
-    page.locator("#input-image input[type=file]").set_input_files(str(CHELSEA))
-    expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby"))
+    first_view(page)  # the example the page opens on: chelsea.png
     expect(page.locator("#seen-region img")).to_be_visible()  # the upload, with the region the model saw
     shot(page, "01_predictions_and_seen_region", full=True)
 
-    # Colour bars: every map is wider and taller than the 224-pixel crop (bar to the right, caption below).
+    # Colour bars: every map is wider and taller than its crop, drawn 448 pixels wide (bar right, caption below).
     open_tab(page, "Attention")
     width, height = natural_size(page, "attention-map")
-    assert width > 224 + 60 and height > 224 + 20
+    assert width > 448 + 60 and height > 448 + 20
     # Head is disabled under "mean of heads", and enabled again.
     head = page.locator("#head-slider input[type=range]")
     expect(head).to_be_enabled()
@@ -76,7 +75,7 @@ def test_researcher_workflow(server, page, tmp_path):
     expect(page.locator("#heads-grid img")).not_to_have_attribute("src", grid)
     shot(page, "05_all_heads_threshold", full=True)
 
-    # Rollout: vit-explain's whole-matrix discard and gradient rollout; an inverted range is refused.
+    # Rollout: vit-explain's whole-matrix discard and gradient rollout; a backward range is swapped.
     open_tab(page, "Rollout")
     rollout = image_src(page, "rollout-map")
     page.locator("#discard-slider input[type=range]").press("End")  # one action, then its redraw
@@ -96,10 +95,10 @@ def test_researcher_workflow(server, page, tmp_path):
     rollout = image_src(page, "rollout-map")
     page.locator("#last-layer input[type=number]").fill("5")
     page.locator("#last-layer input[type=number]").press("Enter")
-    expect(toast(page).first).to_contain_text("runs backwards")
-    expect(page.locator("#rollout-map img")).to_have_attribute("src", rollout)  # the panel kept its map
-    shot(page, "07_inverted_range_refused")
-    close_toasts(page)
+    expect(page.locator("#first-layer input[type=number]")).to_have_value("5")  # From 10, To 5: layers 5-10
+    expect(page.locator("#last-layer input[type=number]")).to_have_value("10")
+    expect(page.locator("#rollout-map img")).not_to_have_attribute("src", rollout)
+    shot(page, "07_backward_range_swapped")
     page.locator("#first-layer input[type=number]").fill("0")
     page.locator("#first-layer input[type=number]").press("Enter")
 
@@ -134,7 +133,7 @@ def test_researcher_workflow(server, page, tmp_path):
     page.locator("#downloads-button").click()
     expect(page.locator("#download-files")).to_contain_text(re.compile(r"chelsea\s*\.json"))
     expect(page.locator("#download-files")).to_contain_text(re.compile(r"chelsea_heads\s*\.png"))
-    open_tab(page, "Model")
+    open_tab(page, "Filters & positions")
     expect(page.locator("#filters img")).to_be_visible()
     expect(page.locator("#similarity img")).to_be_visible()
     page.locator("#model-downloads-button").click()
@@ -146,7 +145,7 @@ def test_researcher_workflow(server, page, tmp_path):
     # The whole image: a dog and a cat side by side; "aspect kept" shows both (a dog class in the top 5).
     pair = tmp_path / "dog_and_cat.png"
     dog_and_cat(pair)
-    open_tab(page, "Predictions")
+    open_tab(page, "Overview")
     page.locator("#geometry").get_by_text("whole image, aspect kept").click()
     page.locator("#input-image input[type=file]").set_input_files(str(pair))
     expect(page.locator("#predictions")).to_contain_text("German shepherd")
@@ -172,7 +171,7 @@ def test_researcher_workflow(server, page, tmp_path):
     page.locator("#load-model").click()
     expect(page.locator("#download-files")).not_to_contain_text(re.compile(r"chelsea\s*\.json"))
     expect(page.locator("#status")).to_contain_text("deit_tiny_patch16_224.safetensors")
-    open_tab(page, "Predictions")
+    open_tab(page, "Overview")
     expect(page.get_by_text(re.compile("Loading the model|Running the model|Drawing"))).to_have_count(0)  # recomputed
     expect(page.locator("#predictions")).to_contain_text(re.compile("Egyptian cat|tabby"))
     shot(page, "14_after_model_switch", full=True)

@@ -29,8 +29,9 @@ class AllHeadsView:
 
 def layout() -> AllHeadsView:
     """The tab, its mask controls and its figure, inside the page's ``gr.Tabs``."""
-    with gr.Tab("All heads") as tab:
-        gr.Markdown("Every head of the layer chosen under **Attention**, from the same query, on "
+    with gr.Tab("All heads", elem_id="all-heads-tab") as tab:
+        gr.Markdown("Every head of the layer chosen under **Explain → Attention**, from the same query (the "
+                    "title prints both), on "
                     "one colour scale (DINO, Caron et al. 2021, Fig. 3). Each title gives the share "
                     "of the head's attention that goes to the prefix tokens, which the maps leave out.")
         with gr.Row():

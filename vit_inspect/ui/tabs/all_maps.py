@@ -28,7 +28,7 @@ class AllMapsView:
 
 def layout() -> AllMapsView:
     """The tab, its toggle and its figure, inside the page's ``gr.Tabs``."""
-    with gr.Tab("All maps") as tab:
+    with gr.Tab("All maps", elem_id="all-maps-tab") as tab:
         gr.Markdown("Every map on the same input, each with the options set in its own tab: "
                     "layer, head and query under **Attention**, method and layers under **Rollout**, "
                     "class and block under **Grad-CAM**.")

@@ -24,18 +24,19 @@ import gradio as gr
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.ui.clicks import MAP_ID, clicked_pixel
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MAP_OUT, RAW, OutputImage
+from vit_inspect.ui.panels import main_scale
 from vit_inspect.ui.view import PATCH, READOUT
 
-# On the map's select event: the remembered pixel -> (row, col, "clicked patch") with the patch grid of the
-# input shown; a click beside the crop (colour bar, caption) or before any image leaves the controls as
+# On the map's select event: the remembered pixel, divided by the whole factor the map enlarges the crop by,
+# -> (row, col, "clicked patch") with the patch grid of the input shown; a click beside the crop (colour bar, caption) or before any image leaves the controls as
 # they are. Floor division and clamping as `TokenLayout.patch_at`.
 PICK_JS = """(geometry, row, col, query) => {
   %(clicked)s
   if (!click || !geometry || !geometry.input) return [row, col, query];
   const [height, width] = geometry.input, [patchH, patchW] = geometry.patch, [gridH, gridW] = geometry.grid;
-  if (!(click.x >= 0 && click.x < width && click.y >= 0 && click.y < height)) return [row, col, query];
-  return [Math.min(Math.floor(click.y / patchH), gridH - 1), Math.min(Math.floor(click.x / patchW), gridW - 1),
-          %(patch)s];
+  const x = click.x / geometry.scale, y = click.y / geometry.scale;
+  if (!(x >= 0 && x < width && y >= 0 && y < height)) return [row, col, query];
+  return [Math.min(Math.floor(y / patchH), gridH - 1), Math.min(Math.floor(x / patchW), gridW - 1), %(patch)s];
 }""" % {"patch": json.dumps(PATCH), "clicked": clicked_pixel(MAP_ID)}
 
 
@@ -60,13 +61,18 @@ class AttentionView:
 
 
 def layout() -> AttentionView:
-    """The tab, its map and its controls, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Attention") as tab:
+    """The tab, its map and its controls, inside the Explain section's ``gr.Tabs``."""
+    with gr.Tab("Attention", elem_id="attention-tab") as tab:
+        gr.Markdown("One layer's attention from a query token. **Click the map** (or type a row and column) to "
+                    "query from that patch. Layer, head and query also drive **All maps**, **All heads**, the "
+                    "ablated maps under **Heads**, the red dot under **Attention distance** and one extra map "
+                    "under **Faithfulness**; each of them prints the values it used.")
         with gr.Row():
-            panel = OutputImage(label="Attention map: click a patch to query from it", elem_id=MAP_ID, **MAP_OUT)
-            with gr.Column():
-                layer = gr.Slider(0, 11, value=11, step=1, label="Layer", elem_id="layer-slider")
-                head = gr.Slider(0, 2, value=0, step=1, label="Head", elem_id="head-slider")
+            with gr.Column(scale=3, min_width=580):
+                panel = OutputImage(elem_id=MAP_ID, **MAP_OUT)
+            with gr.Column(scale=2, min_width=260):
+                layer = gr.Slider(0, 11, value=11, step=1, label="Layer (0-based)", elem_id="layer-slider")
+                head = gr.Slider(0, 2, value=0, step=1, label="Head (0-based)", elem_id="head-slider")
                 mean_heads = gr.Checkbox(False, label="Mean of heads (instead of one head)", elem_id="mean-heads")
                 query = gr.Radio([READOUT, PATCH], value=READOUT, label="Query token", elem_id="query",
                                  info="Whose attention: the token the classifier reads, or a "
@@ -79,10 +85,11 @@ def layout() -> AttentionView:
 
 
 def map_geometry(result: ImageAnalysis) -> dict:
-    """What the browser needs to turn a clicked pixel of the map into a patch: the input's (height, width),
-    the patch's (height, width) in input pixels and the grid's (rows, columns)."""
+    """What the browser needs to turn a clicked pixel of the map into a patch: the whole factor the map
+    enlarges the crop by (`panels.main_scale`), the input's (height, width), the patch's (height, width) in
+    input pixels and the grid's (rows, columns)."""
     tokens = result.layout
-    return {"input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
+    return {"scale": main_scale(result), "input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
             "grid": [tokens.grid_h, tokens.grid_w]}
 
 

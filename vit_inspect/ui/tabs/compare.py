@@ -5,6 +5,12 @@ The handlers (`CompareTab`) take the page's `Inspector` (model cache, limits, an
 when available, without LeGrad and AttnLRP, which this tab does not show); the comparison lives in the app's
 byte-bounded session store (`app.store`) and gr.State holds only its slot, so sliders redraw from there and
 an evicted comparison says so.
+
+Both models explain one class by default, so that the agreement of their gradient maps answers one question:
+the class explained on the page (A's top class until another is chosen), named in every caption. Where the
+label sets differ (another label set, or a model without a head) the tab says so and each model explains its
+own top class, which can also be asked for explicitly. A comparison records what it was made from (model A,
+image, class, and model B); a change to any of them clears it (`ui.stale`).
 """
 from __future__ import annotations
 
@@ -23,15 +29,18 @@ from vit_inspect.core.images import load_image
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
-                                            last_layer_heads, token_agreement)
+                                            last_layer_heads, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
 from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_name, shows_errors
 from vit_inspect.ui.session_store import Slot
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
 MAX_PATCHES = 1024  # patches of B's input at most (32x32): attention memory grows with its square
-TABLE_HEADERS = ["map", "layers compared", "Spearman rank correlation", "top-10 % overlap", "common grid"]
+TABLE_HEADERS = ["map", "layers (A ↔ B)", "Spearman ρ", "top-10 % overlap", "common grid"]
+SAME_CLASS, OWN_CLASS = "the same class for both", "each model's own top class"  # the class choices
+PRESS = "Compare"
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,8 @@ class CompareSession:
     features: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: (grid_h, grid_w, D) per image
     crops: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per model: the crop of each PCA image
     names: tuple[str, ...]  # file names of the PCA images
+    classes: tuple[str, str] = ("", "")  # the class each model explains, in words: "tabby, tabby cat (#281)"
+    class_note: str = ""  # which classes are explained, and why
 
     def nbytes(self) -> int:
         """Bytes held: both passes, the PCA features and crops."""
@@ -61,8 +72,9 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
     rows = []
     for item in aligned_maps(comparison, layer_a=layer):
         score = item.agreement
-        rows.append([MAP_TITLES[item.kind], item.depth_note(comparison.a.depth, comparison.b.depth),
-                     _rho(score.spearman), f"{score.top_overlap:.2f}", f"{score.grid[0]}×{score.grid[1]}"])
+        layers = "all" if item.kind in ("rollout", "relevance") else f"{item.layer_a} ↔ {item.layer_b}"
+        rows.append([MAP_TITLES[item.kind], layers, _rho(score.spearman), f"{score.top_overlap:.2f}",
+                     f"{score.grid[0]}×{score.grid[1]}"])
     for label, result in zip(state.labels, (comparison.a, comparison.b)):
         if result.layout.num_dist_tokens and result.layout.has_class_token:
             for name, score in token_agreement(result).items():
@@ -75,7 +87,7 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
 def mapping_note(state: CompareSession, layer: int) -> str:
     a, b = state.comparison.a, state.comparison.b
     other = matching_layer(layer, a.depth, b.depth)
-    return (f"**Relative depth** (l+1)/L: A's layer {layer} of {a.depth} ({relative_depth(layer, a.depth):.2f}) ↔ "
+    return (f"{state.class_note}\n\n" if state.class_note else "") + (f"**Relative depth** (l+1)/L: A's layer {layer} of {a.depth} ({relative_depth(layer, a.depth):.2f}) ↔ "
             f"B's layer {other} of {b.depth} ({relative_depth(other, b.depth):.2f}). B's layer = "
             f"ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at or beyond A's relative depth. Agreement is "
             "measured over the part of the photo both crops cover, both maps resampled bilinearly to the finer grid.")
@@ -84,7 +96,8 @@ def mapping_note(state: CompareSession, layer: int) -> str:
 def layer_views(state: CompareSession, layer: int) -> tuple[np.ndarray, list[list[str]], str]:
     """(aligned maps figure, agreement table, mapping note) at model A's `layer`."""
     aligned = aligned_maps(state.comparison, layer_a=layer)
-    figure = compare_plots.aligned_maps_panel(state.comparison, aligned, *state.labels)  # PIL: ≈ 30x faster than a figure
+    figure = compare_plots.aligned_maps_panel(state.comparison, aligned, *state.labels,  # PIL: ≈ 30x a figure's speed
+                                              classes=state.classes if all(state.classes) else None)
     return figure, agreement_rows(state, layer), mapping_note(state, layer)
 
 
@@ -127,8 +140,29 @@ class CompareTab:
         key, described = self.app.load_model(name, weights, progress)[:2]  # the first model's checks and messages
         return key, described.replace("**Model**", "**Model B**", 1)
 
+    @staticmethod
+    def targets(session, key_a, handle_a, handle_b, wanted: object) -> tuple[int | None, int | None, str]:
+        """(A's class, B's class, a line saying which classes are explained and why): by default both the
+        page's class (A's top class until another is chosen), where the label sets agree; else, or when
+        ``wanted`` is OWN_CLASS, each model's own top class (None: the pass picks it)."""
+        own = wanted == OWN_CLASS
+        if not (handle_a.has_head and handle_b.has_head):
+            which = "A" if not handle_a.has_head else "B"
+            return None, None, (f"**Model {which} has no classification head**: there is no class to share, so only "
+                                "the maps that need none (attention, rollout) are compared.")
+        target = None if own or session is None or session.model != key_a else session.target[0]
+        if not same_labels(handle_a, handle_b):
+            return target, None, (f"**A and B have different label sets** ({len(handle_a.labels)} and "
+                                  f"{len(handle_b.labels)} classes{' named differently' if len(handle_a.labels) == len(handle_b.labels) else ''}): "
+                                  "one class cannot be asked of both, so each explains its own top class, and the "
+                                  "agreement of their gradient maps mixes the class with the model.")
+        if own:
+            return None, None, ("**Each model explains its own top class** (asked for above): the agreement of "
+                                "the gradient maps then mixes the class with the model.")
+        return target, target, "**Both models explain the same class**, so the agreement compares the models alone."
+
     def run(self, image: dict | None, key_a, key_b, size_b: str | None, mass, remove_background, threshold,
-            progress=gr.Progress()):
+            session=None, wanted: object = SAME_CLASS, progress=gr.Progress()):
         upload = self.upload_source(image, self.app.config.limits.max_bytes)
         if upload is None:
             raise InputError("Upload an image first (left), then press Compare.")
@@ -150,15 +184,20 @@ class CompareTab:
             if handle_b.layout(size).num_patches > MAX_PATCHES:
                 raise InputError(f"{size[0]}×{size[1]} pixels make more than {MAX_PATCHES} patches of {ph}×{pw}; "
                                  "choose a smaller input size for B.")
+        target_a, target_b, class_note = self.targets(session, key_a, handle_a, handle_b, wanted)
         progress(0.3, desc="One pass per model (forward and backward)")
         comparison = compare_images(handle_a, handle_b, picture, None, size,  # no LeGrad/AttnLRP shown here
-                                    run_pass=functools.partial(self.app.run_pass, relevance=False))
+                                    run_pass=functools.partial(self.app.run_pass, relevance=False),
+                                    target_a=target_a, target_b=target_b)
         labels = (comparison_label(handle_a, "A", None, public_name(handle_a.name)),  # a server folder by its base name
                   comparison_label(handle_b, "B", size, public_name(handle_b.name)))
+        classes = tuple("" if r.target is None else f"{h.label(r.target)} (#{r.target})"
+                        for h, r in ((handle_a, comparison.a), (handle_b, comparison.b)))
         state = CompareSession(comparison=comparison, labels=labels,
                                features=((comparison.a.patch_features.astype(np.float32),),
                                          (comparison.b.patch_features.astype(np.float32),)),
-                               crops=((comparison.a.rgb,), (comparison.b.rgb,)), names=(name,))
+                               crops=((comparison.a.rgb,), (comparison.b.rgb,)), names=(name,), classes=classes,
+                               class_note=class_note + "".join(f" {k}: {v}." for k, v in zip("AB", classes) if v))
         progress(0.7, desc="Drawing")
         layer = comparison.a.depth - 1
         figure, rows, note = layer_views(state, layer)
@@ -176,7 +215,8 @@ class CompareTab:
         heads = dino_views(state, mass)
         pca = pca_views(state, remove_background, threshold)
         slot = self.app.store.put(state, state.nbytes())
-        return (slot, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
+        made_from = Basis.of(session, key_a, extra=key_b)
+        return (made_from, slot, gr.update(maximum=layer, value=layer), note, *top, figure, rows, distance, filters,
                 compare_plots.side_by_side(similarity) if similarity else None, *heads, *pca)
 
     def relayer(self, slot: Slot | None, layer):
@@ -233,6 +273,8 @@ class CompareView:
     tab: gr.Tab
     key_b: gr.State
     state: gr.State
+    made_from: gr.State  # the `stale.Basis` of the comparison shown (model A, image, class; model B as its extra)
+    classes: gr.Radio
     name_b: gr.Dropdown
     weights_b: gr.File
     size_b: gr.Textbox
@@ -258,17 +300,25 @@ class CompareView:
     pca_a: gr.Image
     pca_b: gr.Image
 
+    @property
+    def results(self) -> list:
+        """What Compare shows of a comparison, in `CompareTab.run`'s order after ``made_from`` and the slot."""
+        return [self.layer, self.note, self.top_a, self.top_b, self.maps, self.table, self.distance, self.filters,
+                self.similarity, self.heads_a, self.heads_b, self.pca_a, self.pca_b]
+
 
 def layout(models, session_ttl_s: float) -> CompareView:
-    """The tab, its controls and figures, inside the page's ``gr.Tabs``; ``models`` are the names model B's
-    picker offers."""
-    figure_out = dict(interactive=False, format="png", show_label=False, buttons=["download"])  # figures title themselves
-    with gr.Tab("Compare") as tab:
+    """The tab, its controls and figures, inside the page's sections; ``models`` are the (label, name) choices
+    model B's picker offers."""
+    figure_out = dict(interactive=False, format="png", show_label=False, container=False,  # figures title themselves
+                      buttons=["download"])
+    with gr.Tab("Compare", elem_id="compare-tab") as tab:
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
                     "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
                     "memory budget).")
         key_b = gr.State(None)
         state = gr.State(None, time_to_live=session_ttl_s)
+        made_from = gr.State(None)
         with gr.Row():
             name_b = gr.Dropdown(list(models), value=None, label="Model B", allow_custom_value=True, scale=2,
                                  info="Curated list, any timm ViT name, or a Hugging Face id.", elem_id="compare-model")
@@ -276,6 +326,10 @@ def layout(models, session_ttl_s: float) -> CompareView:
                                 type="filepath", height=100, scale=2, elem_id="compare-weights")
             size_b = gr.Textbox(label="B's input size (H×W, blank: its own)", placeholder="e.g. 224x320", scale=1,
                                 elem_id="compare-size")
+        classes = gr.Radio([SAME_CLASS, OWN_CLASS], value=SAME_CLASS, label="Class the gradient maps explain",
+                           info="The same class: the one under Class to explain (left), A's top class until "
+                                "another is chosen. Where the label sets differ, each model's own top class.",
+                           elem_id="compare-classes")
         with gr.Row():
             load_b = gr.Button("Load model B", elem_id="compare-load")
             run = gr.Button("Compare", variant="primary", elem_id="compare-run")
@@ -286,7 +340,8 @@ def layout(models, session_ttl_s: float) -> CompareView:
         layer = gr.Slider(0, 11, value=11, step=1, label="A's layer (B's follows at the same relative depth)",
                           elem_id="compare-layer")
         note = gr.Markdown(elem_id="compare-note")
-        table = gr.Dataframe(headers=TABLE_HEADERS, label="Agreement between the maps", interactive=False,
+        table = gr.Dataframe(headers=TABLE_HEADERS, label="Agreement between the maps", interactive=False, wrap=True,
+                             column_widths=["40%", "15%", "15%", "15%", "15%"],
                              elem_id="compare-table")
         maps = OutputImage(label="Aligned maps", elem_id="compare-maps-ab", **figure_out)
         distance = OutputImage(label="Mean attention distance against relative depth (ViT Fig. 7 right, both models)",
@@ -295,10 +350,9 @@ def layout(models, session_ttl_s: float) -> CompareView:
         similarity = OutputImage(label="Position-embedding similarity (ViT Fig. 7 centre), A | B", **figure_out)
         mass = gr.Slider(0.1, 1.0, value=DINO_MASS, step=0.05, label="DINO masks: share of attention mass kept",
                          elem_id="compare-mass")
-        with gr.Row():
-            heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a",
-                                  **figure_out)
-            heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
+        heads_a = OutputImage(label="A: last-layer heads (Caron et al. 2021)", elem_id="compare-heads-a",
+                              **figure_out)  # one under the other: each at its own size, its text never shrunk
+        heads_b = OutputImage(label="B: last-layer heads", elem_id="compare-heads-b", **figure_out)
         with gr.Row():
             remove_background = gr.Checkbox(False, label="Feature PCA: remove the background (first component)")
             threshold = gr.Slider(0.0, 1.0, value=BACKGROUND_THRESHOLD, step=0.05, label="Background threshold")
@@ -306,26 +360,25 @@ def layout(models, session_ttl_s: float) -> CompareView:
             pca_files = gr.File(label=f"More images for a joint feature PCA (up to {MAX_PCA_IMAGES - 1})",
                                 file_count="multiple", file_types=["image"], type="filepath", height=100, scale=3)
             pca_button = gr.Button("Fit the PCA jointly", scale=1)
-        with gr.Row():
-            pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
-                                **figure_out)
-            pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
-    return CompareView(tab, key_b, state, name_b, weights_b, size_b, load_b, run, status_b, top_a, top_b, layer, note,
+        pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
+                            **figure_out)
+        pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
+    return CompareView(tab, key_b, state, made_from, classes, name_b, weights_b, size_b, load_b, run, status_b, top_a, top_b, layer, note,
                        table, maps, distance, filters, similarity, mass, heads_a, heads_b, remove_background,
                        threshold, pca_files, pca_button, pca_a, pca_b)
 
 
-def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State) -> None:
+def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State, session: gr.State):
     """The tab's events: model B loaded on its button, both passes on Compare (the page's ``image`` through
     model A of ``key`` and model B), the slider and PCA options redrawn from the session's comparison, and
-    more images added to the joint PCA; every handler's library exceptions become one sentence."""
-    gr.on([view.load_b.click], shows_errors(handlers.load_second), inputs=[view.name_b, view.weights_b],
-          outputs=[view.key_b, view.status_b], api_name="compare_load_model", **RAW)
+    more images added to the joint PCA; every handler's library exceptions become one sentence. Returns model
+    B's loading, for the page's stale-result check."""
+    loaded = gr.on([view.load_b.click], shows_errors(handlers.load_second), inputs=[view.name_b, view.weights_b],
+                   outputs=[view.key_b, view.status_b], api_name="compare_load_model", **RAW)
     gr.on([view.run.click], shows_errors(handlers.run),
-          inputs=[image, key, view.key_b, view.size_b, view.mass, view.remove_background, view.threshold],
-          outputs=[view.state, view.layer, view.note, view.top_a, view.top_b, view.maps, view.table, view.distance,
-                   view.filters, view.similarity, view.heads_a, view.heads_b, view.pca_a, view.pca_b],
-          api_name="compare_models", **RAW, **MODEL_PASS)
+          inputs=[image, key, view.key_b, view.size_b, view.mass, view.remove_background, view.threshold, session,
+                  view.classes],
+          outputs=[view.made_from, view.state, *view.results], api_name="compare_models", **RAW, **MODEL_PASS)
     gr.on([view.layer.input], shows_errors(handlers.relayer), inputs=[view.state, view.layer],
           outputs=[view.maps, view.table, view.note], api_name="compare_layer", trigger_mode="always_last",
           show_progress="hidden", **RAW)
@@ -338,3 +391,4 @@ def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State
     gr.on([view.pca_button.click], shows_errors(handlers.joint_pca),
           inputs=[view.state, view.pca_files, key, view.key_b, view.remove_background, view.threshold],
           outputs=[view.state, view.pca_a, view.pca_b], api_name="compare_joint_pca", **RAW, **MODEL_PASS)
+    return loaded

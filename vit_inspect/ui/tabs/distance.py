@@ -2,7 +2,8 @@
 far in pixels each head looks, for this image and averaged over images the user uploads.
 
 This image's scatter redraws with the other panels (`build_demo`); the average is its own event, one pass
-per image without gradients (`jobs.distance.dataset_attention_distance`)."""
+per image without gradients (`jobs.distance.dataset_attention_distance`), recording the model it used
+(``made_from``): another model clears it (`ui.stale`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, shown_model, shows_errors, upload_folders
 from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, redact_paths
 
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
@@ -29,6 +31,7 @@ class DistanceView:
     dataset_files: gr.File
     dataset_button: gr.Button
     dataset_note: gr.Markdown
+    made_from: gr.State  # the `stale.Basis` (the model) of the average shown
 
     @property
     def redraw_on(self) -> list:
@@ -37,20 +40,24 @@ class DistanceView:
 
 
 def layout() -> DistanceView:
-    """The tab, its two plots and the images to average, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Attention distance") as tab:
+    """The tab, its two plots and the images to average, inside the How it sees section's ``gr.Tabs``."""
+    with gr.Tab("Attention distance", elem_id="distance-tab") as tab:
         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
-                    "each head looks. The red dot is the layer and head chosen under **Attention**.")
-        with gr.Row():
-            panel = OutputImage(label="This image", elem_id="distance-plot", **FIGURE_OUT)
-            dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot", **FIGURE_OUT)
+                    "each head looks. The red dot is the layer and head chosen under **Explain → Attention** "
+                    "(the legend prints them).")
+        with gr.Row():  # side by side where both fit at their own size, else one under the other
+            with gr.Column(min_width=540):
+                panel = OutputImage(label="This image", elem_id="distance-plot", **FIGURE_OUT)
+            with gr.Column(min_width=540):
+                dataset_plot = OutputImage(label="Averaged over your images", elem_id="dataset-plot", **FIGURE_OUT)
         with gr.Row():
             dataset_files = gr.File(label=f"Images to average (up to {MAX_DATASET_IMAGES})",
                                     file_count="multiple", file_types=["image"], type="filepath",
                                     height=120, scale=3, elem_id="dataset-files")
             dataset_button = gr.Button("Average over these images", scale=1)
-        dataset_note = gr.Markdown()
-    return DistanceView(tab, panel, dataset_plot, dataset_files, dataset_button, dataset_note)
+        dataset_note = gr.Markdown(elem_id="dataset-note")
+        made_from = gr.State(None)
+    return DistanceView(tab, panel, dataset_plot, dataset_files, dataset_button, dataset_note, made_from)
 
 
 class DistanceTab:
@@ -75,13 +82,14 @@ class DistanceTab:
         image = distance_plots.attention_distance_panel(  # PIL: 2 ms, against 150 ms for a matplotlib figure (bench_upload 6l)
             stats.distances, image_width=handle.input_size[1],
             title=f"{shown_model(handle)} · mean over {stats.num_images} images", selectable=False).background
-        note = f"Averaged over {stats.num_images} image(s)."
+        note = f"Averaged over {stats.num_images} image(s) with {shown_model(handle)}."
         if stats.skipped:
             note += " Skipped: " + redact_paths("; ".join(f"{name}: {reason}" for name, reason in stats.skipped))
-        return image, note
+        return Basis(model=key, model_words=shown_model(handle)), image, note
 
 
 def wire(view: DistanceView, handlers: DistanceTab, key: gr.State) -> None:
     """The tab's event: its button averages the uploaded images' attention distance with the model of ``key``."""
     gr.on([view.dataset_button.click], handlers.dataset_distance, inputs=[view.dataset_files, key],
-          outputs=[view.dataset_plot, view.dataset_note], api_name="dataset_distance", **RAW, **MODEL_PASS)
+          outputs=[view.made_from, view.dataset_plot, view.dataset_note], api_name="dataset_distance", **RAW,
+          **MODEL_PASS)

@@ -1,6 +1,7 @@
 """The Downloads tab: the current image's figures as PNG, its numbers as JSON (the command line's record plus
 every setting) and NumPy `.npz` (the arrays of the pass, the maps as shown, and the same settings), written
-by the page's `Inspector.downloads`."""
+by the page's `Inspector.downloads`. The files record what they were made from (``made_from``, down to the
+settings); any change to it clears them, with a sentence (`ui.stale`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,30 +10,36 @@ import gradio as gr
 
 from vit_inspect.ui.common import RAW
 
+PRESS = "Prepare downloads"
+
 
 @dataclass(frozen=True)
 class DownloadsView:
-    """The Downloads tab's components."""
+    """The Downloads tab's components (``made_from``: the `stale.Basis` of the files listed)."""
 
     tab: gr.Tab
     button: gr.Button
     files: gr.File
+    note: gr.Markdown
+    made_from: gr.State
 
 
 def layout() -> DownloadsView:
-    """The tab, its button and its files, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Downloads") as tab:
+    """The tab, its button and its files, inside the page's sections."""
+    with gr.Tab("Downloads", elem_id="downloads-tab") as tab:
         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
                     "record plus every setting: model, weights, input geometry, layer, head, query, "
                     "rollout options, class) and NumPy `.npz` (attention, Grad-CAM, relevance, mean "
                     "distance, the maps as shown, and the same settings as `settings_json`).")
-        button = gr.Button("Prepare downloads", variant="primary", elem_id="downloads-button")
+        button = gr.Button(PRESS, variant="primary", elem_id="downloads-button")
+        note = gr.Markdown(elem_id="downloads-note")
         files = gr.File(label="Files", file_count="multiple", interactive=False, elem_id="download-files")
-    return DownloadsView(tab, button, files)
+        made_from = gr.State(None)
+    return DownloadsView(tab, button, files, note, made_from)
 
 
-def wire(view: DownloadsView, app, session: gr.State, controls: dict) -> None:
+def wire(view: DownloadsView, app, session: gr.State, key: gr.State, controls: dict) -> None:
     """The tab's event: its button writes the session's downloads for the controls as they are (the page's
     `Inspector` ``app``: ``downloads``, which draws every panel of the session's image)."""
-    gr.on([view.button.click], app.downloads, inputs=[session], inputs_kwargs=controls,
-          outputs=[view.files], api_name="downloads", **RAW)
+    gr.on([view.button.click], app.downloads, inputs=[session, key], inputs_kwargs=controls,
+          outputs=[view.made_from, view.files, view.note], api_name="downloads", **RAW)

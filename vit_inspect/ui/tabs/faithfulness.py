@@ -7,11 +7,15 @@ of every map already scored for this image and class stay in the session, so sco
 only that map's perturbed inputs. LeGrad and AttnLRP, which the app's pass leaves out unless asked
 (`ui.relevance`), are added first (one more forward and backward pass); a map this model cannot give is
 named as not scored.
+
+The scores record what they were computed from (`Scored.basis`: model, image and class); another image,
+model or class clears them, and the verdicts under the first view's maps, through the page's one stale-result
+check (`ui.stale`).
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import gradio as gr
@@ -19,12 +23,16 @@ import numpy as np
 
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.plots.faithfulness import curves_panel, ranked_rows
+from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, paper_name, ranked_rows, verdict
 from vit_inspect.studies.faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
 from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
+from vit_inspect.ui.view import SWAPPED
 
-HEADERS = ["method", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
+HEADERS = ["map", "mean rank ↓", "pos ↓", "neg ↑", "del ↓", "ins ↑", "vs random"]
+VERDICT_ORDER = ("attention", "rollout", "chefer")  # the first view's maps (`panels.FIRST_VIEW`), as scored here
+NO_VERDICT = "*Faithfulness: this map could not be scored for this model.*"
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
 
 
@@ -34,6 +42,7 @@ class Scored:
 
     key: tuple  # (model key, image digest, class)
     curves: dict[str, Curves]  # map name -> its curves
+    basis: Basis | None = None  # what they were computed from, for the page's stale-result check
 
 
 def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
@@ -44,20 +53,22 @@ def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean
     last = result.depth - 1
     block = finite_int(gradcam_layer, "Grad-CAM block", 0, last, default=last)
     if result.gradcam is not None and block != last:
-        maps[f"gradcam block {block}"] = result.gradcam[block].astype(np.float64)
-    first, final = sorted((finite_int(first_layer, "From layer", 0, last, default=0),
-                           finite_int(last_layer, "To layer", 0, last, default=last)))
+        maps[f"Grad-CAM, block {block} (signed)"] = result.gradcam[block].astype(np.float64)
+    given = (finite_int(first_layer, "From layer", 0, last, default=0),
+             finite_int(last_layer, "To layer", 0, last, default=last))
+    first, final = sorted(given)  # a backward range is swapped, as the Rollout tab swaps it
     fusion = head_fusion if isinstance(head_fusion, str) and head_fusion in ("mean", "max", "min") else "mean"
     discard = finite_float(discard_ratio, "Discard ratio", 0.0, 0.95, default=0.0)
     if (fusion, discard, first, final) != ("mean", 0.0, 0, last):
-        maps[f"rollout {fusion}, discard {discard:.2f}, layers {first}-{final}"] = result.rollout(
-            fusion, discard, start_layer=first, end_layer=final + 1)
+        swapped = SWAPPED if given[0] > given[1] else ""
+        maps[f"attention rollout ({fusion} of heads), layers {first}-{final}{swapped}, discard {discard:.2f}"] = (
+            result.rollout(fusion, discard, start_layer=first, end_layer=final + 1))
     chosen_layer = finite_int(layer, "Layer", 0, last, default=last)
     chosen_head = None if flag(mean_heads, "Mean of heads") else finite_int(head, "Head", 0, result.num_heads - 1,
                                                                              default=0)
     if (chosen_layer, chosen_head) != (last, None):
         heads = "mean of heads" if chosen_head is None else f"head {chosen_head}"
-        maps[f"attention layer {chosen_layer}, {heads}"] = result.attention_map(chosen_layer, chosen_head)
+        maps[f"raw attention, layer {chosen_layer}, {heads}"] = result.attention_map(chosen_layer, chosen_head)
     return maps
 
 
@@ -72,23 +83,31 @@ class FaithfulnessView:
     note: gr.Markdown
     scored: gr.State
 
+    @property
+    def outputs(self) -> list:
+        """What scoring writes here (the first view's verdicts follow these)."""
+        return [self.scored, self.figure, self.table, self.note]
+
 
 def layout() -> FaithfulnessView:
     """The tab, its button and its results, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Faithfulness") as tab:
+    with gr.Tab("Faithfulness", elem_id="faithfulness-tab") as tab:
         gr.Markdown("Which map can you trust for this image? Each map's most relevant patches are removed "
                     "(deletion, positive perturbation) or inserted into a blurred copy (insertion), and the "
                     "model's score for the explained class is recorded (Petsiuk et al. 2018; Chefer et al. "
                     "2021). The random map is the floor: a map marked **⚠** does worse than chance. "
                     "Changing the Grad-CAM block, the rollout options or the attention layer/head adds that "
-                    "choice at the next **Score**; maps already scored are kept. AttnLRP and LeGrad are "
-                    "computed first when the pass lacks them (one more forward and backward pass).")
-        button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary")
+                    "choice at the next **Score**, named with its settings; maps already scored are kept. "
+                    "AttnLRP and LeGrad are computed first when the pass lacks them (one more forward and "
+                    "backward pass). The verdicts under the **Overview** maps come from the same scores.")
+        button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary",
+                           elem_id="faithfulness-score")
         figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
                              show_label=False, elem_id="faithfulness-curves")
-        table = gr.Dataframe(headers=HEADERS, label="Areas under the curves, best method first",
-                             interactive=False, elem_id="faithfulness-table")
-        note = gr.Markdown()
+        table = gr.Dataframe(headers=HEADERS, label=f"Areas under the curves, sorted by {SORTED_BY}",
+                             interactive=False, wrap=True, column_widths=["34%", *["11%"] * 6],
+                             elem_id="faithfulness-table")
+        note = gr.Markdown(elem_id="faithfulness-note")
         scored = gr.State(None)
     return FaithfulnessView(tab, button, figure, table, note, scored)
 
@@ -105,9 +124,13 @@ class FaithfulnessTab:
     # Scores the maps of the session's image and class; ``values`` are the other tabs' raw controls.
     # (A comment, not a docstring: Gradio would publish a docstring as the endpoint's API description.)
     @shows_errors  # anything unforeseen is a sentence too, its traceback in the operator's log
-    def score(self, current, scored: Scored | None, progress=gr.Progress(), **values):
+    def score(self, current, scored: Scored | None, key=None, progress=gr.Progress(), **values):
         try:
-            return self._score(self.handle_of, current, scored, progress, values, self.relevance)
+            done = self._score(self.handle_of, current, scored, progress, values, self.relevance)
+            scored = done[0]
+            return (replace(scored, basis=Basis.of(current, key or current.model)), *done[1:],
+                    *[verdict(scored.curves, method) if method in scored.curves else NO_VERDICT
+                      for method in VERDICT_ORDER])
         except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
             raise gr.Error(public_message(exc), print_exception=False) from None
         except ValueError as exc:
@@ -142,15 +165,16 @@ class FaithfulnessTab:
                 break
             known.pop(extra)
         label = handle.label(result.target)
+        upload = getattr(current, "image_words", "")  # the upload and its geometry, as the session words them
         title = (f"{public_name(handle.name)}: class {label!r} (#{result.target}); removed patches = mean colour, "
-                 f"insertion from a Gaussian blur (kernel 11, σ 5)")
+                 f"insertion from a Gaussian blur (kernel 11, σ 5)" + (f"\n{upload}" if upload else ""))
         image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)
         flagged = [row[0] for row in rows if row[-1].startswith("⚠")]
-        note = (f"Scored {len(known)} maps for class {label!r}. pos/neg: top-1 still the explained class while "
+        note = (f"Scored {len(known)} maps for class {label!r}" + (f" of {upload}" if upload else "") + ". pos/neg: top-1 still the explained class while "
                 "the most/least relevant patches are removed (area ×100 over 0–0.9); del/ins: its probability "
                 "(area over 0–1). One image is noisy: the README's table over 200 images is steadier.")
-        absent = [METHODS[name] for name in ("legrad", "attnlrp") if name not in maps]
+        absent = [paper_name(name) for name in ("legrad", "attnlrp") if name not in maps]
         if absent:
             note += (f"\n\nNot scored: {', '.join(absent)} ("
                      + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
@@ -159,7 +183,9 @@ class FaithfulnessTab:
         return Scored(key=key, curves=known), image, rows, note
 
 
-def wire(view: FaithfulnessView, handlers: FaithfulnessTab, session: gr.State, controls: dict) -> None:
-    """The tab's event: its button scores the session's maps, on the model-pass queue."""
-    gr.on([view.button.click], handlers.score, inputs=[session, view.scored], inputs_kwargs=controls,
-          outputs=[view.scored, view.figure, view.table, view.note], api_name="faithfulness", **RAW, **MODEL_PASS)
+def wire(view: FaithfulnessView, handlers: FaithfulnessTab, session: gr.State, key: gr.State, controls: dict,
+         also: list, verdicts: list) -> None:
+    """The tab's event: its button (and the ``also`` triggers: the first view's Score) scores the session's
+    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``."""
+    gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key], inputs_kwargs=controls,
+          outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW, **MODEL_PASS)

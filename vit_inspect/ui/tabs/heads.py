@@ -44,6 +44,7 @@ from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
 from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, shows_errors
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -80,6 +81,7 @@ class HeadsState:
     means_key: tuple | None = None  # the reference set of the last mean ablation
     means_slot: Slot | None = None  # its head means, in the app's byte-bounded store
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
+    basis: Basis | None = None  # what the ablation or importance shown was computed from (`ui.stale`)
 
     @property
     def ablated(self) -> ImageAnalysis | None:
@@ -244,12 +246,13 @@ class HeadsView:
 def layout(examples: int, session_ttl_s: float) -> HeadsView:
     """The tab, its controls and results, inside the page's ``gr.Tabs``; ``examples`` is the number of example
     photos mean ablation averages over when no reference images are uploaded."""
-    with gr.Tab("Heads") as tab:
+    with gr.Tab("Ablate & rank", elem_id="heads-tab") as tab:
         gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
                     "change (one forward and one backward pass), rank every head by the drop of the class's "
                     "logit when it alone is ablated, and read the class token after every block (logit lens). "
-                    "**Click a heatmap cell** to choose that layer and head in the other tabs. The class is the "
-                    "one explained under **Grad-CAM**.")
+                    "**Click a heatmap cell** to choose that layer and head everywhere (**Explain → Attention**). "
+                    "The class is the one under **Class to explain** (left); the ablated maps use the layer, "
+                    "head and query of **Explain → Attention** and print them.")
         with gr.Row():
             spec = gr.Textbox(label="Heads to ablate (layer:head, comma-separated, 0-based)",
                               placeholder="e.g. 3:1, 5:0", max_lines=1, scale=3, elem_id="ablate-heads")
@@ -264,7 +267,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
         ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
         effect = gr.Markdown(elem_id="ablate-effect")
         top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
-                           elem_id="ablate-top")
+                           wrap=True, elem_id="ablate-top")
         with gr.Row():
             maps = tuple(OutputImage(label=f"Ablated model: {name}", elem_id=f"ablated-{name}", **MAP_OUT)
                          for name in ABLATED_PANELS)
@@ -283,7 +286,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
         lens_note = gr.Markdown(elem_id="lens-note")
         lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **FIGURE_OUT)
         lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
-                            interactive=False, elem_id="lens-table")
+                            interactive=False, wrap=True, elem_id="lens-table")
         state = gr.State(None, time_to_live=session_ttl_s)
     return HeadsView(tab, spec, mode, references, ablate_button, effect, top, maps, importance_button, cancel_button,
                      importance, first_order, geometry, importance_note, lens_note, lens_plot, lens, state)
@@ -341,7 +344,7 @@ class HeadsTab:
                                   relevance=False)  # its panels show attention, rollout and Grad-CAM only
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
-                        ablated_heads=pairs, ablated_words=words)
+                        ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None))
         effect = ablation_effect(result, ablated)
         return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
                 *self.ablated_maps(session, state, controls))
@@ -415,7 +418,7 @@ class HeadsTab:
             if self.running.get(session_id) is stop:
                 del self.running[session_id]
         words = f"mode {mode}" + (f", {reference}" if reference else "")
-        state = replace(state, importance=ranked, importance_words=words)
+        state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None))
         images, state = self.heatmaps(session, state, self.selected(controls))
         return (state, *images, self.importance_text(session, state, handle.label),
                 cell_geometry(state, (result.depth, result.num_heads)))
@@ -516,19 +519,26 @@ class HeadsTab:
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
     def overview_if_shown(self, tab: str, outputs: int):
-        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise only the
-        state is brought to this model, image and class (an older ablated pass is let go at once) and the
-        other ``outputs - 1`` outputs are left as they are: the tab draws them when it opens."""
+        """`overview` when the page shows ``tab`` (the browser's record of its open tab); otherwise the lens
+        and the first-order heatmap of the previous image or class are cleared (the tab draws them when it
+        opens), and the page's stale-result check (`ui.stale`) clears an older ablation or importance."""
         def handler(session, state: HeadsState | None, shown: object, **controls):
             if shown == tab or session is None:
                 return self.overview(session, state, **controls)
-            return fresh(state, session), *[gr.skip()] * (outputs - 1)
+            skip = gr.skip()
+            return skip, skip, None, skip, None, None, "", skip, skip, None, *[skip] * (outputs - 10)
         return handler
+
+    @staticmethod
+    def reset(state: HeadsState | None, session) -> HeadsState | None:
+        """The state once the stale-result check cleared its results: the reference means kept (`fresh`)."""
+        return None if session is None else fresh(state, session)
 
 
 def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
-         shown_tab: gr.Textbox) -> None:
-    """Events: the tab opening and the `refreshed` dependencies (new image, new class) redraw from the
+         shown_tab: gr.Textbox, opened: list) -> None:
+    """Events: the tab opening (``opened``: its and its section's select) and the `refreshed` dependencies
+    (new image, new class) redraw from the
     cache, the latter only while the page shows the tab (`shown_tab`: the label of the tab it shows), as
     does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
     `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
@@ -540,7 +550,7 @@ def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict,
                     outputs=[view.state, view.importance, view.first_order, view.importance_note, view.lens_plot,
                              view.lens, view.lens_note, view.top, view.effect, view.geometry, *view.maps],
                     show_progress="hidden", **RAW)
-    gr.on([view.tab.select], api_name="heads_overview", **overview)
+    gr.on(opened, api_name="heads_overview", **overview)
     if_shown = overview | dict(fn=shows_errors(handlers.overview_if_shown(view.tab.label, len(overview["outputs"]))),
                                inputs=[session, view.state, shown_tab])
     for index, dependency in enumerate(refreshed):

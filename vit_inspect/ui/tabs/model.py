@@ -1,7 +1,9 @@
 """The Model tab: what a ViT learned before it sees any image (Dosovitskiy et al. 2021, Fig. 7 left and
 centre): the principal components of the patch-embedding filters and the cosine similarity of the
 position embeddings, at the model's own grid or at another input size. Each figure depends only on the
-model, so it is drawn once per model (and grid) and kept beside the model cache."""
+model, so it is drawn once per model (and grid) and kept beside the model cache. What the tab shows records
+its model (``made_from``); another model redraws it while the tab is shown, and clears it otherwise
+(`ui.stale`)."""
 from __future__ import annotations
 
 import functools
@@ -21,6 +23,7 @@ from vit_inspect.studies.model_report import pos_similarity_at
 from vit_inspect.ui.common import (FIGURE_OUT, RAW, OutputImage, download_folder, public_name, shown_model,
                                    shows_errors, weights_label)
 from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import finite_int
 
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
@@ -36,20 +39,26 @@ class ModelTab:
         self.similarity_figure_of = functools.lru_cache(maxsize=4 * cache_size)(self._similarity_figure)
 
     @shows_errors
-    def filter_figure(self, key: CacheKey, progress=gr.Progress()):
-        """Principal components of the patch-embedding filters, drawn once per model."""
-        progress(0, desc="Drawing the patch-embedding filters")
-        return self.filter_figure_of(key)
+    def figures(self, key: CacheKey, progress=gr.Progress()):
+        """The tab's two figures of the model of ``key`` (each drawn once per model), and that model's basis."""
+        progress(0, desc="Drawing the patch-embedding filters and position embeddings")
+        return self._figures(key)
+
+    def _figures(self, key: CacheKey) -> tuple:
+        handle = self.handle(key)
+        return (Basis(model=key, model_words=shown_model(handle)), self.filter_figure_of(key),
+                self.similarity_figure_of(key, handle.native_grid))
+
+    def recompute(self, session, key: CacheKey, controls: dict) -> tuple:
+        """For the page's stale-result check (`stale.Tracked.recompute`): the figures of the model now, the
+        other-size figure and the files cleared, and a line saying so."""
+        return (*self._figures(key), None, None,
+                "*The model changed: its figures were redrawn; press **Compare at this input size** or "
+                "**Download these figures** again for the others.*")
 
     def _filter_figure(self, key: CacheKey) -> np.ndarray:
         handle = self.handle(key)
         return model_plots.filter_pca_panel(filter_pca(handle.patch_embed_weight()), title=shown_model(handle))
-
-    @shows_errors
-    def native_similarity(self, key: CacheKey, progress=gr.Progress()):
-        """Position-embedding similarity on the grid the model was trained for, drawn once per model."""
-        progress(0, desc="Drawing the position-embedding similarity")
-        return self.similarity_figure_of(key, self.handle(key).native_grid)
 
     @shows_errors
     def pos_similarity(self, key: CacheKey, height: object, width: object, progress=gr.Progress()):
@@ -112,11 +121,18 @@ class ModelView:
     similarity_other: gr.Image
     download_button: gr.Button
     files: gr.File
+    note: gr.Markdown
+    made_from: gr.State  # the `stale.Basis` (the model) of the figures shown
+
+    @property
+    def figure_outputs(self) -> list:
+        """What the stale-result check clears or redraws, after ``made_from``, in `ModelTab.recompute`'s order."""
+        return [self.pca, self.similarity, self.similarity_other, self.files, self.note]
 
 
 def layout() -> ModelView:
-    """The tab and its figures, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Model") as tab:
+    """The tab and its figures, inside the How it sees section's ``gr.Tabs``."""
+    with gr.Tab("Filters & positions", elem_id="model-tab") as tab:
         gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
         pca = OutputImage(label="Patch-embedding filters: principal components", elem_id="filters", **FIGURE_OUT)
         gr.Markdown("Position-embedding similarity at the model's own input size, and, resampled "
@@ -133,15 +149,17 @@ def layout() -> ModelView:
         download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
                                     elem_id="model-downloads-button")
         files = gr.File(label="Model files", file_count="multiple", interactive=False, elem_id="model-files")
-    return ModelView(tab, pca, similarity, height, width, similarity_button, similarity_other, download_button, files)
+        note = gr.Markdown(elem_id="model-note")
+        made_from = gr.State(None)
+    return ModelView(tab, pca, similarity, height, width, similarity_button, similarity_other, download_button, files,
+                     note, made_from)
 
 
-def wire(view: ModelView, handlers: ModelTab, key: gr.State) -> None:
-    """The tab's events: its figures drawn when the tab opens, the other-size figure and the downloads on
-    their buttons, each for the model of ``key``."""
-    gr.on([view.tab.select], handlers.filter_figure, inputs=[key], outputs=view.pca, api_name="filter_figure")
-    gr.on([view.tab.select], handlers.native_similarity, inputs=[key], outputs=view.similarity,
-          api_name="native_similarity")
+def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> None:
+    """The tab's events: its figures drawn when the tab opens (``opened``: the tab's and its section's select
+    events), the other-size figure and the downloads on their buttons, each for the model of ``key``."""
+    gr.on(opened, handlers.figures, inputs=[key], outputs=[view.made_from, view.pca, view.similarity],
+          api_name="model_figures")
     gr.on([view.similarity_button.click], handlers.pos_similarity, inputs=[key, view.height, view.width],
           outputs=[view.similarity_other], api_name="pos_similarity", **RAW)
     gr.on([view.download_button.click], handlers.model_downloads, inputs=[key, view.height, view.width],

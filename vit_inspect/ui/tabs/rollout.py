@@ -1,7 +1,8 @@
 """The Rollout tab: attention rollout (Abnar & Zuidema 2020) or gradient rollout for the class (vit-explain),
 with its head fusion, discard ratio and layer range.
 
-It has no events of its own: its map redraws with the other panels (`build_demo`)."""
+Its map redraws with the other panels (`build_demo`, `Inspector.redraw_rollout`, which swaps a backward
+range on the sliders)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,14 +34,18 @@ class RolloutView:
 
 
 def layout() -> RolloutView:
-    """The tab, its map and its options, inside the page's ``gr.Tabs``."""
-    with gr.Tab("Rollout") as tab:
+    """The tab, its map and its options, inside the Explain section's ``gr.Tabs``."""
+    with gr.Tab("Rollout", elem_id="rollout-tab") as tab:
+        gr.Markdown("Attention carried through the layers (Abnar & Zuidema 2020), or weighed by its gradient for "
+                    "the class explained (vit-explain). A backward range (**From** after **To**) is swapped, on the "
+                    "sliders and in the caption, as **Faithfulness** swaps it.")
         with gr.Row():
-            panel = OutputImage(label="Rollout", elem_id="rollout-map", **MAP_OUT)
-            with gr.Column():
+            with gr.Column(scale=3, min_width=580):
+                panel = OutputImage(elem_id="rollout-map", **MAP_OUT)
+            with gr.Column(scale=2, min_width=260):
                 method = gr.Radio(list(ROLLOUTS), value=list(ROLLOUTS)[0], label="Method", elem_id="rollout-method",
                                   info="Gradient rollout weighs each layer's attention by "
-                                       "its gradient for the class (Grad-CAM tab's class).")
+                                       "its gradient for the class explained (left).")
                 head_fusion = gr.Radio(list(HEAD_FUSIONS), value="mean", label="Head fusion",
                                        info="Attention rollout only; gradient rollout averages.")
                 discard_ratio = gr.Slider(0.0, 0.95, value=0.0, step=0.05, label="Discard ratio",
@@ -48,6 +53,6 @@ def layout() -> RolloutView:
                                                "rolling out.", elem_id="discard-slider")
                 discard = gr.Radio(list(DISCARDS), value=list(DISCARDS)[0], label="Discard where",
                                    elem_id="discard-where")
-                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer", elem_id="first-layer")
+                first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer (0-based)", elem_id="first-layer")
                 last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)", elem_id="last-layer")
     return RolloutView(tab, panel, method, head_fusion, discard_ratio, discard, first_layer, last_layer)
