@@ -68,7 +68,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         analyzed = gr.on(
             [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
-            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
+            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
+                                          prompt=given.prompt, versus_prompt=given.versus),
             outputs=[session, given.predictions, page.overview.crop, given.target, *[panel[n] for n in IMAGE_PANELS],
                      page.overview.seen, page.attention.geometry, status, page.attention.query],
             api_name="analyze", **RAW, **MODEL_PASS)
@@ -102,13 +103,14 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
 
         attention.wire(page.attention, app, session, controls)
-        retargeted, searched = inputs.wire_classes(given, app, session, controls, class_outputs=[
+        retargeted, searched, prompted = inputs.wire_classes(given, app, session, controls, class_outputs=[
             session, given.target, *[panel[n] for n in CLASS_PANELS]])
+        inputs.wire_mode(given, [demo.load, key.change], key)  # a prompt box for a model with a text tower
         all_maps.wire(page.all_maps, app, session, controls)
         faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance), session,
                           key, controls, also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
         heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
-        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched],
+        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched, prompted],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
                    shown_tab=shown_tab, opened=sections.opened(page.heads_section, page.heads.tab))
@@ -120,8 +122,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         # One check against stale results (`ui.stale`) after every change of model, image, class or model B; the
         # downloads, which depend on every setting, also when a tab opens or the colour scale changes.
         tracked = tracked_results(page, heads_tab, model_tab)
-        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (loaded, "model"),
-                            (compare_b, "model_b")):
+        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (prompted, "prompt"),
+                            (loaded, "model"), (compare_b, "model_b")):
             check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
         by_settings = tuple(item for item in tracked if item.level == "options")
         every_tab = list({id(tab): tab for section, tabs in page.groups() for tab in (section, *tabs)}.values())
@@ -136,7 +138,7 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
     return (
         Tracked("faithfulness", page.faithfulness.scored,
                 (page.faithfulness.figure, page.faithfulness.table, page.faithfulness.note, *page.overview.verdicts),
-                (None, None, NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
+                (None, gr.update(value=None, label=faithfulness.TABLE_LABEL), NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
         Tracked("compare", page.compare.made_from, (page.compare.state, *page.compare.results),
                 (None, KEEP, NOTE, *[None] * (len(page.compare.results) - 2)), "class", f"**{compare.PRESS}**",
                 extra=page.compare.key_b),
