@@ -46,6 +46,10 @@ VERSUS = {  # the versus box: (label, placeholder, info) for a classifier and fo
                "Explains the prompt's similarity minus this one's: why A and not B?"),
 }
 TARGET_LABEL = {"class": "Class to explain", "prompt": "Zero-shot label to explain (or type a prompt below)"}
+TARGET_INFO = {"class": "Every gradient map, the faithfulness scores, the heads' ablation and Compare explain this "
+                        "class: the top 5 first, then what the search found.",
+               "prompt": "Every gradient map, the faithfulness scores and Compare explain this label's similarity "
+                         "with the image (its text averaged over the templates); a prompt typed below replaces it."}
 TOP5_LABEL = {"class": "Top-5 classes", "prompt": "Top-5 zero-shot labels"}
 
 EXAMPLES = (  # (file in assets/, caption with the credit and licence from assets/README.md)
@@ -103,14 +107,12 @@ def layout(models: tuple[str, ...], model: str) -> InputView:
                          sources=["upload", "clipboard", "webcam"], elem_id="input-image")
         predictions = gr.Label(num_top_classes=5, label="Top-5 classes", show_heading=False, elem_id="predictions")
         with gr.Group():
-            target = gr.Dropdown([], label="Class to explain", elem_id="target",
-                                 info="Every gradient map, the faithfulness scores, the heads' ablation and "
-                                      "Compare explain this class: the top 5 first, then what the search found.")
+            target = gr.Dropdown([], label=TARGET_LABEL["class"], elem_id="target", info=TARGET_INFO["class"])
             class_search = gr.Textbox(label="Find a class: name or index, then Enter", placeholder="e.g. 1 (goldfish) "
                                       "or beagle", elem_id="class-search", max_lines=1)
-            prompt = gr.Textbox(label=PROMPT_LABEL, placeholder="e.g. a photo of a cat", elem_id="prompt",
+            prompt = gr.Textbox("", label=PROMPT_LABEL, placeholder="e.g. a photo of a cat", elem_id="prompt",
                                 max_lines=1, max_length=MAX_PROMPT_CHARS, visible=False, info=PROMPT_INFO)
-            versus = gr.Textbox(label=VERSUS["class"][0], placeholder=VERSUS["class"][1], elem_id="versus",
+            versus = gr.Textbox("", label=VERSUS["class"][0], placeholder=VERSUS["class"][1], elem_id="versus",
                                 max_lines=1, max_length=MAX_PROMPT_CHARS, info=VERSUS["class"][2])
         geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
                                  elem_id="geometry", info="The model's own centre crop, the whole image "
@@ -160,7 +162,7 @@ def input_mode(key) -> tuple:
     label, placeholder, info = VERSUS[kind]
     return (gr.update(visible=kind == "class"), gr.update(visible=kind == "prompt"),
             gr.update(label=label, placeholder=placeholder, info=info, value=""),
-            gr.update(label=TARGET_LABEL[kind]), gr.update(label=TOP5_LABEL[kind]))
+            gr.update(label=TARGET_LABEL[kind], info=TARGET_INFO[kind]), gr.update(label=TOP5_LABEL[kind]))
 
 
 def wire_mode(view: InputView, triggers: list, key: gr.State) -> None:

@@ -190,7 +190,9 @@ class FaithfulnessTab:
         upload = getattr(current, "image_words", "")  # the upload and its geometry, as the session words them
         title = (f"{public_name(handle.name)}: {explained}; removed patches = mean colour, "
                  f"insertion from a Gaussian blur (kernel 11, σ 5)" + (f"\n{upload}" if upload else ""))
-        image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
+        score = ("cosine similarity" + (" minus the versus's" if result.contrast is not None else "")
+                 if result.prompt is not None or result.versus is not None else "probability of the explained class")
+        image = curves_panel(known, title, score)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)
         flagged = [row[0] for row in rows if row[-1].startswith("⚠")]
         if result.prompt is not None or result.versus is not None:
