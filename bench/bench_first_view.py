@@ -13,7 +13,7 @@ and driven by one Chromium through Playwright, taking turns
    pictures have loaded anew.
 
 Each server is warmed up first (one page load, its model loaded). Medians over ``--repeats`` turns, and
-the ratio new / old of each, are printed as markdown.
+the ratio new / old of each, are printed as markdown and written to bench/results/first_view.csv.
 
     python -m bench.bench_first_view [--old main] [--repeats 7]
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from vit_inspect.core.handle import DEFAULT_MODEL
 
-from .common import REPO, markdown_table, print_header
+from .common import REPO, print_header, report
 
 PHOTOS = ("coffee.png", "astronaut.png", "rocket.jpg", "china.jpg", "flower.jpg")  # "new image", in turn
 FIRST = "chelsea.png"  # the new page's example, and what the older page is given on load
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         old, new = (statistics.median(times[kind, what]) for kind in ("old", "new"))
         spread = {kind: f"{min(times[kind, what]):.2f}–{max(times[kind, what]):.2f}" for kind in ("old", "new")}
         rows.append((words, f"{old:.2f} ({spread['old']})", f"{new:.2f} ({spread['new']})", f"{new / old:.2f}"))
-    print(markdown_table(("seconds, median (min–max)", f"older page ({args.old})", "this page", "ratio new / old"),
-                         rows))
+    print(report("first_view", ("seconds, median (min–max)", "older page", "this page", "ratio new / old"), rows,
+                 key=("seconds, median (min–max)",)))
 
 
 if __name__ == "__main__":

@@ -204,8 +204,9 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
     assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
-    assert {"first_view", "model_choices", "model_figures", "panels_of_new_image", "stale_check_image",
-            "stale_check_class", "stale_check_model", "stale_check_model_b", "stale_check_settings"} <= set(endpoints)
+    assert {"first_view", "explain_opened", "gradient_weighted_attention", "model_choices", "model_figures",
+            "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
+            "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result"} <= set(endpoints)
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:

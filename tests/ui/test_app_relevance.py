@@ -117,7 +117,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     np.testing.assert_array_equal(ticked.result.legrad, one_pass.legrad)
     np.testing.assert_array_equal(ticked.result.attnlrp, one_pass.attnlrp)
     assert ticked.result.target == one_pass.target == 285
-    assert figure.shape[0] > plain.shape[0] and figure.shape[1] == plain.shape[1]  # LeGrad and AttnLRP: a row more
+    assert figure.shape[1] == plain.shape[1] and not np.array_equal(figure, plain)  # LeGrad and AttnLRP drawn too
     assert inspector.store.held == ticked.slot.nbytes == results_nbytes(ticked.results)
     assert session.result.attnlrp is not None  # one slot per session: the stored pass now holds them
     calls.reset()
@@ -180,7 +180,7 @@ def test_downloads_record_whether_the_two_maps_were_computed(served):
     inspector, handle, calls, session = served
 
     def record(current):
-        files = {Path(p).suffix: Path(p) for p in inspector.downloads(current, **CONTROLS)}
+        files = {Path(p).suffix: Path(p) for p in inspector.downloads(current, **CONTROLS)[1]}  # basis, files, note
         with np.load(files[".npz"]) as arrays:
             return json.loads(files[".json"].read_text()), dict(arrays)
 
@@ -236,7 +236,7 @@ def test_faithfulness_adds_the_two_maps_before_scoring():
     # without the on-demand path the note names the two maps it could not score
     bare, _, rows, note = FaithfulnessTab._score(lambda key: handle, replace_result(session), None, progress, {})
     assert "legrad" not in bare.curves and len(rows) == 6
-    assert "Not scored: LeGrad (Bousselham et al. 2025), AttnLRP (Achtibat et al. 2024) (not computed" in note
+    assert "Not scored: LeGrad (Bousselham et al.), AttnLRP (Achtibat et al.) (not computed" in note
 
 
 def replace_result(session):
@@ -289,5 +289,5 @@ def test_heads_and_compare_passes_leave_the_two_maps_out():
     buffer = io.BytesIO()
     picture.save(buffer, "PNG")
     slot = Compare(compare_app, upload_source=lambda image, max_bytes: (image, "p.png")).run(
-        buffer.getvalue(), "a", "b", "", 0.6, False, 0.5, progress=progress)[0]
+        buffer.getvalue(), "a", "b", "", 0.6, False, 0.5, progress=progress)[1]  # its basis, then its slot
     assert seen == [False, False] and slot.get().comparison.a.attnlrp is None

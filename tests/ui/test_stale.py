@@ -132,3 +132,24 @@ def test_another_class_clears_the_scores_and_changed_settings_clear_the_download
     changed = outputs(client, "stale_check_settings", layer=5)
     assert changed[elem(client, "download-files")] is None
     assert "the settings changed" in changed[elem(client, "downloads-note")]
+
+
+@pytest.mark.slow
+def test_a_result_is_checked_again_once_written(client):
+    """Downloads pressed while image 2's pass runs read image 1's session and may be written after image 2's own
+    check; the page checks every costly result once more when its record changes (whichever of the two ends
+    last, the check after it sees both). Here: the wiring, and that check clearing a result of another image."""
+    states = {c["id"] for c in client.config["components"] if c["type"] == "state"}
+    by_image = dependency(client, "stale_check_image")
+    made_from = {i for i in by_image["outputs"] if i in states and i in by_image["inputs"]}
+    after = dependency(client, "stale_check_result")
+    assert {(i, "change") for i in made_from} == {tuple(t) for t in after["targets"]} and len(made_from) == 6
+    assert after["trigger_mode"] == "always_last"  # a record written during a check is checked again, not dropped
+    analyze(client, COFFEE)
+    files, note = client.predict(api_name="/downloads")
+    assert note.startswith("Prepared for coffee.png") and files
+    analyze(client)  # another image in the session, and no check run yet
+    cleared = outputs(client, "stale_check_result")
+    assert cleared[elem(client, "download-files")] is None
+    assert cleared[elem(client, "downloads-note")].startswith("*Cleared: the image or what the model sees of it "
+                                                              "changed (these were for coffee.png")

@@ -125,6 +125,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (prompted, "prompt"),
                             (loaded, "model"), (compare_b, "model_b")):
             check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+        # A result whose event began before a new image (or model, class) was in place is checked again once it
+        # is written: whichever of the two finishes last, the check after it sees both.
+        check(lambda **kw: gr.on([item.made_from.change for item in tracked], trigger_mode="always_last", **kw),
+              tracked, session, key, shown_tab, controls, "stale_check_result")
         by_settings = tuple(item for item in tracked if item.level == "options")
         every_tab = list({id(tab): tab for section, tabs in page.groups() for tab in (section, *tabs)}.values())
         check(lambda **kw: gr.on([tab.select for tab in every_tab] + [given.scale.input], **kw),

@@ -24,7 +24,7 @@ MAIN_MAP_PIXELS = 448  # a view's main map is drawn at least this wide (the crop
 FIRST_VIEW_WORDS = {  # what each of the first view's maps is, and why it is there
     "first_attention": "what the class token reads in the last layer",
     "first_rollout": "attention carried through every layer",
-    "first_relevance": "the most faithful one-pass map on 200 ImageNet photos (README)",
+    "first_relevance": "of the maps one pass draws, the most faithful on 200 ImageNet photos (docs: Which map to trust)",
 }
 UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
          "gradcam": "Grad-CAM (activation × gradient)", "relevance": "relevance (logit units)",

@@ -51,13 +51,18 @@ def explained_words(handle, result) -> str:
     return words
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Scored:
     """The curves scored so far for one image, model and class (held in gr.State)."""
 
     key: tuple  # (model key, image digest, class)
     curves: dict[str, Curves]  # map name -> its curves
     basis: Basis | None = None  # what they were computed from, for the page's stale-result check
+
+    def __hash__(self) -> int:
+        """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
+        again when what it was computed from changes (`build_demo`)."""
+        return hash(self.basis)
 
 
 def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
@@ -203,7 +208,7 @@ class FaithfulnessTab:
         else:
             how = ("pos/neg: top-1 still the explained class while the most/least relevant patches are removed "
                    "(area ×100 over 0–0.9); del/ins: its probability (area over 0–1). One image is noisy: the "
-                   "README's table over 200 images is steadier.")
+                   "documentation's table over 200 images (Which map to trust) is steadier.")
         note = f"Scored {len(known)} maps for {explained}" + (f" of {upload}" if upload else "") + f". {how}"
         absent = [paper_name(name) for name in ("legrad", "attnlrp") if name not in maps]
         if absent:

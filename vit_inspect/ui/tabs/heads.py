@@ -83,6 +83,11 @@ class HeadsState:
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
     basis: Basis | None = None  # what the ablation or importance shown was computed from (`ui.stale`)
 
+    def __hash__(self) -> int:
+        """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
+        again when what it was computed from changes (`build_demo`), not on every redraw of the tab."""
+        return hash(self.basis)
+
     @property
     def ablated(self) -> ImageAnalysis | None:
         """The latest ablated pass; `ResultDropped` (a sentence) if the store let it go to make room."""

@@ -1,7 +1,8 @@
 """The first view (Explain → Overview): what the model looks at, with no control touched. Three maps side by
 side, each at the crop's own size with its settings fixed (`panels.first_view`): the last layer's attention
 from the readout token, attention rollout over every layer, and gradient-weighted attention (Chefer et al.
-2021), the most faithful of the maps one pass gives on 200 ImageNet photos (README); under each, a one-line
+2021), of the maps one pass draws the most faithful on 200 ImageNet photos (the documentation's "Which map to
+trust"; AttnLRP and LeGrad, ahead of it there, cost a further pass); under each, a one-line
 faithfulness verdict once the maps are scored (`plots.faithfulness.verdict`), with the button that scores
 them; then the input as the model saw it and the region of the upload it is. The top-5 and the class
 explained sit in the page's input column, beside every section.
@@ -42,7 +43,10 @@ def layout() -> OverviewView:
         with gr.Row(equal_height=False):
             for name in FIRST_VIEW:
                 with gr.Column(min_width=280):
-                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"), **MAP_OUT))
+                    # a download button only: Gradio's button bar sits over the picture's top right corner, and
+                    # two buttons there cover the colour bar's top label of a map this narrow
+                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"),
+                                            **(MAP_OUT | dict(buttons=["download"]))))
                     verdicts.append(gr.Markdown(NOT_SCORED, elem_id=f"verdict-{name.removeprefix('first_')}",
                                                 elem_classes=["verdict"]))
         score = gr.Button(SCORE_LABEL, elem_id="overview-score", size="md")
