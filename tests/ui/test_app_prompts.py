@@ -26,7 +26,7 @@ from vit_inspect.ui.inspector import CLASS_SKIP, Inspector  # noqa: E402
 from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.ui.panels import caption, draw_panels, unit  # noqa: E402
 from vit_inspect.ui.stale import Basis, Tracked, cleared_sentence  # noqa: E402
-from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
+from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab, table_label  # noqa: E402
 from vit_inspect.ui.view import READOUT, View  # noqa: E402
 
 CHELSEA = REPO / "assets" / "chelsea.png"
@@ -129,7 +129,8 @@ def test_faithfulness_scores_the_prompts_similarity_and_its_table_names_it(app, 
     shown = app.set_prompt(session, CAT, DOG, progress=progress, **CONTROLS)[0]
     scored, figure, table, note, *verdicts = FaithfulnessTab(app.handle, app.with_relevance).score(
         shown, None, app.default_key, progress=progress, **CONTROLS)
-    assert table["label"].startswith(f"Areas under the curves for prompt '{CAT}' versus prompt '{DOG}'")
+    assert scored.words == f"prompt '{CAT}' versus prompt '{DOG}'" and table[0][0]  # rows, best first
+    assert table_label(scored)["label"].startswith(f"Areas under the curves for prompt '{CAT}' versus prompt '{DOG}'")
     assert f"for prompt '{CAT}' versus prompt '{DOG}'" in note and "similarity" in note
     assert set(scored.curves) >= {"random", "gradcam", "chefer", "legrad", "attnlrp"}
     # every curve starts from the clean image's explained score: cos(f, t_cat) - cos(f, t_dog), by hand

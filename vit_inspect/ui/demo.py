@@ -124,7 +124,10 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         tracked = tracked_results(page, heads_tab, model_tab)
         for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (prompted, "prompt"),
                             (loaded, "model"), (compare_b, "model_b")):
-            check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+            checked = check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+            checked.success(faithfulness.table_label, inputs=[page.faithfulness.scored],  # scores cleared: its label
+                            outputs=[page.faithfulness.table], api_name=f"faithfulness_label_{name}",
+                            show_progress="hidden")
         # A result whose event began before a new image (or model, class) was in place is checked again once it
         # is written: whichever of the two finishes last, the check after it sees both.
         check(lambda **kw: gr.on([item.made_from.change for item in tracked], trigger_mode="always_last", **kw),
@@ -142,7 +145,7 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
     return (
         Tracked("faithfulness", page.faithfulness.scored,
                 (page.faithfulness.figure, page.faithfulness.table, page.faithfulness.note, *page.overview.verdicts),
-                (None, gr.update(value=None, label=faithfulness.TABLE_LABEL), NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
+                (None, None, NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
         Tracked("compare", page.compare.made_from, (page.compare.state, *page.compare.results),
                 (None, KEEP, NOTE, *[None] * (len(page.compare.results) - 2)), "class", f"**{compare.PRESS}**",
                 extra=page.compare.key_b),
@@ -160,9 +163,9 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
     )
 
 
-def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str) -> None:
+def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str):
     """`stale.refresh` of the ``tracked`` results, registered by ``register`` (an event's ``.success``, or
-    `gr.on` with its triggers) under ``api_name``."""
+    `gr.on` with its triggers) under ``api_name``; returns the registered event."""
     extra_inputs, outputs = refresh_io(tracked)
-    register(fn=refresh(tracked), inputs=[session, key, shown_tab, *extra_inputs], inputs_kwargs=controls,
+    return register(fn=refresh(tracked), inputs=[session, key, shown_tab, *extra_inputs], inputs_kwargs=controls,
              outputs=outputs, api_name=api_name, show_progress="hidden", **RAW)

@@ -58,6 +58,7 @@ class Scored:
     key: tuple  # (model key, image digest, class)
     curves: dict[str, Curves]  # map name -> its curves
     basis: Basis | None = None  # what they were computed from, for the page's stale-result check
+    words: str = ""  # what they score: "class 'tabby' (#281)", or "prompt 'a photo of a cat'" (`explained_words`)
 
     def __hash__(self) -> int:
         """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
@@ -147,9 +148,7 @@ class FaithfulnessTab:
     def score(self, current, scored: Scored | None, key=None, progress=gr.Progress(), **values):
         try:
             scored, image, rows, note = self._score(self.handle_of, current, scored, progress, values, self.relevance)
-            explained = explained_words(self.handle_of(current.model), current.result)
-            table = gr.update(value=rows, label=f"Areas under the curves for {explained}, sorted by {SORTED_BY}")
-            return (replace(scored, basis=Basis.of(current, key or current.model)), image, table, note,
+            return (replace(scored, basis=Basis.of(current, key or current.model)), image, rows, note,
                     *[verdict(scored.curves, method) if method in scored.curves else NO_VERDICT
                       for method in VERDICT_ORDER])
         except VitInspectError as exc:  # its public sentence, server paths cut (a model reload's missing file)
@@ -216,12 +215,21 @@ class FaithfulnessTab:
                      + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
         if flagged:
             note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
-        return Scored(key=key, curves=known), image, rows, note
+        return Scored(key=key, curves=known, words=explained), image, rows, note
 
 
 def wire(view: FaithfulnessView, handlers: FaithfulnessTab, session: gr.State, key: gr.State, controls: dict,
          also: list, verdicts: list) -> None:
     """The tab's event: its button (and the ``also`` triggers: the first view's Score) scores the session's
     maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``."""
-    gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key], inputs_kwargs=controls,
-          outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW, **MODEL_PASS)
+    scored = gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key],
+                   inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW,
+                   **MODEL_PASS)
+    scored.success(table_label, inputs=[view.scored], outputs=[view.table], api_name="faithfulness_table_label",
+                   show_progress="hidden")
+
+
+def table_label(scored: Scored | None):
+    """The table's label names what its rows score (a class, or a prompt and its versus prompt)."""
+    words = getattr(scored, "words", "")
+    return gr.update(label=f"Areas under the curves for {words}, sorted by {SORTED_BY}" if words else TABLE_LABEL)
