@@ -42,11 +42,9 @@ def with_prompt_options(handle: ViTHandle, args: argparse.Namespace) -> ViTHandl
         return handle
     from vit_inspect.core.open_clip_models import with_zero_shot
 
-    labels = None
-    if args.zero_shot is not None:
-        path = Path(args.zero_shot)
-        text = path.read_text(encoding="utf-8") if path.is_file() else args.zero_shot.replace(",", "\n")
-        labels = [line.strip() for line in text.splitlines() if line.strip()]
+    from vit_inspect.core.prompts import read_labels
+
+    labels = None if args.zero_shot is None else read_labels(args.zero_shot)
     templates = None if args.templates is None else args.templates.split("|")
     return with_zero_shot(handle, labels, templates)
 

@@ -90,6 +90,16 @@ def label_embeddings(labels) -> tuple[tuple[str, ...], torch.Tensor | None]:
     return tuple(p.text for p in prompts), torch.from_numpy(np.stack([p.embedding for p in prompts]))
 
 
+def read_labels(value: str) -> tuple[str, ...]:
+    """The zero-shot labels an operator gives: a text file with one label per line, else a comma-separated
+    list; blank entries dropped (`check_labels` checks the rest)."""
+    from pathlib import Path
+
+    path = Path(value)
+    text = path.read_text(encoding="utf-8") if path.is_file() else value.replace(",", "\n")
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
 def check_labels(labels, templates) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(labels, templates) checked as prompts (each template holds one '{}'), within MAX_LABELS / MAX_TEMPLATES."""
     labels, templates = tuple(labels), tuple(templates)
