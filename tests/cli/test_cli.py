@@ -12,7 +12,7 @@ from support import DEIT_WEIGHTS, IMAGENET, PHOTOS, REPO, make_tiny_timm
 
 from vit_inspect.cli.main import main
 
-ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
+ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "score", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
                 "legrad", "attnlrp"}
 

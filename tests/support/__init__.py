@@ -120,3 +120,11 @@ def offline_hub_cache(root: Path, repo: str, config) -> None:
     config.save_pretrained(folder / "snapshots" / revision)
     (folder / "refs").mkdir()
     (folder / "refs" / "main").write_text(revision)
+
+
+def zero_biases(model: torch.nn.Module) -> None:
+    """Every parameter whose name ends in "bias" set to 0 (LRP conservation holds exactly without biases)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_inspect.analysis.faithfulness import CURVES, PerturbationSettings
-from vit_inspect.cli.common import engine_flags, engine_options, model_options, progress
+from vit_inspect.cli.common import (engine_flags, engine_options, model_options, progress, prompt_options, targets,
+                                    with_prompt_options)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.evaluate import format_table, gather_curves, read_labels, select_files
@@ -40,6 +41,7 @@ def add_parser(sub) -> None:
                           help=f"perturbed inputs per forward, one image at a time (default {DEFAULT_BATCH_SIZE})")
     evaluate.add_argument("--images-per-batch", type=int, default=4,
                           help="images the engine hands a worker at once (default 4)")
+    prompt_options(evaluate)
     engine_flags(evaluate, batch_size=False)
     model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
                                      "(and the shards of a folder-level job)")
@@ -59,13 +61,15 @@ def run(args: argparse.Namespace) -> None:
     files = select_files(args.folder, labels, args.every, args.limit)
     if not files:
         raise VitInspectError("No labelled images found: file names in the folder must match the labels file.")
-    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    prompt, versus = targets(args)
+    handle = with_prompt_options(load_model(args.model, weights=args.weights, device=args.device,
+                                            model_file=args.model_file), args)
     settings = PerturbationSettings(removal=args.removal)
     out = Path(args.out) if args.out else None
     curves_dir = out / "evaluate" / "curves" if out else None
     job = EvaluateJob.for_handle(handle, {p.name: labels[p.name] for p in files}, methods, device=args.device,
                                  model_file=args.model_file, curves_dir=curves_dir, settings=settings,
-                                 batch_size=args.batch_size)
+                                 batch_size=args.batch_size, prompt=prompt, versus=versus)
     worker = EvaluateWorker(handle, job) if args.engine == "local" else None
     result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
                         progress=progress, worker=worker)
@@ -80,6 +84,9 @@ def run(args: argparse.Namespace) -> None:
         record = {"model": handle.name, "weights": Path(handle.weights).name, "images": accumulator.images,
                   "clean_top1": accumulator.correct / accumulator.images, "settings": vars(settings),
                   "engine": args.engine, "skipped": [name for name, _ in result.skipped],
+                  "target": None if prompt is None else {"prompt": prompt},
+                  "contrast": None if versus is None else {"prompt": versus},
+                  "score": "probability" if prompt is None else "cosine",
                   "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()}}
         (out / "table.json").write_text(json.dumps(record, indent=1))
         with (out / "table.csv").open("w", newline="") as handle_csv:

@@ -234,15 +234,16 @@ class PlotAxes:
     top: int  # pixel row of the plot's top edge
     width: int  # plot width, pixels
     height: int  # plot height, pixels
-    highest: float  # the y value at the top edge (the bottom is 0)
+    highest: float  # the y value at the top edge
+    lowest: float = 0.0  # the y value at the bottom edge
 
     @property
     def bottom(self) -> int:
         return self.top + self.height - 1
 
     def row(self, value):
-        """Pixel row of a y value (0 at the bottom edge, `highest` at the top, linear)."""
-        return self.bottom - value / self.highest * (self.height - 1)
+        """Pixel row of a y value (`lowest` at the bottom edge, `highest` at the top, linear)."""
+        return self.bottom - (value - self.lowest) / (self.highest - self.lowest) * (self.height - 1)
 
     def dot(self, x: float, y: float, radius: float, colour: tuple) -> None:
         self.pen.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour)
@@ -250,8 +251,9 @@ class PlotAxes:
 
 def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_label: str,
               image_width: int | None = None, plot: tuple[int, int] = SCATTER_PLOT_PIXELS, below: int = 28,
-              legend: int = 0) -> PlotAxes:
-    """A white panel with framed axes of `plot` = (width, height) pixels: y from 0 to `highest` (about six
+              legend: int = 0, lowest: float = 0.0) -> PlotAxes:
+    """A white panel with framed axes of `plot` = (width, height) pixels: y from `lowest` (default 0) to
+    `highest` (about six
     round ticks, `y_label` written upwards on the left); x ticks at (pixel offset in the plot, label) with
     `x_label` under them, then `below` pixels for a legend; with ``image_width`` a right-hand axis reads y
     as a fraction of that width. ``legend``: how far the widest legend line reaches right of the plot's left
@@ -262,10 +264,10 @@ def plot_axes(highest: float, x_ticks: list[tuple[float, str]], x_label: str, y_
     right = 76 if image_width else 10
     panel = Image.new("RGB", (max(left + plot_w + right, left + legend + 10), top + plot_h + 36 + below),
                       (255, 255, 255))
-    axes = PlotAxes(panel, ImageDraw.Draw(panel), left, top, plot_w, plot_h, highest)
+    axes = PlotAxes(panel, ImageDraw.Draw(panel), left, top, plot_w, plot_h, highest, lowest)
     pen, bottom, row = axes.pen, axes.bottom, axes.row
-    for value in matplotlib.ticker.MaxNLocator(6).tick_values(0.0, highest):
-        if 0.0 <= value <= highest:
+    for value in matplotlib.ticker.MaxNLocator(6).tick_values(lowest, highest):
+        if lowest <= value <= highest:
             pen.line((left - 4, row(value), left - 1, row(value)), fill=(0, 0, 0))
             pen.text((left - 6, row(value)), f"{value:g}", fill=(0, 0, 0), font=small, anchor="rm")
     if image_width:
