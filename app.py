@@ -17,6 +17,8 @@ import threading
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import DEFAULT_MODEL
 from vit_inspect.core.module_spec import model_file_name
+from vit_inspect.core.open_clip_models import is_open_clip_name
+from vit_inspect.core.prompts import DEFAULT_TEMPLATES, check_labels, read_labels
 from vit_inspect.ui.common import own_upload_folder
 from vit_inspect.ui.config import AppConfig, launch_limits, with_launch_limits
 from vit_inspect.ui.demo import build_demo
@@ -39,6 +41,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
     parser.add_argument("--model-file", metavar="FILE.py:FUNCTION",
                         help="serve a hand-written ViT: imports FILE.py (runs its code) and calls FUNCTION() for "
                              "(model, ModuleSpec); replaces --model. Web users can never name a Python file.")
+    parser.add_argument("--zero-shot", metavar="LABELS",
+                        help="an OpenCLIP --model's zero-shot labels, comma-separated or a text file with one per "
+                             "line (default: the 1000 ImageNet classes with OpenAI's templates, minutes on a CPU)")
+    parser.add_argument("--templates", help="'|'-separated templates for --zero-shot labels, each with one {} "
+                                            "(default 'a photo of a {}.')")
     parser.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -71,7 +78,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
             parser.error(f"{option} must be a positive finite number, got {value!r}.")
     if not math.isfinite(args.spill_budget):  # at most 0 turns spilling off; NaN or inf is a typing mistake
         parser.error(f"--spill-budget must be a finite number of GiB (0 turns it off), got {args.spill_budget!r}.")
+    if (args.zero_shot or args.templates) and not is_open_clip_name(model):
+        parser.error("--zero-shot and --templates are for an OpenCLIP --model (open_clip:ARCH[:TAG]).")
+    try:
+        zero_shot = None if args.zero_shot is None else check_labels(
+            read_labels(args.zero_shot), args.templates.split("|") if args.templates else DEFAULT_TEMPLATES)
+    except VitInspectError as exc:
+        parser.error(str(exc))
     config = AppConfig(model=model, weights=args.weights, device=args.device, model_file=args.model_file,
+                       zero_shot=None if zero_shot is None else zero_shot[0],
+                       templates=None if zero_shot is None else zero_shot[1],
                        cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
                        max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30),

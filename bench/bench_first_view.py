@@ -1,4 +1,4 @@
-"""The first view in Chromium, this page against an older one (default: where this branch left main), in one run.
+"""The first view in Chromium, this page against an older one (default: the app before its sections), in one run.
 
 Both pages are served by their own `python app.py --device cpu --weights checkpoints/<DeiT-Ti>` (HF_HUB_OFFLINE=1)
 and driven by one Chromium through Playwright, taking turns
@@ -15,7 +15,7 @@ and driven by one Chromium through Playwright, taking turns
 Each server is warmed up first (one page load, its model loaded). Medians over ``--repeats`` turns, and
 the ratio new / old of each, are printed as markdown and written to bench/results/first_view.csv.
 
-    python -m bench.bench_first_view [--old main] [--repeats 7]
+    python -m bench.bench_first_view [--old REF] [--repeats 7]
 """
 from __future__ import annotations
 
@@ -49,10 +49,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def old_tree(ref: str, folder: Path) -> Path:
-    """``ref``'s merge base with HEAD unpacked into ``folder`` (git archive), with this checkout's weights."""
-    base = subprocess.run(["git", "merge-base", "HEAD", ref], cwd=REPO, capture_output=True, text=True, check=True)
-    archive = subprocess.run(["git", "archive", base.stdout.strip()], cwd=REPO, capture_output=True, check=True)
+SECTIONS = "vit_inspect/ui/sections.py"  # the page's sections: the older page is the app before this file
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def older_page(ref: str | None) -> str:
+    """The commit of the older page: ``ref``'s merge base with HEAD, or by default the first parent of the
+    commit that brought the page's sections (`SECTIONS`) into HEAD's first-parent history (on the main line: the
+    app just before the merge of its sections and first view)."""
+    if ref is not None:
+        return git("merge-base", "HEAD", ref)
+    added = git("log", "--first-parent", "--diff-filter=A", "--format=%H", "HEAD", "--", SECTIONS).splitlines()
+    if not added:
+        raise SystemExit(f"no commit adds {SECTIONS} in this history: name the older page with --old REF")
+    return git("rev-parse", f"{added[-1]}^1")
+
+
+def old_tree(ref: str | None, folder: Path) -> Path:
+    """The older page (`older_page`) unpacked into ``folder`` (git archive), with this checkout's weights."""
+    base = older_page(ref)
+    archive = subprocess.run(["git", "archive", base], cwd=REPO, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
     (folder / "checkpoints").mkdir(exist_ok=True)
     for weights in (REPO / "checkpoints").glob("*.safetensors"):
@@ -113,8 +132,8 @@ def new_image(page, kind: str, photo: str) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default="main", help="git ref of the older page, the app before its sections and "
-                        "first view (its merge base with HEAD is served)")
+    parser.add_argument("--old", default=None, help="git ref of the older page (its merge base with HEAD is served); "
+                        f"default: the app just before {SECTIONS} came into this history")
     parser.add_argument("--repeats", type=int, default=7, help="turns of each measurement per page")
     args = parser.parse_args(argv)
     from playwright import sync_api

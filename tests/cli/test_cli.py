@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import save_file
 from support import IMAGENET, PHOTOS, REPO, make_tiny_timm, run_cli
 
-ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "input_size", "patch_size",
+ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "score", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
                 "legrad", "attnlrp"}
 

@@ -124,6 +124,21 @@ def test_the_result_shows_itself_in_jupyter(tiny):
     assert np.abs(shown.astype(int) - expected).mean() < 4  # the JPEG preview of the same picture
 
 
+def test_a_prompt_is_named_in_every_title_and_relevance_is_in_cosine_units(picture):
+    pytest.importorskip("open_clip")
+    from support.clip import clip_handle
+
+    prompted = vi.analyze(picture, model=clip_handle(seed=2), target="a photo of a cat", contrast="a photo of a dog")
+    assert prompted.title().endswith("prompt 'a photo of a cat' versus prompt 'a photo of a dog'")
+    assert prompted.record()["target"] == {"prompt": "a photo of a cat"}
+    fig = prompted.show("legrad")
+    assert "prompt 'a photo of a cat'" in fig._suptitle.get_text()
+    assert any(ax.get_ylabel() == "relevance (cosine units)" for ax in fig.axes)  # the colour bar's unit
+    units = [ax.get_ylabel() for ax in prompted.show_all().axes if not ax.images]
+    assert units.count("relevance (cosine units)") == 3 and "relevance (logit units)" not in units
+    assert "prompt &#x27;a photo of a cat&#x27;" in prompted._repr_html_()
+
+
 def test_record_and_npz_are_the_command_lines_record(tiny, tmp_path):
     record = tiny.record()
     assert record == analysis_record(tiny.handle, tiny.result, tiny.image)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import IMAGENET, SHARED, make_layout, tiny_handle, tiny_hf
+from support import IMAGENET, SHARED, make_layout, tiny_handle, tiny_hf, zero_biases
 from torch import nn
 
 from vit_inspect.analysis import legrad_map, patch_relevance
@@ -85,13 +85,6 @@ def test_two_product_gamma_rule_equals_the_four_product_form(gamma, kind):
     assert (y > 0).any() and (y < 0).any()
     np.testing.assert_allclose((x * ours).numpy(), (x * expected).numpy(), rtol=1e-4,
                                atol=1e-5 * float((x * expected).abs().max()))
-
-def zero_biases(model: nn.Module) -> None:
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.zero_()
-
 
 @pytest.mark.parametrize("rules", [LRPRules(), LRPRules(conv_gamma=0.0, linear_gamma=0.0)])
 def test_attnlrp_conserves_the_logit_on_a_tiny_model(rules):

@@ -98,3 +98,19 @@ def test_kept_text_masks_are_bounded(monkeypatch):
     for word in ("a", "b", "c", "d", "b"):
         font.getmask2(word, "L")
     assert [key[0] for key in font._masks] == ["c", "d", "b"]  # "a" dropped first, "b" used last
+
+
+def test_plot_axes_reach_below_zero_for_a_signed_score():
+    """A prompt's similarity may be negative: the faithfulness curves' axis then starts below 0."""
+    signed = canvas.plot_axes(0.3, [], "x", "cosine similarity", lowest=-0.1)
+    assert signed.row(-0.1) == signed.bottom and signed.row(0.3) == signed.top
+    assert signed.row(0.0) == pytest.approx(signed.bottom - 0.25 * (signed.height - 1))
+    plain = canvas.plot_axes(0.5, [], "x", "probability")
+    assert (plain.lowest, plain.row(0.0)) == (0.0, plain.bottom)
+    from vit_inspect.analysis.faithfulness import Curves
+    from vit_inspect.plots.faithfulness import curves_panel
+
+    curve = np.linspace(-0.2, 0.1, 11)
+    picture = curves_panel({"random": Curves(pos=curve[:10], neg=curve[:10], deletion=curve, insertion=curve)},
+                           "prompt 'a cat'", "cosine similarity")
+    assert picture.ndim == 3 and picture.dtype == np.uint8

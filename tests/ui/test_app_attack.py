@@ -394,3 +394,61 @@ def test_missing_weights_of_a_curated_model_say_so_without_a_path(server, monkey
             client.predict(name, None, api_name="/load_model")
         assert str(error.value) == (f"Weights for {name!r} are not available on this server (no network access "
                                     "to the Hugging Face hub and no local copy).")
+
+
+def queue_messages(client: Client, api_name: str, data: list) -> list[dict]:
+    """Every message of one event through /queue/join, its warnings (msg "log") included, up to its completion."""
+    dep = dependency(client, api_name)
+    payload = {"data": data, "fn_index": dep["id"], "session_hash": client.session_hash,
+               "trigger_id": dep["targets"][0][0] if dep["targets"] else None, "event_data": None}
+    base = client.src.rstrip("/") + "/gradio_api"
+    event_id = httpx.post(f"{base}/queue/join", json=payload, timeout=30).json()["event_id"]
+    messages = []
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": client.session_hash}, timeout=120) as s:
+        for line in s.iter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("event_id") == event_id:
+                    messages.append(message)
+                    if message.get("msg") == "process_completed":
+                        return messages
+    raise AssertionError("no completion")
+
+
+def prompt_data(client: Client, prompt: object, versus: object = "") -> list:
+    """/set_prompt's inputs at their defaults, with this prompt and versus prompt in their boxes."""
+    ids = {c.get("props", {}).get("elem_id"): c["id"] for c in client.config["components"]}
+    data, inputs = defaults(client, "set_prompt"), dependency(client, "set_prompt")["inputs"]
+    data[inputs.index(ids["prompt"])], data[inputs.index(ids["versus"])] = prompt, versus
+    return data
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ("a cat\x1b[2J\x00", "control or invisible characters (U+0000, U+001B)"), ("a\u202ecat", "U+202E"),
+    ("", "The prompt is empty"), ("\n\t ", "The prompt is empty"), ("x" * 10_000, "10,000 characters"),
+], ids=["escape-and-null", "right-to-left-override", "empty", "blank", "10-kB"])
+def test_a_hostile_prompt_to_an_openclip_app_gets_a_sentence(clip_server, prompt, says):
+    """Through the queue, as a browser or script sends it: the prompt (and the same text as the versus prompt)
+    is refused with one warning sentence, the event completes, and the page keeps its maps."""
+    client = Client(clip_server.url, verbose=False)
+    shown = analyze(client)["first_relevance"]
+    cases = [(prompt, "", "The prompt")] + ([("a photo of a cat", prompt, "The versus prompt")]
+                                            if prompt.strip() else [])  # an empty versus box is no versus prompt
+    for typed, versus, what in cases:
+        messages = queue_messages(client, "set_prompt", prompt_data(client, typed, versus))
+        warnings = [m["log"] for m in messages if m.get("msg") == "log" and m.get("level") == "warning"]
+        assert messages[-1]["success"] and len(warnings) == 1, messages
+        assert says.replace("The prompt", what) in warnings[0]
+        assert not any(raw in warnings[0] for raw in RAW_PYTHON) and len(warnings[0]) < 200
+    assert analyze(client, CHELSEA.with_name("coffee.png"))["first_relevance"] != shown  # still serving
+
+
+def test_a_100_kb_prompt_is_refused_before_the_app_with_a_sentence(clip_server):
+    """Longer than any text a request may carry (`request_guard.MAX_TEXT_CHARS`): refused at the door."""
+    client = Client(clip_server.url, verbose=False)
+    dep = dependency(client, "set_prompt")
+    payload = {"data": prompt_data(client, "x" * 102_400), "fn_index": dep["id"],
+               "session_hash": client.session_hash, "trigger_id": dep["targets"][0][0], "event_data": None}
+    refused = httpx.post(client.src.rstrip("/") + "/gradio_api/queue/join", json=payload, timeout=30)
+    assert refused.status_code in (400, 413)
+    assert refused.json()["detail"] == "A text in the request is longer than 65,536 characters."

@@ -97,6 +97,10 @@ def test_errors_are_sentences():
     handler = sanity.SanityChecks(lambda key: handle, SessionStore(budget=2 ** 30)).handler(lambda *a: None)
     with pytest.raises(gr.Error, match="Analyse an image first"):
         handler(None, None, None)
+    prompted = _session(handle)
+    prompted.result = SimpleNamespace(target=3, prompt="a photo of a cat", versus=None)
+    with pytest.raises(gr.Error, match="do not take a text prompt"):
+        handler(prompted, None, None)
     headless = tiny_handle("gap")
     current = _session(handle)
     current.result = SimpleNamespace(target=None)

@@ -22,7 +22,7 @@ KEY = CacheKey("deit_tiny_patch16_224", None, "cpu")
 def session(digest: str = "cat", target=(285, None), model: CacheKey = KEY):
     """What `Basis.of` reads of the page's session."""
     return SimpleNamespace(model=model, model_label="deit_tiny", digest=digest, image_words=f"{digest}.png (crop)",
-                           target=target, target_words=lambda: f"#{target[0]}")
+                           target=target, target_words=lambda: f"class #{target[0]}")
 
 
 def test_a_basis_is_compared_up_to_what_a_result_depends_on():

@@ -12,6 +12,17 @@ Two families of perturbation tests, both on the patch grid (one patch = one toke
   blurred copy of the image. AUC = trapezoid over x = 0 … 1 (a probability). Deletion: lower is better;
   insertion: higher is better.
 
+- **For a text prompt** (a CLIP-style model, `curves_from_scores`) the score is not a probability: every curve
+  records the explained score itself, the cosine similarity s = cos(f, t) of the image and prompt embeddings
+  (with a versus prompt, s = cos(f, t_A) - cos(f, t_B)), in cosine units (-1 … 1). Deletion / insertion keep
+  their definition with the probability replaced by s: AUC = ∫ s dk over k = 0 … 1 (the mean similarity along
+  the curve). Positive / negative perturbation replace the 1/0 top-1 indicator by s over k = 0 … .9, ×100:
+  AUC = 100 ∫ s dk over 0 … .9, so an image whose similarity stayed 1 would score 90, as an always-right
+  classifier does. Lower is better for pos and del, higher for neg and ins, as for classes. A similarity has
+  no fixed range across images and prompts (a random CLIP gives cosines near 0, a trained one about 0.2-0.35
+  for a matching caption), so these AUCs compare maps of one image and prompt, with the random map as the
+  floor; averaged over images they are mean similarities, not accuracies.
+
 A removed patch takes the value of a replacement image: by default 0 after normalisation, i.e. the
 dataset mean colour (`PerturbationSettings.removal="mean"`), or the blurred image (``"blur"``). The blur is
 a Gaussian of the *normalised* image (torchvision's `gaussian_blur`, reflect padding, kernel 11, σ = 5).
@@ -87,9 +98,11 @@ def auc(curve: np.ndarray, fractions: np.ndarray, scale: float = 1.0) -> float:
 class Curves:
     """The four perturbation curves of one map on one image, and their areas."""
 
-    pos: np.ndarray  # (10,) top-1 correct (1/0) after removing the most relevant round(P·k) patches, k = 0 … .9
+    pos: np.ndarray  # (10,) top-1 correct (1/0; a prompt: its similarity) after removing the most relevant
+    #                  round(P·k) patches, k = 0 … .9
     neg: np.ndarray  # (10,) the same, removing the least relevant first
-    deletion: np.ndarray  # (11,) probability of the explained class, most relevant removed first, k = 0 … 1
+    deletion: np.ndarray  # (11,) probability of the explained class (a prompt: its similarity), most relevant
+    #                       removed first, k = 0 … 1
     insertion: np.ndarray  # (11,) the same, most relevant inserted into the start image first
 
     def auc(self, curve: str) -> float:
@@ -202,6 +215,15 @@ def curves_from_probs(plan: PerturbationPlan, probs: np.ndarray, label: int, tar
     prob = probs[:, target].astype(np.float64)  # (U,)
     return {name: Curves(pos=correct[rows["pos"]], neg=correct[rows["neg"]], deletion=prob[rows["del"]],
                          insertion=prob[rows["ins"]])
+            for name, rows in plan.index.items()}
+
+
+def curves_from_scores(plan: PerturbationPlan, scores: np.ndarray) -> dict[str, Curves]:
+    """Curves of every planned map from the (U,) explained scores of the planned inputs (a prompt's cosine
+    similarity, see the module docstring): all four curves record the score itself."""
+    score = np.asarray(scores, dtype=np.float64).reshape(-1)  # (U,)
+    return {name: Curves(pos=score[rows["pos"]], neg=score[rows["neg"]], deletion=score[rows["del"]],
+                         insertion=score[rows["ins"]])
             for name, rows in plan.index.items()}
 
 

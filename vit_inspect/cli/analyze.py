@@ -5,14 +5,15 @@ import argparse
 import json
 from pathlib import Path
 
-from vit_inspect.cli.common import figure_stems, model_options, progress, save_png
+from vit_inspect.cli.common import (figure_stems, model_options, progress, prompt_options, save_png, targets,
+                                    with_prompt_options)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.geometry import GEOMETRY_MODES, InputGeometry, parse_size
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.passes.records import analysis_record, class_record
+from vit_inspect.passes.records import analysis_record, target_text
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
@@ -35,12 +36,15 @@ def add_parser(sub) -> None:
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     analyze.add_argument("--no-relevance", action="store_true", help="skip AttnLRP and LeGrad (their keys are "
                          "null): one forward and one ordinary backward per image, about a third of the full pass")
+    prompt_options(analyze)
     model_options(analyze)
     analyze.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    target, contrast = targets(args)
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    handle = with_prompt_options(handle, args)
     if args.shorter_side is not None and args.geometry != "keep":
         raise VitInspectError("--shorter-side applies only with --geometry keep.")
     files = find_images(args.images)
@@ -52,8 +56,8 @@ def run(args: argparse.Namespace) -> None:
     stems = figure_stems(files)
     for done, path in enumerate(files, 1):
         geometry = None if args.geometry is None else InputGeometry(args.geometry, args.shorter_side)
-        result = analyze_image(handle, path, target=args.target, input_size=parse_size(args.input_size),
-                               autocast=args.half, geometry=geometry, contrast=args.contrast,
+        result = analyze_image(handle, path, target=target, input_size=parse_size(args.input_size),
+                               autocast=args.half, geometry=geometry, contrast=contrast,
                                relevance=not args.no_relevance)
         print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
         if out:
@@ -64,15 +68,13 @@ def run(args: argparse.Namespace) -> None:
 
 def write_image_figures(handle: ViTHandle, result: ImageAnalysis, out: Path, stem: str) -> None:
     maps = {map_plots.PASS_MAPS[key][0]: values for key, values in map_plots.pass_maps(result).items()}
-    units = {title: unit for title, unit in map_plots.PASS_MAPS.values()}
     title = f"{handle.name} · {stem}"
     if result.gradcam is not None:
-        explained = class_record(handle, result.target)
-        title += f" · class {explained['label']} (#{explained['index']})"
+        title += f" · {target_text(handle, result.target, result.prompt)}"
         if result.contrast is not None:
-            title += f" versus {handle.label(result.contrast)} (#{result.contrast})"
-    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=(map_plots.PASS_MAPS["gradcam"][0],), units=units,
-                               title=title), out / f"{stem}_maps.png")
+            title += f" versus {target_text(handle, result.contrast, result.versus)}"
+    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=(map_plots.PASS_MAPS["gradcam"][0],),
+                                   units=map_plots.pass_units(result), title=title), out / f"{stem}_maps.png")
     save_png(distance_plots.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
                                              title=f"mean attention distance: {handle.name} · {stem}"),
           out / f"{stem}_distance.png")

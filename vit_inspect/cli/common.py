@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.core.handle import DEFAULT_MODEL
+from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle
 from vit_inspect.jobs.engine import ENGINES, EngineOptions
 from vit_inspect.plots import canvas
 from vit_inspect.studies.robustness import RobustnessSettings
@@ -22,6 +22,44 @@ def model_options(p: argparse.ArgumentParser,
                         "(model, ModuleSpec); replaces --model (see README, 'Your own ViT')")
     p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--out", help=out_help)
+
+
+def prompt_options(p: argparse.ArgumentParser) -> None:
+    """Flags of a text target (OpenCLIP models, --model open_clip:ARCH[:TAG]): the prompt, a versus prompt and
+    the zero-shot list."""
+    p.add_argument("--prompt", help="explain this text prompt instead of a class (OpenCLIP models): every gradient "
+                                    "map explains the cosine similarity of the image and the prompt")
+    p.add_argument("--versus", help="with --prompt: explain the prompt versus this one (the difference of the two "
+                                    "similarities)")
+    p.add_argument("--zero-shot", metavar="LABELS", help="OpenCLIP: the zero-shot labels, comma-separated or a text "
+                   "file with one per line (default: the 1000 ImageNet classes with OpenAI's templates, slow on a CPU)")
+    p.add_argument("--templates", help="OpenCLIP: '|'-separated templates for --zero-shot labels, each with one {} "
+                                       "(default 'a photo of a {}.'; '{}' uses each label as it is)")
+
+
+def with_prompt_options(handle: ViTHandle, args: argparse.Namespace) -> ViTHandle:
+    """``handle`` with the zero-shot list of --zero-shot/--templates (OpenCLIP models only)."""
+    if getattr(args, "zero_shot", None) is None and getattr(args, "templates", None) is None:
+        return handle
+    from vit_inspect.core.open_clip_models import with_zero_shot
+
+    from vit_inspect.core.prompts import read_labels
+
+    labels = None if args.zero_shot is None else read_labels(args.zero_shot)
+    templates = None if args.templates is None else args.templates.split("|")
+    return with_zero_shot(handle, labels, templates)
+
+
+def targets(args: argparse.Namespace) -> tuple[object, object]:
+    """(target, contrast) of a command: --prompt/--versus, or the class indices --target/--contrast."""
+    prompt, versus = getattr(args, "prompt", None), getattr(args, "versus", None)
+    if versus is not None and prompt is None:
+        raise VitInspectError("--versus needs --prompt: give the prompt it is compared with.")
+    if prompt is not None and (getattr(args, "target", None) is not None or getattr(args, "contrast", None) is not None):
+        raise VitInspectError("--prompt replaces --target and --contrast; give one or the other.")
+    if prompt is not None:
+        return prompt, versus
+    return getattr(args, "target", None), getattr(args, "contrast", None)
 
 
 def engine_flags(p: argparse.ArgumentParser, batch_size: bool = True) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vit_inspect.analysis.dino import DINO_MASS, feature_pca
-from vit_inspect.cli.common import figure_stems, save_png
+from vit_inspect.cli.common import figure_stems, prompt_options, save_png, targets, with_prompt_options
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.geometry import parse_size
 from vit_inspect.core.images import find_images, load_image
@@ -41,6 +41,7 @@ def add_parser(sub) -> None:
                          help=f"share of attention mass the DINO masks keep (default {DINO_MASS})")
     compare.add_argument("--background-threshold", type=float,
                          help="feature PCA: drop patches whose scaled first component is below this (e.g. 0.5)")
+    prompt_options(compare)
     compare.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     compare.add_argument("--out", required=True, help="folder for the figures and agreement.json")
     compare.set_defaults(func=run)
@@ -50,8 +51,11 @@ def run(args: argparse.Namespace) -> None:
     if len(args.model) != 2:
         raise VitInspectError("Give exactly two models: --model A --model B (the same name twice is fine).")
     sizes = [parse_size(args.input_size_a), parse_size(args.input_size_b)]
+    target, contrast = targets(args)
     handles = [load_model(name, weights=weights, device=args.device)
                for name, weights in zip(args.model, (args.weights_a, args.weights_b))]
+    if args.zero_shot is not None or args.templates is not None:
+        handles = [with_prompt_options(h, args) if h.clip is not None else h for h in handles]
     labels = [comparison_label(h, letter, size) for h, letter, size in zip(handles, "AB", sizes)]
     files = find_images(args.images)
     if not files:
@@ -60,7 +64,8 @@ def run(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     records, features, crops = [], ([], []), ([], [])
     for path, stem in zip(files, figure_stems(files)):
-        comparison = compare_images(handles[0], handles[1], load_image(path), sizes[0], sizes[1])
+        comparison = compare_images(handles[0], handles[1], load_image(path), sizes[0], sizes[1], target_a=target,
+                                    target_b=target, contrast=contrast)
         aligned = aligned_maps(comparison, layer_a=args.layer)
         record = {"image": str(path), "label_a": labels[0], "label_b": labels[1],
                   **agreement_record(comparison, aligned)}

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_inspect.analysis.faithfulness import CURVES, PerturbationSettings
-from vit_inspect.cli.common import (engine_flags, engine_options, model_options, progress, robustness_flags,
-                                   robustness_settings)
+from vit_inspect.cli.common import (engine_flags, engine_options, model_options, progress, prompt_options,
+                                   robustness_flags, robustness_settings, targets, with_prompt_options)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
@@ -60,6 +60,7 @@ def add_parser(sub) -> None:
     evaluate.add_argument("--seed", type=int, default=0, help="with --sanity: seed of the re-drawn weights and the "
                                                               "random class (default 0)")
     robustness_flags(evaluate, when="with --sanity --robustness, ")
+    prompt_options(evaluate)
     engine_flags(evaluate, batch_size=False)
     model_options(evaluate, out_help="folder for curves.npz, table.json, table.csv and per_image.csv "
                                      "(and the shards of a folder-level job)")
@@ -82,7 +83,11 @@ def run(args: argparse.Namespace) -> None:
     if not files:
         raise VitInspectError("No labelled images found: file names in the folder must match the labels file."
                               if args.labels else f"No images found under {args.folder!r}.")
-    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    prompt, versus = targets(args)
+    if args.sanity and prompt is not None:
+        raise VitInspectError("The sanity checks explain a class: --prompt is not supported with --sanity.")
+    handle = with_prompt_options(load_model(args.model, weights=args.weights, device=args.device,
+                                            model_file=args.model_file), args)
     if args.sanity:
         run_sanity(args, handle, methods, files)
         return
@@ -91,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     curves_dir = out / "evaluate" / "curves" if out else None
     job = EvaluateJob.for_handle(handle, {p.name: labels[p.name] for p in files}, methods, device=args.device,
                                  model_file=args.model_file, curves_dir=curves_dir, settings=settings,
-                                 batch_size=args.batch_size)
+                                 batch_size=args.batch_size, prompt=prompt, versus=versus)
     worker = EvaluateWorker(handle, job) if args.engine == "local" else None
     result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
                         progress=progress, worker=worker)
@@ -106,6 +111,9 @@ def run(args: argparse.Namespace) -> None:
         record = {"model": handle.name, "weights": Path(handle.weights).name, "images": accumulator.images,
                   "clean_top1": accumulator.correct / accumulator.images, "settings": vars(settings),
                   "engine": args.engine, "skipped": [name for name, _ in result.skipped],
+                  "target": None if prompt is None else {"prompt": prompt},
+                  "contrast": None if versus is None else {"prompt": versus},
+                  "score": "probability" if prompt is None else "cosine",
                   "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()}}
         (out / "table.json").write_text(json.dumps(record, indent=1))
         with (out / "table.csv").open("w", newline="") as handle_csv:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -12,6 +12,9 @@ from torch import nn
 
 from vit_inspect.core.images import Preprocess
 from vit_inspect.core.tokens import TokenLayout
+
+if TYPE_CHECKING:
+    from vit_inspect.core.prompts import ClipParts
 
 DEFAULT_MODEL = "deit_tiny_patch16_224"
 
@@ -40,7 +43,7 @@ class ViTHandle:
     """A loaded ViT in eval mode plus its geometry, labels and preprocessing."""
 
     name: str  # what the user asked for: timm name, HF id or folder
-    family: str  # "timm", "hf", or "module" (a hand-written model opened with a ModuleSpec)
+    family: str  # "timm", "hf", "open_clip" (a CLIP/SigLIP vision tower) or "module" (opened with a ModuleSpec)
     model: nn.Module  # in eval mode, on `device`
     device: torch.device
     weights: str  # where the weights came from, for display ("random" when none)
@@ -55,7 +58,7 @@ class ViTHandle:
     depth: int  # number of transformer blocks
     num_heads: int
     embed_dim: int
-    labels: tuple[str, ...]  # class names by index; empty for a model without a classification head
+    labels: tuple[str, ...]  # class names by index (zero-shot labels for OpenCLIP); empty without a head
     preprocess: Preprocess
     blocks: tuple[nn.Module, ...] = field(repr=False)  # the transformer blocks, input to output
     attention_modules: tuple[nn.Module, ...] = field(repr=False)  # one attention module per block
@@ -63,6 +66,7 @@ class ViTHandle:
     patch_projection: nn.Conv2d = field(repr=False)  # the patch-embedding convolution
     _forward: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)  # pixels -> logits (or features)
     _pos_embed: Callable[[tuple[int, int]], torch.Tensor | None] = field(repr=False)  # grid -> (gh*gw, D)
+    clip: ClipParts | None = field(default=None, repr=False)  # OpenCLIP: text tower, zero-shot head, readouts
 
     @property
     def input_size(self) -> tuple[int, int]:

@@ -249,13 +249,9 @@ class Listing:
         return self.fetched[name]
 
 
-def fetch_configs(repo: str) -> Listing:
-    """List hub model ``repo``'s files with their sizes and download the config files transformers reads
-    (`CONFIG_FILES` present), each refused over `MAX_CONFIG_FILE_BYTES`. The caller then loads the listed
-    commit from the local cache only (``revision=listing.revision, local_files_only=True``), so nothing it
-    did not size is downloaded, and sizes the model from its config before `fetch_weights`.
-
-    No token is sent: a web user's id never reaches a private repository through the operator's login."""
+def list_repo(repo: str) -> Listing:
+    """Hub model ``repo``'s files with their sizes at its current commit (nothing downloaded). No token is
+    sent: a web user's id never reaches a private repository through the operator's login."""
     from huggingface_hub import HfApi
 
     try:
@@ -263,7 +259,17 @@ def fetch_configs(repo: str) -> Listing:
     except Exception as exc:  # not found, gated, unreachable: many types
         raise ModelNotFoundError(f"Could not list the files of {repo!r} on the Hugging Face hub "
                                  f"({type(exc).__name__}).") from None
-    listing = Listing(repo, info.sha, {sibling.rfilename: sibling.size for sibling in info.siblings or ()})
+    return Listing(repo, info.sha, {sibling.rfilename: sibling.size for sibling in info.siblings or ()})
+
+
+def fetch_configs(repo: str) -> Listing:
+    """List hub model ``repo``'s files with their sizes and download the config files transformers reads
+    (`CONFIG_FILES` present), each refused over `MAX_CONFIG_FILE_BYTES`. The caller then loads the listed
+    commit from the local cache only (``revision=listing.revision, local_files_only=True``), so nothing it
+    did not size is downloaded, and sizes the model from its config before `fetch_weights`.
+
+    No token is sent: a web user's id never reaches a private repository through the operator's login."""
+    listing = list_repo(repo)
     if "config.json" not in listing.sizes:
         raise ModelNotFoundError(f"{repo!r} on the Hugging Face hub has no config.json; it is not a transformers model.")
     for name in CONFIG_FILES:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from vit_inspect.core.errors import ModelNotFoundError
+from vit_inspect.core.errors import InputError, ModelNotFoundError
 from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle, default_checkpoint_dir, resolve_device
 from vit_inspect.core.hf_models import load_hf
+from vit_inspect.core.open_clip_models import is_open_clip_name, load_open_clip
 from vit_inspect.core.timm_models import cached_on_this_machine, load_timm
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?$")
@@ -34,8 +36,10 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
                device: str | torch.device | None = None, *, pretrained: bool = True,
                input_size: tuple[int, int] | None = None, checkpoint_dir: str | os.PathLike | None = None,
                allow_local_dirs: bool = True, model_file: str | os.PathLike | None = None,
-               max_model_bytes: int | None = None) -> ViTHandle:
-    """Load a ViT by timm name, timm name + weights file, or Hugging Face folder / hub id.
+               max_model_bytes: int | None = None, labels: Sequence[str] | None = None,
+               templates: Sequence[str] | None = None) -> ViTHandle:
+    """Load a ViT by timm name, timm name + weights file, Hugging Face folder / hub id, or OpenCLIP name
+    (``open_clip:ARCH[:TAG]``, `core.open_clip_models`: the vision tower, its text tower beside it).
 
     `model_file` ("path.py:function", see `load_model_file`) imports and runs that Python file instead:
     only the operator passes it (a command-line flag), never a value a web client sent.
@@ -48,12 +52,24 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
     weights downloaded: built on the meta device from its timm name or its Hugging Face config (a few
     kB). A weights file that does not fit a timm model is refused the same way. A hub id's files are
     then sized from the hub's listing before they are downloaded (`hub.fetch_configs`). The app passes its
-    memory budget for names a web user sends.
+    memory budget for names a web user sends. ``labels`` (with ``templates``) are an OpenCLIP model's
+    zero-shot list in place of the 1000 ImageNet classes; other models have no text tower and refuse them.
     """
     if model_file is not None:
         from vit_inspect.core.module_spec import load_model_file
         return load_model_file(model_file, weights, device)
     device = resolve_device(device)
+    if is_open_clip_name(name):
+        # a web user's name: a text tower's zero-shot list costs thousands of text passes, the operator's choice
+        if not allow_local_dirs:
+            raise ModelNotFoundError(f"{name[:120]!r}: OpenCLIP models are loaded by the operator only (--model).",
+                                     public="This app loads OpenCLIP models only when its operator starts it with "
+                                            "--model open_clip:NAME.")
+        return load_open_clip(name, weights, device, pretrained=pretrained, input_size=input_size,
+                              checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
+                              max_model_bytes=max_model_bytes, labels=labels, templates=templates)
+    if labels is not None or templates is not None:
+        raise InputError(f"{name[:120]!r} has no text tower: a zero-shot list is for OpenCLIP models only.")
     if allow_local_dirs and Path(name).is_dir():
         return load_hf(str(Path(name)), device, pretrained=pretrained, input_size=input_size,
                         max_model_bytes=max_model_bytes)
@@ -66,8 +82,6 @@ def load_model(name: str = DEFAULT_MODEL, weights: str | os.PathLike | None = No
     return load_timm(name, weights, device, pretrained=pretrained, input_size=input_size,
                       checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(),
                       max_model_bytes=max_model_bytes)
-
-
 
 
 def weights_at_hand(name: str, checkpoint_dir: str | os.PathLike | None = None) -> bool:

@@ -57,6 +57,7 @@ class EvaluateWorker:
             if name not in self.labels:
                 raise VitInspectError(f"{name!r} has no label.")
             result = evaluate_image(self.handle, Image.fromarray(rgb), self.labels[name], self.job.methods,
+                                    target=self.job.prompt, contrast=self.job.versus,
                                     settings=self.job.settings, batch_size=self.job.batch_size)
             accumulator.add(result)
             if self.job.curves_dir is not None:
@@ -87,6 +88,9 @@ class EvaluateJob:
     settings: PerturbationSettings = PerturbationSettings()
     batch_size: int = DEFAULT_BATCH_SIZE  # perturbed inputs per forward (one image at a time)
     curves_dir: str | None = None  # folder for each image's curves (`write_image_curves`); shared on a cluster
+    prompt: str | None = None  # OpenCLIP: explain and score this text prompt's similarity instead of a class
+    versus: str | None = None  # with `prompt`: the prompt it is compared with
+    zero_shot: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # OpenCLIP: (labels, templates) of the list
     name: str = "evaluate"
 
     @classmethod
@@ -95,12 +99,16 @@ class EvaluateJob:
                    **options) -> EvaluateJob:
         """The job for the model `handle` holds, loadable by any worker; `labels` only of the files to run."""
         model, weights = model_source(handle)
+        zero_shot = None if handle.clip is None else (handle.clip.labels, handle.clip.templates)
         return cls(model, weights, device, absolute_model_file(model_file), tuple(sorted(labels.items())),
                    tuple(methods), curves_dir=None if curves_dir is None else str(Path(curves_dir).resolve()),
-                   **options)
+                   zero_shot=zero_shot, **options)
 
     def open(self) -> EvaluateWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
+        if self.zero_shot is not None:
+            from vit_inspect.core.open_clip_models import with_zero_shot
+            handle = with_zero_shot(handle, *self.zero_shot)
         return EvaluateWorker(handle, self)
 
     def merge(self, a: Sums, b: Sums) -> Sums:

@@ -23,8 +23,9 @@ def _model(name: str, weights: str | None, device: str | None, model_file: str |
 
 def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHandle = DEFAULT_MODEL, *,
             weights: str | os.PathLike | None = None, device: str | None = None,
-            model_file: str | os.PathLike | None = None, target: int | None = None, contrast: int | None = None,
-            geometry: str | InputGeometry | None = None, relevance: bool = True) -> Analysis:
+            model_file: str | os.PathLike | None = None, target: int | str | None = None,
+            contrast: int | str | None = None, geometry: str | InputGeometry | None = None,
+            relevance: bool = True) -> Analysis:
     """Run one image through a ViT and return everything the maps need, as an `Analysis`.
 
     ``model`` is a timm name, a Hugging Face id or folder (see `load_model`), or a `ViTHandle` you loaded.
@@ -34,7 +35,9 @@ def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHand
 
     One forward pass with attention capture and, for a model with a classification head, one backward
     pass from the logit of ``target`` (default: the top class), minus ``contrast``'s logit when given;
-    with ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 3x the time of the pass
+    for an OpenCLIP model (``"open_clip:ViT-B-16:openai"``) ``target`` and ``contrast`` may be text prompts, and
+    the gradient maps explain the image-text cosine similarity (minus the contrast prompt's). With
+    ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 3x the time of the pass
     without them). ``geometry``: "crop" (the model's centre crop, the default), "squash" (the whole image
     resized) or "keep" (the whole image, aspect ratio kept, on a non-square patch grid). The pass itself is
     `analyze_image`; the returned `Analysis` holds its `ImageAnalysis` as ``.result``.

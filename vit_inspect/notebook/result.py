@@ -12,15 +12,15 @@ import numpy as np
 
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.notebook.display import preview_tag, topk_table
-from vit_inspect.passes.records import analysis_arrays, analysis_record
+from vit_inspect.passes.records import analysis_arrays, analysis_record, target_text
 from vit_inspect.passes.result import ImageAnalysis
 
 # The names `Analysis.map` and `Analysis.show` take: the maps of `plots.maps.PASS_MAPS`, and gradient rollout.
 MAP_NAMES = ("attention", "rollout", "gradcam", "chefer", "legrad", "attnlrp", "gradient_rollout")
 UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
          "gradient_rollout": "rollout weight (fraction)", "gradcam": "activation × gradient",
-         "chefer": "relevance (logit units)", "legrad": "relevance (logit units)",
-         "attnlrp": "relevance (logit units)"}
+         "chefer": "relevance ({score} units)", "legrad": "relevance ({score} units)",
+         "attnlrp": "relevance ({score} units)"}  # {score}: what the gradient maps explain, logit or cosine
 
 LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
 
@@ -62,7 +62,8 @@ class Analysis:
         - ``"gradcam"``: Grad-CAM, Selvaraju et al. 2017, at the first LayerNorm of block ``layer`` (default the
           last), signed (activation × gradient).
         - ``"chefer"``: gradient-weighted attention, Chefer et al. 2021. ``"legrad"``: LeGrad, Bousselham et al.
-          2025. ``"attnlrp"``: AttnLRP, Achtibat et al. 2024 (relevance in logit units).
+          2025. ``"attnlrp"``: AttnLRP, Achtibat et al. 2024 (relevance in logit units; for a text prompt in
+          units of its cosine similarity).
 
         Raises ValueError for an unknown name or options the map does not take, and for a map this model or
         pass does not have (gradient maps without a head; LeGrad and AttnLRP with ``relevance=False``)."""
@@ -98,12 +99,14 @@ class Analysis:
         return pass_maps(self.result)
 
     def title(self) -> str:
-        """"model · image · class label (#index)" of the class the gradient maps explain."""
+        """"model · image · class label (#index)" of the class the gradient maps explain, or 'prompt "text"'
+        of a text prompt, each with what it is compared with."""
+        result = self.result
         parts = [self.handle.name, Path(self.image).name]
-        if self.result.target is not None:
-            parts.append(f"class {self.handle.label(self.result.target)} (#{self.result.target})")
-            if self.result.contrast is not None:
-                parts[-1] += f" versus {self.handle.label(self.result.contrast)} (#{self.result.contrast})"
+        if result.target is not None:
+            parts.append(target_text(self.handle, result.target, result.prompt))
+            if result.contrast is not None:
+                parts[-1] += f" versus {target_text(self.handle, result.contrast, result.versus)}"
         return " · ".join(parts)
 
     def show(self, name: str = "rollout", **options):
@@ -114,15 +117,15 @@ class Analysis:
         values = self.map(name, **options)
         label = name if not options else f"{name} ({', '.join(f'{k}={v}' for k, v in options.items())})"
         return maps_figure(self.result.rgb, {label: values}, relu_names=(label,) if name == "gradcam" else (),
-                           units={label: UNITS[name]}, title=self.title())
+                           units={label: UNITS[name].format(score=self.result.score)}, title=self.title())
 
     def show_all(self):
         """Every map of the pass side by side at its default options (`maps`), as a matplotlib Figure."""
-        from vit_inspect.plots.maps import PASS_MAPS, maps_figure
+        from vit_inspect.plots.maps import PASS_MAPS, maps_figure, pass_units
 
         maps = self.maps()
         return maps_figure(self.result.rgb, {PASS_MAPS[k][0]: v for k, v in maps.items()},
-                           relu_names=(PASS_MAPS["gradcam"][0],), units=dict(PASS_MAPS.values()), title=self.title())
+                           relu_names=(PASS_MAPS["gradcam"][0],), units=pass_units(self.result), title=self.title())
 
     def show_distance(self):
         """Mean attention distance per layer and head in input pixels (ViT paper, Fig. 7 right), a Figure."""
@@ -149,11 +152,11 @@ class Analysis:
     def _repr_html_(self) -> str:
         """Jupyter's view: the title, the top-5 classes and every map of the pass (PIL panels, drawn in ms),
         a small crop enlarged to be seen (`legible`)."""
-        from vit_inspect.plots.maps import PASS_MAPS, RELU_MAPS, maps_panel
+        from vit_inspect.plots.maps import PASS_MAPS, RELU_MAPS, maps_panel, pass_units
 
         maps = self.maps()
         picture = maps_panel(legible(self.result.rgb), {PASS_MAPS[k][0]: v for k, v in maps.items()},
-                             relu_names=tuple(PASS_MAPS[k][0] for k in RELU_MAPS), units=dict(PASS_MAPS.values()))
+                             relu_names=tuple(PASS_MAPS[k][0] for k in RELU_MAPS), units=pass_units(self.result))
         top = topk_table(self.top()) if self.result.probs.size else "<p>This model has no classification head.</p>"
         return (f"<div><p><b>{html.escape(self.title())}</b></p>{top}"
                 f"{preview_tag(picture, 'maps of ' + self.title())}</div>")

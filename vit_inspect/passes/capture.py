@@ -2,7 +2,8 @@
 
 timm computes attention with fused `scaled_dot_product_attention` by default, which never
 materialises the probabilities, so hooks on `attn_drop` silently see nothing. Inside
-`capture_attention` each block's `fused_attn` flag is off (Hugging Face models: the eager attention
+`capture_attention` each block's `fused_attn` flag is off (timm, and OpenCLIP towers, whose attention
+`core.open_clip_models.SelfAttention` writes out as timm's; Hugging Face models: the eager attention
 implementation is on; hand-written models: the module their `ModuleSpec` names already gives the
 probabilities, as its output or as the second item of `(output, weights)`) and hooks record them;
 on leaving - normally or through an exception - every hook is removed and every flag restored.
@@ -141,7 +142,7 @@ def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = (), 
     saved_fused: list[tuple[nn.Module, bool]] = []
     saved_impl: str | None = None
     try:
-        if handle.family == "timm":
+        if handle.family in ("timm", "open_clip"):  # timm's Attention, or OpenCLIP's written out as it
             for i, attn in enumerate(handle.attention_modules):
                 saved_fused.append((attn, attn.fused_attn))
                 attn.fused_attn = False

@@ -44,6 +44,9 @@ def lens_readouts(handle: ViTHandle) -> dict[str, Readout]:
     """The lens readouts of this model by name: ``"readout"`` is the model's own head (its prediction
     after the last block); distilled DeiTs add ``"class"`` and ``"distillation"``, each token through its
     own head. Empty for a model without a head or whose head vit_inspect does not know."""
+    if handle.clip is not None:  # the tower's own pooling, norm and projection, then the zero-shot head
+        head, pooled = handle.clip.head, handle.clip.pooled_embedding
+        return {"readout": lambda x: head(pooled(x))}
     if not handle.has_head or handle.family not in ("timm", "hf"):
         return {}
     model = handle.model

@@ -23,6 +23,8 @@ from vit_inspect.core.errors import UnsupportedModelError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, seen_box
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image, preview_rgb
+from vit_inspect.core.open_clip_models import prompt_view, score_factor, score_kind
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, keeps_maps, query_vector
 from vit_inspect.passes.capture import capture_attention
@@ -35,6 +37,12 @@ from vit_inspect.passes.spill import SpillFolder, worth_spilling
 from vit_inspect.passes.threads import blas_one_thread, in_background
 
 LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
+LEGRAD_CLIP_LAYERS = 2  # of a CLIP-style tower: the last 2, as LeGrad's own package does (LeWrapper(layer_index=-2))
+
+
+def legrad_layers(handle: ViTHandle) -> range:
+    """The blocks LeGrad averages over: the last LEGRAD_CLIP_LAYERS of a CLIP-style tower, else LEGRAD_LAYERS."""
+    return range(handle.depth)[-(LEGRAD_CLIP_LAYERS if handle.clip is not None else LEGRAD_LAYERS):]
 
 
 def readout_query(handle: ViTHandle) -> str:
@@ -47,13 +55,19 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
     return torch.float16 if device.type == "cuda" else torch.bfloat16
 
 
-def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | None = None,
-                  input_size: tuple[int, int] | None = None, gradients: bool = True,
-                  autocast: bool = False, limits: ImageLimits = ImageLimits(),
-                  geometry: InputGeometry | None = None, contrast: int | None = None,
-                  relevance: bool = True, spill: SpillFolder | None = None) -> ImageAnalysis:
+def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
+                  target: int | str | Prompt | None = None, input_size: tuple[int, int] | None = None,
+                  gradients: bool = True, autocast: bool = False, limits: ImageLimits = ImageLimits(),
+                  geometry: InputGeometry | None = None, contrast: int | str | Prompt | None = None,
+                  relevance: bool = True, spill: SpillFolder | None = None, score: str | None = None) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
+
+    A prompt is a target too: for a CLIP-style model (`core.open_clip_models`) ``target`` and ``contrast`` may be
+    text (or a `Prompt`), which become columns of its zero-shot head (`prompt_view`), and every gradient method
+    explains ``score``: by default for such a model the cosine similarity cos(f, t) of the image and text
+    embeddings (the column's logit s·cos + b divided by s), or with ``score="logit"`` the logit itself;
+    with a contrast, the difference of the two. The probabilities (`probs`) stay those of the zero-shot labels.
 
     Grad-CAM is taken at the first LayerNorm of every block (patch tokens only: at the final output
     only the class token reaches the head, so patch tokens get no gradient there); the last block's
@@ -84,7 +98,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     """
     with blas_one_thread(), torch.enable_grad():  # the backward needs it even when called under no_grad
         return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                              relevance, spill)
+                              relevance, spill, score)
 
 
 def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None = None, gradients: bool = True,
@@ -99,13 +113,16 @@ def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None =
     size = (int(pixels.shape[2]), int(pixels.shape[3]))
     check_input_size(handle, size)
     rgb = handle.preprocess.to_rgb(pixels)
+    handle, target, contrast, prompt, versus = prompt_view(handle, target, contrast)
     with blas_one_thread(), torch.enable_grad():
         return _analyze_input(handle, pixels.detach(), rgb, (0.0, 0.0, float(size[1]), float(size[0])), None,
-                              (size[1], size[0]), "crop", target, gradients, autocast, contrast, relevance)
+                              (size[1], size[0]), "crop", target, gradients, autocast, contrast, relevance,
+                              prompt=prompt, versus=versus)
 
 
 def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                   relevance, spill=None) -> ImageAnalysis:
+                   relevance, spill=None, score=None) -> ImageAnalysis:
+    handle, target, contrast, prompt, versus = prompt_view(handle, target, contrast)
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     picture.load()  # here, once: the two resamplings below read it side by side and must not load it themselves
     # the preview of the whole upload and the model's input are two Pillow resamplings, which let go of the GIL:
@@ -114,12 +131,15 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     pixels, rgb, box = model_input(handle, picture, input_size, geometry)
     preview = preview()
     return _analyze_input(handle, pixels, rgb, box, preview, picture.size, "crop" if geometry is None else geometry.mode,
-                          target, gradients, autocast, contrast, relevance, spill)
+                          target, gradients, autocast, contrast, relevance, spill, score, prompt, versus)
 
 
 def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode, target, gradients, autocast,
-                   contrast, relevance, spill=None) -> ImageAnalysis:
-    """The pass itself, on the model input `pixels` (1, 3, H, W) whose uint8 picture is `rgb`."""
+                   contrast, relevance, spill=None, score=None, prompt=None, versus=None) -> ImageAnalysis:
+    """The pass itself, on the model input `pixels` (1, 3, H, W) whose uint8 picture is `rgb`; ``handle``,
+    ``target`` and ``contrast`` as `prompt_view` gives them, ``prompt`` and ``versus`` the texts behind them."""
+    kind = score_kind(handle, score)
+    factor = score_factor(handle, kind)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
     pixels = pixels.to(handle.device).requires_grad_(use_grad)  # graph exists even for frozen weights
@@ -146,21 +166,23 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     # (P, D) float16, rounded once by torch (numpy's float32 -> float16 conversion is 8x slower)
     features = layout.patches(rec.residual(handle.depth - 1)[0], axis=0).float().to(torch.float16).cpu().numpy()
-    probs = logits.detach()[0].float().softmax(-1).cpu().numpy() if handle.has_head else np.zeros(0, np.float32)
+    # over the labels: a CLIP-style model's prompt columns follow its zero-shot labels and are not among them
+    probs = (logits.detach()[0, :len(handle.labels)].float().softmax(-1).cpu().numpy() if handle.has_head
+             else np.zeros(0, np.float32))
     query = readout_query(handle)
     store = stream.store()
     chosen = gradcam = chefer = first_order = legrad = attnlrp = gradient = None
     if use_grad:
         chosen = int(np.argmax(probs)) if target is None else int(target)
         for index in (chosen, contrast):
-            if index is not None and not 0 <= index < len(probs):
+            if index is not None and not 0 <= index < logits.shape[-1]:
                 raise VitInspectError(f"Class {index} is out of range: the model has classes 0 to {len(probs) - 1}.")
         if contrast is not None and contrast == chosen:
             raise VitInspectError("The contrast class is the target class itself; choose another class to compare.")
         if lrp is not None:
-            legrad, attnlrp = _relevance_of_pass(handle, lrp, rec, logits, pixels, chosen, layout)
-        score = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
-        rec.backward(score.float())
+            legrad, attnlrp = _relevance_of_pass(handle, lrp, rec, logits, pixels, chosen, layout, factor)
+        explained = logits[0, chosen] if contrast is None else logits[0, chosen] - logits[0, contrast]
+        rec.backward(explained.float() * factor)
         logits = logits.detach()  # the graph is no longer needed
         keep_stack = handle.depth * layout.num_tokens ** 2 * 2 <= KEEP_FRACTION * store.nbytes()
         reduced = gradient_reductions(rec, layout, query, fused=keep_stack)
@@ -177,7 +199,8 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
         target=chosen, gradcam=gradcam, chefer=chefer, readout=query, heads=heads, legrad=legrad, attnlrp=attnlrp,
         patch_features=features.reshape(layout.grid_h, layout.grid_w, -1),
         contrast=contrast if use_grad else None, gradient=gradient,
-        geometry=geometry_mode, seen_box=box, preview=preview, source_size=source_size)
+        geometry=geometry_mode, seen_box=box, preview=preview, source_size=source_size, prompt=prompt, versus=versus,
+        score=kind)
 
 
 def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,
@@ -194,28 +217,30 @@ def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, 
 
 
 def _relevance_of_pass(handle: ViTHandle, lrp, rec, logits: torch.Tensor, pixels: torch.Tensor, chosen: int,
-                       layout: TokenLayout) -> tuple[np.ndarray | None, np.ndarray | None]:
+                       layout: TokenLayout, factor: float = 1.0) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(LeGrad, AttnLRP) grid maps of class `chosen` from a forward run inside `relevance_rules` and
-    `capture_attention`, its graph kept; None for a map this model's readout or attention cannot follow."""
+    `capture_attention`, its graph kept; None for a map this model's readout or attention cannot follow.
+    ``factor`` (`score_factor`) turns the logit into the explained score: both maps are linear in it."""
     legrad = attnlrp = None
-    last = range(handle.depth)[-LEGRAD_LAYERS:]
     with suppress(UnsupportedModelError):  # a readout or attention LeGrad/AttnLRP cannot follow: maps absent
-        legrad = legrad_map(lrp.legrad_gradients(rec.attention_tensors(), chosen, last)[:, 0].float().cpu().numpy(),
-                            layout).astype(np.float32)
+        grads = lrp.legrad_gradients(rec.attention_tensors(), chosen, legrad_layers(handle))[:, 0]
+        legrad = (legrad_map(grads.float().cpu().numpy(), layout) * factor).astype(np.float32)
     with suppress(UnsupportedModelError):
-        attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float(), pixels)[0].float().cpu().numpy(),
+        attnlrp = patch_relevance(lrp.attnlrp(logits[0, chosen].float() * factor, pixels)[0].float().cpu().numpy(),
                                   layout).astype(np.float32)
     return legrad, attnlrp
 
 
-def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int,
+def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | str | Prompt,
                    input_size: tuple[int, int] | None = None, autocast: bool = False,
-                   limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None
-                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
+                   limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None,
+                   score: str | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(LeGrad, AttnLRP) (grid_h, grid_w) float32 maps of class `target` for the input `analyze_image`
     makes of the same arguments: one forward inside `relevance_rules` (attention kept for LeGrad), the
     LeGrad block backwards and the AttnLRP backward, exactly as ``analyze_image(relevance=True)`` computes
     them. (None, None) for a model without a head; None for a map the model's readout cannot follow."""
+    handle, target, _, _, _ = prompt_view(handle, target)
+    factor = score_factor(handle, score_kind(handle, score))
     if not handle.has_head:
         return None, None
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
@@ -229,7 +254,7 @@ def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
     if not 0 <= int(target) < logits.shape[-1]:
         raise VitInspectError(f"Class {target} is out of range: the model has classes 0 to {logits.shape[-1] - 1}.")
     try:
-        return _relevance_of_pass(handle, lrp, rec, logits, pixels, int(target), layout)
+        return _relevance_of_pass(handle, lrp, rec, logits, pixels, int(target), layout, factor)
     finally:
         rec.clear()
 
@@ -241,8 +266,8 @@ def add_relevance(handle: ViTHandle, result: ImageAnalysis, image: Image.Image |
     and AttnLRP maps for its target (`relevance_maps`: one more forward). The result itself is unchanged."""
     if result.target is None:
         return result
-    legrad, attnlrp = relevance_maps(handle, image, result.target, input_size=input_size, autocast=autocast,
-                                     limits=limits, geometry=geometry)
+    legrad, attnlrp = relevance_maps(handle, image, result.prompt or result.target, input_size=input_size,
+                                     autocast=autocast, limits=limits, geometry=geometry, score=result.score)
     if legrad is not None and legrad.shape != (result.layout.grid_h, result.layout.grid_w):
         raise VitInspectError("The image given does not match this result's input; analyse it again.")
     return dataclasses.replace(result, legrad=legrad, attnlrp=attnlrp)  # the same store and rollout cache

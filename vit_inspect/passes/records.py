@@ -7,12 +7,20 @@ import numpy as np
 
 from vit_inspect.analysis.logit_lens import lens_ranks, lens_topk, settled_depth
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.passes.result import ImageAnalysis
 
 
 def rounded(array: np.ndarray | None, digits: int = 6) -> list | None:
-    """An array as nested lists of floats rounded to ``digits`` decimals (JSON); None stays None."""
-    return None if array is None else np.round(np.asarray(array, dtype=np.float64), digits).tolist()
+    """An array as nested lists of floats rounded to ``digits`` decimals, or more where its largest magnitude
+    needs them to keep ``digits`` significant digits (a cosine similarity's maps are ~1e-5; JSON); None stays None."""
+    if array is None:
+        return None
+    values = np.asarray(array, dtype=np.float64)
+    peak = float(np.abs(values).max()) if values.size else 0.0
+    if 0.0 < peak < np.inf:
+        digits = max(digits, digits - 1 - int(np.floor(np.log10(peak))))
+    return np.round(values, digits).tolist()
 
 
 def class_record(handle: ViTHandle, index: int | None) -> dict | None:
@@ -20,9 +28,20 @@ def class_record(handle: ViTHandle, index: int | None) -> dict | None:
     return None if index is None else {"index": int(index), "label": handle.label(int(index))}
 
 
+def target_record(handle: ViTHandle, index: int | None, prompt: Prompt | None) -> dict | None:
+    """{"prompt"} of a text target, else `class_record`."""
+    return {"prompt": prompt.text} if prompt is not None else class_record(handle, index)
+
+
+def target_text(handle: ViTHandle, index: int, prompt: Prompt | None) -> str:
+    """How captions name a target: 'prompt "a photo of a cat"', or 'class tabby (#281)'."""
+    return f"prompt {prompt.text!r}" if prompt is not None else f"class {handle.label(index)} (#{index})"
+
+
 def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dict:
     """The JSON object `analyze` prints for one image. `target` is the class the gradient maps explain
-    (`contrast`: the class it is compared with, gradients of logit target - logit contrast)."""
+    (`contrast`: the class it is compared with, gradients of logit target - logit contrast), or
+    ``{"prompt": text}`` for a text prompt; `score` what they explain ("logit" or "cosine")."""
     layout = result.layout
     gradcam = None if result.gradcam is None else result.gradcam[-1]
     return {
@@ -30,8 +49,9 @@ def analysis_record(handle: ViTHandle, result: ImageAnalysis, image: str) -> dic
         "model": handle.name,
         "weights": Path(handle.weights).name if Path(handle.weights).is_absolute() else handle.weights,
         "input_geometry": result.geometry,
-        "target": class_record(handle, result.target),
-        "contrast": class_record(handle, result.contrast),
+        "target": target_record(handle, result.target, result.prompt),
+        "contrast": target_record(handle, result.contrast, result.versus),
+        "score": result.score,
         "input_size": list(layout.input_size),
         "patch_size": [layout.patch_h, layout.patch_w],
         "grid": [layout.grid_h, layout.grid_w],

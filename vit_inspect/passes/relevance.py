@@ -22,6 +22,8 @@ ICML 2024), rules as gradient modifications, relevance R = x · ∂*y/∂x:
   `nn.MultiheadAttention` applies its value and output projections functionally, so zennit's module hooks
   never fire there. Biases, the class token and the position embeddings absorb relevance.
 - Residual additions and the mean/token readout: plain gradient (= the z-rule for a sum).
+- A CLIP-style zero-shot head: ‖f‖ held constant in f / ‖f‖ (`unit_norm_rule`), then the product with the fixed
+  unit text embeddings is linear (plain gradient), so relevance sums to the cosine similarity (times s).
 
 LeGrad (Bousselham et al., "LeGrad: An Explainability Method for Vision Transformers via Feature
 Formation Sensitivity", ICCV 2025): for each of the last layers l, the layer's class score
@@ -41,6 +43,7 @@ from torch import nn
 
 from vit_inspect.core.errors import UnsupportedModelError
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.prompts import UnitNormalize
 
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (input, output, grad_out) -> grad_in
 
@@ -192,9 +195,16 @@ class RelevanceRecorder:
 
 
 def score_projection(handle: ViTHandle, projection: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """(B, N, D) intermediate tokens -> (B, num_classes) class scores, through the model's final norm and head."""
+    """(B, N, D) intermediate tokens -> (B, num_classes) class scores, through the model's final norm and head.
+
+    An OpenCLIP tower reads them as LeGrad's package does (`ClipParts.legrad_embedding`: for OpenCLIP's
+    VisionTransformer the mean of all tokens through ``ln_post`` and ``proj``, `compute_legrad_clip`; for a
+    timm trunk its final norm, pooler and projection), then the zero-shot head, whatever ``projection``."""
     if projection not in ("model", "mean"):
         raise ValueError(f"unknown projection {projection!r}; use 'model' or 'mean'")
+    if handle.clip is not None:  # LeGrad's own CLIP readout (its package): tokens -> image embedding -> head
+        head, embed = handle.clip.head, handle.clip.legrad_embedding
+        return lambda tokens: head(embed(tokens))
     if handle.family not in ("timm", "hf"):
         raise UnsupportedModelError(f"LeGrad follows timm and Hugging Face ViTs; {handle.name!r} is not one.")
     model = handle.model
@@ -210,6 +220,22 @@ def score_projection(handle: ViTHandle, projection: str) -> Callable[[torch.Tens
     if projection == "model":
         return lambda tokens: classifier(norm(tokens)[:, 0])
     return lambda tokens: classifier(norm(tokens.mean(1)))
+
+
+def unit_norm_rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """y = x / ‖x‖ with ‖x‖ held constant in the backward (as a LayerNorm's σ, AttnLRP Sec. 3.3.2): ∂*/∂x = g / ‖x‖.
+    Then Σ_i x_i ∂*(y·t)/∂x_i = y·t: a cosine similarity's relevance is conserved through the normalisation."""
+    return grad / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def _explained_modules(handle: ViTHandle) -> Iterator[nn.Module]:
+    """The modules the LRP rules may wrap: the whole model, or for a CLIP-style model its vision tower and zero-shot
+    head (the text tower encodes prompts beside the pass and is never explained)."""
+    if handle.clip is None:
+        yield from handle.model.modules()
+        return
+    yield from handle.model.visual.modules()
+    yield from handle.clip.head.modules()
 
 
 def _attention_linears(handle: ViTHandle) -> set[nn.Module]:
@@ -251,14 +277,14 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
             recorder.block_outputs[layer] = output[0] if isinstance(output, tuple) else output
         return hook
 
-    if handle.family not in ("timm", "hf"):  # hand-written models: no hooks, no LeGrad/AttnLRP maps
+    if handle.family not in ("timm", "hf", "open_clip"):  # hand-written models: no hooks, no LeGrad/AttnLRP maps
         recorder.unsupported = (f"AttnLRP and LeGrad follow timm and Hugging Face ViTs; {handle.name!r} is a "
                                 f"{handle.family!r} model.")
         yield recorder
         return
     try:
         attention_linears = _attention_linears(handle)
-        for module in handle.model.modules():
+        for module in _explained_modules(handle):
             if module is handle.patch_projection:
                 hooks.append(module.register_forward_hook(switch(_linear_rule(module, rules.conv_gamma,
                                                                               rules.stabilizer))))
@@ -270,8 +296,10 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
                 hooks.append(module.register_forward_hook(switch(layer_norm_rule(module))))
             elif _is_gelu(module):
                 hooks.append(module.register_forward_hook(switch(identity_rule)))
+            elif isinstance(module, UnitNormalize):
+                hooks.append(module.register_forward_hook(switch(unit_norm_rule)))
         for attn in handle.attention_modules:
-            if handle.family == "timm":
+            if handle.family in ("timm", "open_clip"):
                 hooks.append(attn.attn_drop.register_forward_hook(constant_in_lrp))  # the probabilities
             else:
                 try:

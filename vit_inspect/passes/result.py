@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import AttentionStore, attention_rows
 from vit_inspect.passes.attention_store import attention_map as store_attention_map
@@ -43,6 +44,9 @@ class ImageAnalysis:
     seen_box: tuple[float, float, float, float] | None = None  # (left, top, right, bottom) of the upload seen, pixels
     preview: np.ndarray | None = None  # (h, w, 3) uint8 the whole upload, longer side at most PREVIEW_SIDE
     source_size: tuple[int, int] | None = None  # (width, height) of the upload, pixels
+    prompt: Prompt | None = None  # the text target: `target` is its column of the zero-shot head
+    versus: Prompt | None = None  # the text contrast: `contrast` is its column
+    score: str = "logit"  # what the gradient maps explain: "logit", or "cosine" (image-text cosine similarity)
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
 
     @property

@@ -81,11 +81,13 @@ def _line(pen: ImageDraw.ImageDraw, points: np.ndarray, colour: tuple, pattern: 
         dashed(pen, points, colour, pattern)
 
 
-def curves_panel(curves: dict[str, Curves], title: str) -> np.ndarray:
+def curves_panel(curves: dict[str, Curves], title: str,
+                 score: str = "probability of the explained class") -> np.ndarray:
     """Deletion and insertion curves (Petsiuk et al. 2018) of every method side by side, drawn with PIL (the
     matplotlib figure takes 280 ms, this 7 ms, `bench.bench_upload`): x = fraction of patches removed / inserted
-    (DEL_INS_FRACTIONS, 0 to 1), y = probability of the explained class (0 to 1.05 x the highest point of
-    the plot, at least 0.05); each method a line in its `method_styles` colour and style, the random map
+    (DEL_INS_FRACTIONS, 0 to 1), y = ``score``, by default the probability of the explained class (0 to 1.05 x
+    the highest point of the plot, at least 0.05; a text prompt's similarity may be negative, and the axis then
+    starts at 1.05 x the lowest point); each method a line in its `method_styles` colour and style, the random map
     dashed black; under each plot a legend, "paper name (AUC)". Returns an (H, W, 3) uint8 picture under
     `title`."""
     if not curves:
@@ -100,7 +102,8 @@ def curves_panel(curves: dict[str, Curves], title: str) -> np.ndarray:
         labels = {m: f"{paper_name(m)} ({c.auc('del' if field == 'deletion' else 'ins'):.3f})" for m, c in curves.items()}
         axes = plot_axes(max(0.05, 1.05 * max(float(v.max()) for v in values.values())),
                          [(f * (plot_w - 1), f"{f:g}") for f in np.linspace(0.0, 1.0, 6)],
-                         f"fraction of patches {verb}", "probability of the explained class",
+                         f"fraction of patches {verb}", score,
+                         lowest=min(0.0, 1.05 * min(float(v.min()) for v in values.values())),
                          plot=CURVE_PLOT_PIXELS, below=LEGEND_LINE_PIXELS * (len(curves) + 1) + 6,
                          legend=LEGEND_SAMPLE_PIXELS + 6 + max(int(small.getlength(label)) for label in labels.values()))
         legend_y = axes.bottom + 46

@@ -85,6 +85,14 @@ PASS_MAPS = {
     "attnlrp": ("AttnLRP", "relevance (logit units)"),
 }
 RELU_MAPS = ("gradcam",)  # PASS_MAPS keys drawn after a ReLU
+RELEVANCE_MAPS = ("chefer", "legrad", "attnlrp")  # PASS_MAPS keys in the units of the explained score
+
+
+def pass_units(result: ImageAnalysis) -> dict[str, str]:
+    """PASS_MAPS title -> colour-bar unit for this result: relevance is in the units of the score its gradient
+    maps explain (``result.score``: "logit", or "cosine" for a text prompt's similarity)."""
+    return {title: f"relevance ({result.score} units)" if key in RELEVANCE_MAPS else unit
+            for key, (title, unit) in PASS_MAPS.items()}
 
 
 def pass_maps(result: ImageAnalysis) -> dict[str, np.ndarray]:

@@ -44,14 +44,17 @@ class Comparison:
 def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
                    input_size_a: tuple[int, int] | None = None, input_size_b: tuple[int, int] | None = None,
                    limits: ImageLimits = ImageLimits(), run_pass: Callable = analyze_image,
-                   target_a: int | None = None, target_b: int | None = None) -> Comparison:
+                   target_a: int | str | None = None, target_b: int | str | None = None,
+                   contrast: int | str | None = None) -> Comparison:
     """One `analyze_image` pass per model (forward + backward each) on the same decoded image; ``run_pass``
     stands in for `analyze_image` (the app passes its ZeroGPU wrapper, `zerogpu.gpu_pass`). ``target_a`` and
     ``target_b`` are the classes each model's gradient maps explain (None: its own top class); give both the
-    same class, where the label sets agree (`same_labels`), to compare the models on one question."""
+    same class, where the label sets agree (`same_labels`), to compare the models on one question. For two
+    CLIP-style models both may be the same text prompt, and ``contrast`` a versus prompt (or class) for both."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    result_a = run_pass(handle_a, picture, input_size=input_size_a, target=target_a)
-    result_b = run_pass(handle_b, picture, input_size=input_size_b, target=target_b)
+    versus = {} if contrast is None else {"contrast": contrast}
+    result_a = run_pass(handle_a, picture, input_size=input_size_a, target=target_a, **versus)
+    result_b = run_pass(handle_b, picture, input_size=input_size_b, target=target_b, **versus)
     return Comparison(a=result_a, b=result_b, image_size=picture.size,
                       box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
                       box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))
@@ -137,6 +140,8 @@ def agreement_record(comparison: Comparison, aligned: list[AlignedMap]) -> dict:
         "model_a": a.model_name, "model_b": b.model_name,
         "input_size_a": list(a.layout.input_size), "input_size_b": list(b.layout.input_size),
         "depth_a": a.depth, "depth_b": b.depth,
+        "target": {"prompt": a.prompt.text} if a.prompt is not None else None,
+        "contrast": {"prompt": a.versus.text} if a.versus is not None else None,
         "crop_box_a": [round(v, 3) for v in comparison.box_a], "crop_box_b": [round(v, 3) for v in comparison.box_b],
         "layer_mapping": "model B layer = ceil((layer_a + 1) * depth_b / depth_a) - 1 (same relative depth (l+1)/L)",
         "resampling": "both maps bilinearly resampled to the finer grid over the image region both crops cover",

@@ -18,15 +18,18 @@ import torch
 from PIL import Image
 
 from vit_inspect.analysis.faithfulness import (CURVES, Curves, PerturbationSettings, compose, curves_from_probs,
-                                               plan_perturbations, replacement_images)
+                                               curves_from_scores, plan_perturbations, replacement_images)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.core.open_clip_models import prompt_view, score_factor
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
-ScoreFn = Callable[[torch.Tensor], torch.Tensor]  # (B, 3, H, W) pixels -> (B, num_classes) probabilities
+# (B, 3, H, W) pixels -> (B, num_classes) probabilities, or (B,) explained scores of a prompt (`prompt_scorer`)
+ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 Progress = Callable[[int, int], None]  # (inputs scored, inputs in all)
 
 DEFAULT_BATCH_SIZE = 64
@@ -56,6 +59,20 @@ def pixel_digest(rgb: np.ndarray) -> int:
     return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=8).digest(), "little")
 
 
+def prompt_scorer(handle: ViTHandle, target: int, contrast: int | None = None, score: str = "cosine") -> ScoreFn:
+    """The explained score of a batch under `torch.no_grad`, as the pass explains it: column ``target`` of the
+    (prompt view) handle's head, minus column ``contrast``, in cosine units (`score_factor`; "logit": logits)."""
+    factor = score_factor(handle, score)
+
+    def scores(batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            logits = handle.forward(batch).float()
+        if contrast is not None:  # s·(cos_A - cos_B): the bias cancels
+            return (logits[:, target] - logits[:, contrast]) * factor
+        return handle.clip.head.cosine(logits[:, target]) if score == "cosine" else logits[:, target]
+    return scores
+
+
 def image_permutation(rgb: np.ndarray, num_patches: int, seed: int = 0) -> np.random.Generator:
     """A generator seeded from the image's pixels: the tie-breaking permutation and the random map are
     the same every time the same image is scored."""
@@ -70,7 +87,9 @@ def score_maps(score_fn: ScoreFn, pixels: torch.Tensor, layout: TokenLayout, map
 
     ``pixels`` is the (1, 3, H, W) or (3, H, W) normalised model input; ``label`` is the class whose top-1
     correctness the pos/neg curves record, ``target`` the class whose probability del/ins record (the app
-    uses the explained class for both; the CLI the true label and the prediction). Each distinct perturbed
+    uses the explained class for both; the CLI the true label and the prediction). A ``score_fn`` that gives
+    (B,) scores (a prompt's similarity, `prompt_scorer`) makes every curve that score (`curves_from_scores`);
+    ``label`` and ``target`` are then not read. Each distinct perturbed
     input is scored once (`plan_perturbations`); the inputs are composed chunk by chunk, so memory is
     bounded by `batch_size` images whatever the number of maps.
     """
@@ -91,7 +110,10 @@ def score_maps(score_fn: ScoreFn, pixels: torch.Tensor, layout: TokenLayout, map
         probs.append(score_fn(batch).float().cpu().numpy())
         if progress is not None:
             progress(stop, total)
-    return curves_from_probs(plan, np.concatenate(probs), label, target)
+    scores = np.concatenate(probs)
+    if scores.ndim == 1:
+        return curves_from_scores(plan, scores)
+    return curves_from_probs(plan, scores, label, target)
 
 
 def standard_maps(analysis: ImageAnalysis, methods: tuple[str, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -131,14 +153,19 @@ class ImageFaithfulness:
 
 
 def evaluate_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, label: int,
-                   methods: tuple[str, ...] = tuple(METHODS), target: int | None = None,
+                   methods: tuple[str, ...] = tuple(METHODS), target: int | str | Prompt | None = None,
                    settings: PerturbationSettings = PerturbationSettings(), batch_size: int = DEFAULT_BATCH_SIZE,
-                   seed: int = 0, limits: ImageLimits = ImageLimits()) -> ImageFaithfulness:
+                   seed: int = 0, limits: ImageLimits = ImageLimits(),
+                   contrast: str | Prompt | None = None) -> ImageFaithfulness:
     """Score `methods` on one image: one analysis pass (maps for `target`, default the prediction),
     then the perturbation curves of every map (`score_maps`). Pure in the sense a folder engine needs:
-    the result depends only on the arguments (ties and the random map are seeded from the pixels)."""
+    the result depends only on the arguments (ties and the random map are seeded from the pixels).
+
+    A prompt ``target`` (and ``contrast``) of a CLIP-style model scores every curve on the prompt's
+    similarity (`prompt_scorer`, `analysis.faithfulness.curves_from_scores`); ``label`` then only says
+    whether the zero-shot top-1 was right."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    analysis = analyze_image(handle, picture, target=target)
+    analysis = analyze_image(handle, picture, target=target, contrast=contrast)
     if analysis.target is None:
         raise VitInspectError("Faithfulness needs a classifier: this model has no classification head.")
     pixels, _ = handle.preprocess.apply(picture)
@@ -146,7 +173,12 @@ def evaluate_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
     rng = image_permutation(analysis.rgb, num_patches, seed)
     permutation = rng.permutation(num_patches)
     maps = standard_maps(analysis, methods, rng)
-    curves = score_maps(model_scorer(handle), pixels.to(handle.device), analysis.layout, maps, label,
+    if analysis.prompt is not None or analysis.versus is not None:
+        view, column, other, _, _ = prompt_view(handle, target, contrast)
+        scorer = prompt_scorer(view, column, other, analysis.score)
+    else:
+        scorer = model_scorer(handle)
+    curves = score_maps(scorer, pixels.to(handle.device), analysis.layout, maps, label,
                         analysis.target, permutation, settings, batch_size)
     return ImageFaithfulness(label=int(label), target=analysis.target,
                              correct=bool(np.argmax(analysis.probs) == label), curves=curves)

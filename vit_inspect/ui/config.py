@@ -26,6 +26,8 @@ class AppConfig:
     weights: str | None = None  # its weights file; None: checkpoints/ first, then the hub
     device: str | None = None  # None: CUDA when available, else CPU
     model_file: str | None = None  # operator's hand-written model "FILE.py:FUNCTION" (then `model` is its name)
+    zero_shot: tuple[str, ...] | None = None  # an OpenCLIP `model`'s zero-shot labels; None: the 1000 ImageNet classes
+    templates: tuple[str, ...] | None = None  # their prompt templates, each with one {}; None: "a photo of a {}."
     cache_size: int = DEFAULT_CACHE_SIZE  # models held in memory at once
     max_upload_mb: float = DEFAULT_MAX_BYTES / 2**20  # largest upload Gradio accepts, MiB
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # larger images are refused before decoding

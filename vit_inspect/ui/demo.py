@@ -71,11 +71,13 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         analyzed = gr.on(
             [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
-            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
+            inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
+                                          prompt=given.prompt, versus_prompt=given.versus),
             outputs=analyzed_outputs, api_name="analyze", **RAW, **MODEL_PASS)
         if config.first_image:  # the page opens on its first view: the image's pass beside loading the model
             gr.on([demo.load], app.analyze_first, inputs=[given.image, key, given.geometry_mode, given.shorter_side],
-                  inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session),
+                  inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
+                                                prompt=given.prompt, versus_prompt=given.versus),
                   outputs=analyzed_outputs, api_name="analyze_first_image", **RAW, **MODEL_PASS)
         sections.record_shown(page, shown_tab)
         analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
@@ -107,14 +109,15 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
               show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
 
         attention.wire(page.attention, app, session, controls)
-        retargeted, searched = inputs.wire_classes(given, app, session, controls, class_outputs=[
+        retargeted, searched, prompted = inputs.wire_classes(given, app, session, controls, class_outputs=[
             session, given.target, *[panel[n] for n in CLASS_PANELS]])
+        inputs.wire_mode(given, [demo.load, key.change], key)  # a prompt box for a model with a text tower
         all_maps.wire(page.all_maps, app, session, controls)
         faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance),
                           sanity.SanityChecks(app.handle, app.store), session, key, controls,
                           also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
         heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
-        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched],
+        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched, prompted],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
                            for name in ("attention", "distance")],
                    shown_tab=shown_tab, opened=sections.opened(page.heads_section, page.heads.tab))
@@ -126,9 +129,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         # One check against stale results (`ui.stale`) after every change of model, image, class or model B; the
         # downloads, which depend on every setting, also when a tab opens or the colour scale changes.
         tracked = tracked_results(page, heads_tab, model_tab)
-        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (loaded, "model"),
-                            (compare_b, "model_b")):
-            check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (prompted, "prompt"),
+                            (loaded, "model"), (compare_b, "model_b")):
+            checked = check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
+            checked.success(faithfulness.table_label, inputs=[page.faithfulness.scored],  # scores cleared: its label
+                            outputs=[page.faithfulness.table], api_name=f"faithfulness_label_{name}",
+                            show_progress="hidden")
         # A result whose event began before a new image (or model, class) was in place is checked again once it
         # is written: whichever of the two finishes last, the check after it sees both.
         check(lambda **kw: gr.on([item.made_from.change for item in tracked], trigger_mode="always_last", **kw),
@@ -168,9 +174,9 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
     )
 
 
-def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str) -> None:
+def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str):
     """`stale.refresh` of the ``tracked`` results, registered by ``register`` (an event's ``.success``, or
-    `gr.on` with its triggers) under ``api_name``."""
+    `gr.on` with its triggers) under ``api_name``; returns the registered event."""
     extra_inputs, outputs = refresh_io(tracked)
-    register(fn=refresh(tracked), inputs=[session, key, shown_tab, *extra_inputs], inputs_kwargs=controls,
+    return register(fn=refresh(tracked), inputs=[session, key, shown_tab, *extra_inputs], inputs_kwargs=controls,
              outputs=outputs, api_name=api_name, show_progress="hidden", **RAW)

@@ -3,6 +3,10 @@ top-5, the class every gradient map explains, the colour scale, the example phot
 control here acts on every section, and every caption prints its value. Its events are the page's own
 (`build_demo`): the image pass, class switching (`wire_classes`) and model loading.
 
+For a model with a text tower (OpenCLIP, `--model open_clip:NAME`) a prompt box replaces the class search
+(`input_mode`): every gradient map explains the prompt's cosine similarity with the image, the versus box
+takes a prompt, and the class list is the zero-shot list, ranked by the model.
+
 The curated models are listed honestly: one whose weights are neither on this machine nor reachable on the
 hub is marked "needs the hub" before it is picked (`model_choices`)."""
 from __future__ import annotations
@@ -13,6 +17,8 @@ import gradio as gr
 
 from vit_inspect.core import hub
 from vit_inspect.core.load import weights_at_hand
+from vit_inspect.core.open_clip_models import is_open_clip_name
+from vit_inspect.core.prompts import MAX_PROMPT_CHARS
 from vit_inspect.ui.common import MODEL_PASS, RAW
 from vit_inspect.ui.config import ASSETS
 from vit_inspect.ui.inspector import GEOMETRIES
@@ -30,6 +36,21 @@ CURATED_MODELS = (
     "vit_small_patch14_reg4_dinov2.lvd142m",
 )
 NEEDS_HUB = "needs the hub"  # how a curated model that cannot load here is marked
+PROMPT_LABEL = "Prompt to explain, then Enter"
+PROMPT_INFO = ("Every gradient map, the faithfulness scores and the downloads explain the cosine similarity of "
+               f"the image and this text (at most {MAX_PROMPT_CHARS} characters).")
+VERSUS = {  # the versus box: (label, placeholder, info) for a classifier and for a model that reads prompts
+    "class": ("Versus class (optional): name or index, then Enter", "e.g. tabby",
+              "Gradients of logit A − logit B: why A and not B?"),
+    "prompt": ("Versus prompt (optional), then Enter", "e.g. a photo of a dog",
+               "Explains the prompt's similarity minus this one's: why A and not B?"),
+}
+TARGET_LABEL = {"class": "Class to explain", "prompt": "Zero-shot label to explain (or type a prompt below)"}
+TARGET_INFO = {"class": "Every gradient map, the faithfulness scores, the heads' ablation and Compare explain this "
+                        "class: the top 5 first, then what the search found.",
+               "prompt": "Every gradient map, the faithfulness scores and Compare explain this label's similarity "
+                         "with the image (its text averaged over the templates); a prompt typed below replaces it."}
+TOP5_LABEL = {"class": "Top-5 classes", "prompt": "Top-5 zero-shot labels"}
 
 EXAMPLES = (  # (file in assets/, caption with the credit and licence from assets/README.md)
     ("chelsea.png", "Chelsea the cat · Stéfan van der Walt · CC0"),
@@ -66,6 +87,7 @@ class InputView:
     image: gr.Image
     predictions: gr.Label
     class_search: gr.Textbox
+    prompt: gr.Textbox  # a model with a text tower: the prompt every gradient map explains
     target: gr.Dropdown
     versus: gr.Textbox
     geometry_mode: gr.Radio
@@ -85,13 +107,13 @@ def layout(models: tuple[str, ...], model: str, first_image: str | None = None) 
                          sources=["upload", "clipboard", "webcam"], elem_id="input-image")
         predictions = gr.Label(num_top_classes=5, label="Top-5 classes", show_heading=False, elem_id="predictions")
         with gr.Group():
-            target = gr.Dropdown([], label="Class to explain", elem_id="target",
-                                 info="Every gradient map, the faithfulness scores, the heads' ablation and "
-                                      "Compare explain this class: the top 5 first, then what the search found.")
+            target = gr.Dropdown([], label=TARGET_LABEL["class"], elem_id="target", info=TARGET_INFO["class"])
             class_search = gr.Textbox(label="Find a class: name or index, then Enter", placeholder="e.g. 1 (goldfish) "
                                       "or beagle", elem_id="class-search", max_lines=1)
-            versus = gr.Textbox(label="Versus class (optional): name or index, then Enter", placeholder="e.g. tabby",
-                                elem_id="versus", max_lines=1, info="Gradients of logit A − logit B: why A and not B?")
+            prompt = gr.Textbox("", label=PROMPT_LABEL, placeholder="e.g. a photo of a cat", elem_id="prompt",
+                                max_lines=1, max_length=MAX_PROMPT_CHARS, visible=False, info=PROMPT_INFO)
+            versus = gr.Textbox("", label=VERSUS["class"][0], placeholder=VERSUS["class"][1], elem_id="versus",
+                                max_lines=1, max_length=MAX_PROMPT_CHARS, info=VERSUS["class"][2])
         geometry_mode = gr.Radio(list(GEOMETRIES), value="model's centre crop", label="What the model sees",
                                  elem_id="geometry", info="The model's own centre crop, the whole image "
                                  "squashed to its input size, or the whole image with its aspect ratio "
@@ -113,8 +135,8 @@ def layout(models: tuple[str, ...], model: str, first_image: str | None = None) 
             weights = gr.File(label="Own weights (.safetensors, for a timm name; leave empty otherwise)",
                               file_types=[".safetensors"], type="filepath", elem_id="weights-file")
             load_button = gr.Button("Load model", variant="primary", elem_id="load-model")
-    return InputView(image, predictions, class_search, target, versus, geometry_mode, shorter_side, scale, model_box,
-                     model_name, weights, load_button)
+    return InputView(image, predictions, class_search, prompt, target, versus, geometry_mode, shorter_side, scale,
+                     model_box, model_name, weights, load_button)
 
 
 def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_outputs: list) -> tuple:
@@ -127,4 +149,24 @@ def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_
                        api_name="set_target", **RAW, **MODEL_PASS)
     searched = gr.on([view.class_search.submit], app.search_class, inputs=[session, view.class_search, view.versus],
                      inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **RAW, **MODEL_PASS)
-    return retargeted, searched
+    prompted = gr.on([view.prompt.submit], app.set_prompt, inputs=[session, view.prompt, view.versus],
+                     inputs_kwargs=controls, outputs=class_outputs, api_name="set_prompt", **RAW, **MODEL_PASS)
+    return retargeted, searched, prompted
+
+
+def input_mode(key) -> tuple:
+    """Updates of (class search, prompt box, versus box, class list, top-5) for the model of cache ``key``: a
+    model with a text tower (an OpenCLIP name) gets the prompt box and a versus prompt, and its class list and
+    top-5 are its zero-shot labels; any other model the class search. Decided from the name, before loading."""
+    kind = "prompt" if is_open_clip_name(getattr(key, "name", "")) else "class"
+    label, placeholder, info = VERSUS[kind]
+    return (gr.update(visible=kind == "class"), gr.update(visible=kind == "prompt"),
+            gr.update(label=label, placeholder=placeholder, info=info, value=""),
+            gr.update(label=TARGET_LABEL[kind], info=TARGET_INFO[kind]), gr.update(label=TOP5_LABEL[kind]))
+
+
+def wire_mode(view: InputView, triggers: list, key: gr.State) -> None:
+    """`input_mode` on ``triggers`` (page load and every model change)."""
+    gr.on(triggers, input_mode, inputs=[key], outputs=[view.class_search, view.prompt, view.versus, view.target,
+                                                       view.predictions], api_name="input_mode",
+          show_progress="hidden")

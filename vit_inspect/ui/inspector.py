@@ -19,7 +19,8 @@ from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.pipeline import add_relevance, analyze_image
-from vit_inspect.passes.records import analysis_record, class_record
+from vit_inspect.core.open_clip_models import is_open_clip_name
+from vit_inspect.passes.records import analysis_record, target_record
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
@@ -36,7 +37,7 @@ from vit_inspect.ui.relevance import computed, with_relevance
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.tabs.attention import map_geometry
-from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, text
+from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, prompt_text, text
 from vit_inspect.ui.view import PATCH, READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -65,7 +66,7 @@ class Session:
     source: str | bytes  # the upload (a file in Gradio's cache, or its bytes), to rerun for another target
     name: str  # the upload's file name, for the downloads
     slot: Slot  # its results in the server's byte-bounded store: {(target, contrast): ImageAnalysis}, one pass per pair
-    target: tuple[int | None, int | None]  # the pass shown now
+    target: tuple[int | str | None, int | str | None]  # the pass shown now: class indices, or prompts (text)
     distance: distance_plots.DistanceScatterOnce  # this image's attention-distance scatter, rendered on first use
     labels: tuple[str, ...] = ()  # the model's class names
     model_label: str = ""  # model name and weights, for every caption
@@ -74,9 +75,10 @@ class Session:
     relevance_for: frozenset = frozenset()  # the (target, contrast) passes whose LeGrad and AttnLRP were computed
     digest: str = ""  # of the input the model saw (upload and geometry): what results computed from it share
     image_words: str = ""  # the upload's name and geometry, for sentences: "chelsea.png (model's centre crop, ...)"
+    prompts: bool = False  # the model has a text tower (OpenCLIP): its targets may be prompts, its classes labels
 
     @property
-    def results(self) -> dict[tuple[int | None, int | None], ImageAnalysis]:
+    def results(self) -> dict[tuple[int | str | None, int | str | None], ImageAnalysis]:
         """One pass per (target, contrast) pair (target None: a model without a head); ResultDropped if evicted."""
         return self.slot.get()
 
@@ -87,10 +89,18 @@ class Session:
     def class_text(self, index: int | None) -> str:
         return "" if index is None else class_name(self.labels, index)
 
+    def target_text(self, value: int | str | None) -> str:
+        """How captions name a target: "class tabby, tabby cat (#281)", a zero-shot "label cat (#0)", or
+        "prompt 'a photo of a cat'"; "" for none."""
+        if isinstance(value, str):
+            return f"prompt {value!r}"
+        return "" if value is None else f"{'label' if self.prompts else 'class'} {self.class_text(value)}"
+
     def target_words(self) -> str:
-        """The class explained now, "tabby, tabby cat (#281)" (and "versus ..."); "" for a model without a head."""
+        """What the gradient maps explain now, "class tabby, tabby cat (#281)" or "prompt 'a photo of a cat'" (and
+        "versus ..."); "" for a model without a head."""
         target, contrast = self.target
-        return self.class_text(target) + ("" if contrast is None else f" versus {self.class_text(contrast)}")
+        return self.target_text(target) + ("" if contrast is None else f" versus {self.target_text(contrast)}")
 
 
 def input_digest(rgb: np.ndarray) -> str:
@@ -135,7 +145,9 @@ class Inspector:
         own = key == self.default_key
         operator_file = {"model_file": self.config.model_file} if own and self.config.model_file else {}
         bound = {} if own else {"max_model_bytes": self.config.memory_budget}  # a web user's model fits the budget
-        return self.cache.get(key, allow_local_dirs=own, **operator_file, **bound)
+        zero_shot = ({"labels": self.config.zero_shot, "templates": self.config.templates}
+                     if own and is_open_clip_name(key.name) and self.config.zero_shot else {})
+        return self.cache.get(key, allow_local_dirs=own, **operator_file, **bound, **zero_shot)
 
     def startup(self, progress=gr.Progress()):
         """Page load: the default model (the server loads it in the background; this waits for it with a
@@ -230,6 +242,7 @@ class Inspector:
                 progress=gr.Progress(), request: gr.Request = None, **controls):
         relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
         current = controls.pop("current", None)  # the session's pass so far (a state: read when this event runs)
+        typed, typed_versus = controls.pop("prompt", None), controls.pop("versus_prompt", None)  # OpenCLIP's boxes
         upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return (None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None,
@@ -244,10 +257,13 @@ class Inspector:
             with suppress(ResultDropped):  # unless the store let it go: then a pass as for a new image
                 View.from_controls(current.result, **controls)
                 return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output: session, top-5, ..., query
-        session = self._new_session(handle, key, source, name, geometry, relevance, progress)
+        prompt = prompt_text(typed, optional=True) if handle.clip is not None else None  # a new image keeps it
+        versus = prompt_text(typed_versus, "versus prompt", optional=True) if prompt is not None else None
+        session = self._new_session(handle, key, source, name, geometry, relevance, progress, prompt, versus)
         result = session.result
         progress(0.8, desc="Drawing")
-        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=str(result.target),
+        picked = None if prompt is not None else str(result.target)  # a prompt is no label of the list
+        target = (gr.update(choices=class_choices(handle.labels, result.probs, []), value=picked,
                             interactive=True) if result.probs.size else gr.update(choices=[], value=None))
         view = View.from_controls(result, **(controls | dict(query=READOUT)))  # a new image: no patch chosen yet
         drawn = dict(zip(FIRST_PANELS, draw_panels(FIRST_PANELS, session, view)))
@@ -258,19 +274,22 @@ class Inspector:
                 describe(handle, result.layout), READOUT)
 
     def _new_session(self, handle: ViTHandle, key: CacheKey, source, name: str, geometry: InputGeometry,
-                     relevance: bool, progress) -> Session:
-        """One pass over a new input (one forward, one backward), kept in the store: the session showing it."""
+                     relevance: bool, progress, prompt: str | None = None, versus: str | None = None) -> Session:
+        """One pass over a new input (one forward, one backward), kept in the store: the session showing it.
+        It explains the top class, or ``prompt`` (versus ``versus``) for a model with a text tower."""
         progress(0.4, desc="Running the model (one forward and one backward pass"
                            + (", plus AttnLRP and LeGrad)" if relevance else ")"))
-        result = self._pass(handle, source, geometry, relevance=relevance)
+        result = self._pass(handle, source, geometry, prompt, versus, relevance=relevance)
         scatter = distance_plots.DistanceScatterOnce(result.mean_distance, image_width=result.layout.input_size[1],
                                                      title=f"{public_name(handle.name)} · this image")
-        slot = self.store.put({(result.target, None): result}, result.nbytes())
-        return Session(model=key, source=source, name=name, slot=slot, target=(result.target, None),
+        shown = (result.target if prompt is None else prompt, versus)  # a prompt pass is kept under its text
+        slot = self.store.put({shown: result}, result.nbytes())
+        return Session(model=key, source=source, name=name, slot=slot, target=shown,
                        distance=scatter, labels=handle.labels, model_label=shown_model(handle), geometry=geometry,
-                       relevance=relevance, relevance_for=frozenset({(result.target, None)} if relevance else ()),
+                       relevance=relevance, relevance_for=frozenset({shown} if relevance else ()),
                        digest=input_digest(result.rgb),
-                       image_words=f"{Path(name).name} ({geometry.describe(result.layout.input_size)})")
+                       image_words=f"{Path(name).name} ({geometry.describe(result.layout.input_size)})",
+                       prompts=handle.clip is not None)
 
     def redraw(self, name: str):
         """A handler redrawing one panel from the session's cached pass, never the model (`_draw_newest`)."""
@@ -354,20 +373,25 @@ class Inspector:
         picture, newest = self._draw_newest(request, "attention", session, view)
         return PATCH, picture if newest else gr.skip()
 
-    def _switch(self, session: Session, target: int, contrast: int | None, progress) -> Session:
-        """The session showing (target, contrast): one new pass, or none if this pair was seen before."""
+    def _switch(self, session: Session, target: int | str, contrast: int | str | None, progress) -> Session:
+        """The session showing (target, contrast), each a class index or a checked prompt (a model with a text
+        tower): one new pass, or none if this pair was seen before."""
         num_classes = session.result.probs.size
         if not num_classes:
             raise InputError("This model has no classification head, so there is no class to explain.")
         for index in (target, contrast):
-            if index is not None and not 0 <= index < num_classes:
+            if isinstance(index, str) and not session.prompts:
+                raise InputError("This model has no text tower, so it reads no prompts; explain a class instead.")
+            if isinstance(index, int) and not 0 <= index < num_classes:
                 raise InputError(f"Class {index} does not exist: this model has classes 0 to {num_classes - 1}.")
         if contrast == target:
-            raise InputError("The class to compare with is the class itself; choose another one.")
+            raise InputError(f"The {'prompt' if isinstance(target, str) else 'class'} to compare with is the "
+                             f"{'prompt' if isinstance(target, str) else 'class'} itself; choose another one.")
         results = dict(session.results)
         done = set(session.relevance_for)  # passes whose LeGrad and AttnLRP were computed
         if (target, contrast) not in results:
-            progress(0.3, desc=f"Gradients for class {target}" + ("" if contrast is None else f" versus {contrast}"))
+            progress(0.3, desc=f"Gradients for {session.target_text(target)}"
+                               + ("" if contrast is None else f" versus {session.target_text(contrast)}"))
             fresh = self._pass(self.handle(session.model), session.source, session.geometry, target, contrast,
                                relevance=session.relevance)
             # same image, same model: the attention is the same, so every target shares one copy
@@ -382,17 +406,20 @@ class Inspector:
 
     def set_target(self, session: Session | None, target: object, versus: object, progress=gr.Progress(),
                    request: gr.Request = None, **controls):
-        """Gradient maps for the class picked in the list (and the class typed under "versus"). A refused
+        """Gradient maps for the class picked in the list (and the class typed under "versus"; for a model with
+        a text tower, a versus prompt, which with no label picked is compared with the prompt shown). A refused
         choice is a warning and leaves every panel as it was."""
         try:
             target = text(target, "The class to explain", max_chars=40)
+            if session is not None and not target and isinstance(session.target[0], str):
+                return self._show_class(session, session.target[0], self._versus(session, versus), [], progress,
+                                        controls, request)
             if session is None or not target:
                 return CLASS_SKIP
             if not target.isdigit():
                 raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
                                  "in the search box.")
-            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
-                                  "comparison")
+            contrast = self._versus(session, versus)
             return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
@@ -408,22 +435,46 @@ class Inspector:
             if session is None or not wanted:
                 return CLASS_SKIP
             index = find_class(session.labels, session.result.probs, wanted, "class to explain")
-            contrast = find_class(session.labels, session.result.probs, text(versus, "The versus class", 100),
-                                  "comparison")
+            contrast = self._versus(session, versus)
             found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
             return self._show_class(session, index, contrast, found, progress, controls, request)
         except VitInspectError as exc:
             gr.Warning(public_message(exc))
             return CLASS_SKIP
 
-    def _show_class(self, session: Session, index: int, contrast: int | None, found: list[int], progress, controls,
-                    request=None):
+    def set_prompt(self, session: Session | None, prompt: object, versus: object, progress=gr.Progress(),
+                   request: gr.Request = None, **controls):
+        """The prompt box of a model with a text tower (OpenCLIP): every gradient map explains the cosine
+        similarity of the image and the prompt, minus the versus prompt's when one is typed. A refused prompt
+        (empty, too long, control or invisible characters) is a warning and leaves every panel as it was."""
+        try:
+            if session is None:
+                raise InputError("Analyse an image first; the prompt is explained on it.")
+            if not session.prompts:
+                raise InputError("This model has no text tower, so it reads no prompts; its operator can serve an "
+                                 "OpenCLIP model (python app.py --model open_clip:NAME).")
+            wanted = prompt_text(prompt)
+            return self._show_class(session, wanted, self._versus(session, versus), [], progress, controls, request)
+        except VitInspectError as exc:
+            gr.Warning(public_message(exc))
+            return CLASS_SKIP
+
+    @staticmethod
+    def _versus(session: Session, versus: object) -> int | str | None:
+        """The versus box: a prompt for a model with a text tower, else a class name or index (None: empty)."""
+        if session.prompts:
+            return prompt_text(versus, "versus prompt", optional=True)
+        return find_class(session.labels, session.result.probs, text(versus, "The versus class", 100), "comparison")
+
+    def _show_class(self, session: Session, index: int | str, contrast: int | str | None, found: list[int], progress,
+                    controls, request=None):
         session = self._switch(session, index, contrast, progress)
         view = View.from_controls(session.result, **controls)
         choices = class_choices(session.labels, session.result.probs, found)
         panels = draw_panels(CLASS_PANELS, session, view)
         self.order.supersede(session_hash(request), CLASS_PANELS)  # redraws in flight drew the previous class
-        return session, gr.update(choices=choices, value=str(index)), *panels
+        picked = None if isinstance(index, str) else str(index)  # a prompt is no entry of the list
+        return session, gr.update(choices=choices, value=picked), *panels
 
     @shows_errors
     def downloads(self, session: Session | None, key: CacheKey | None = None, **controls):
@@ -444,7 +495,8 @@ class Inspector:
                 Image.fromarray(image).save(paths[-1])
         settings = {"model": public_name(handle.name), "weights": weights_label(handle),
                     "input_geometry": session.geometry.describe(result.layout.input_size),
-                    "class": class_record(handle, result.target), "contrast": class_record(handle, result.contrast),
+                    "class": target_record(handle, result.target, result.prompt),
+                    "contrast": target_record(handle, result.contrast, result.versus),
                     "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
         settings |= view.record()
         record = analysis_record(handle, result, session.name) | {"model": settings["model"], "settings": settings}
@@ -457,6 +509,6 @@ class Inspector:
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
         basis = Basis.of(session, key or session.model, download_options(session, controls))
-        note = (f"Prepared for {session.image_words}" + (f", class {session.target_words()}" if session.target_words()
+        note = (f"Prepared for {session.image_words}" + (f", {session.target_words()}" if session.target_words()
                 else "") + " and the settings recorded in each file; a change to any of them clears these files.")
         return basis, [str(p) for p in paths], note

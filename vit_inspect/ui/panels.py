@@ -31,6 +31,12 @@ UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weig
          "heads": "attention weight (probability)"}
 
 
+def unit(result: ImageAnalysis, name: str) -> str:
+    """The colour bar's unit of a panel: relevance is in the units of the score the gradient maps explain
+    (``result.score``: logit, or cosine for a text prompt's similarity with the image)."""
+    return f"relevance ({result.score} units)" if name == "relevance" else UNITS[name]
+
+
 def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
     """One raw (grid_h, grid_w) map of MAP_NAMES; None for the gradient maps of a model without a head."""
     if name == "attention":
@@ -83,9 +89,7 @@ def caption(session, view, name: str, range_words: str) -> str:
     result = session.result
     lines = [f"{session.model_label} · {view.titles()[name]}"]
     if name in ("gradcam", "relevance") or (name == "rollout" and view.rollout_method == "gradient"):
-        target, contrast = session.target
-        lines.append(f"class {session.class_text(target)}"
-                     + (f" versus {session.class_text(contrast)}" if contrast is not None else ""))
+        lines.append(session.target_words())
     if name == "attention":
         lines.append(share_text(result.prefix_share(view.layer, view.head, view.patch)))
     lines.append(range_words)
@@ -132,22 +136,21 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             shown = {k: grid_map(k) for k in MAP_NAMES if grid_map(k) is not None}
             ranges = {k: colour_range(result, view, k, v)[0] for k, v in shown.items()}
             target, contrast = session.target
-            alone = f", class {session.class_text(target)} alone" if contrast is not None else ""  # no contrast
+            alone = f", {session.target_text(target)} alone" if contrast is not None else ""  # no contrast
             extra = {method + alone: v for method, v in present(result).items()}
-            title = session.model_label + (f" · class {session.class_text(target)}" if target is not None else "")
-            title += f" versus {session.class_text(contrast)}" if contrast is not None else ""
+            title = session.model_label + (f" · {session.target_words()}" if target is not None else "")
             words = relevance_words(session)
             title += f"\n{words}" if words else ""
             drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
-                units={titles[k]: UNITS[k] for k in shown} | {k: "relevance (logit units)" for k in extra},
+                units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "relevance") for k in extra},
                 ranges={titles[k]: r for k, r in ranges.items()}, title=title, columns=PANEL_COLUMNS))
         elif grid_map(name) is None:
             drawn.append(None)
         else:
             (low, high), words = colour_range(result, view, name, grid_map(name))
             drawn.append(map_plots.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
-                                            UNITS[name], vmin=low, vmax=high, relu=name == "gradcam",
+                                            unit(result, name), vmin=low, vmax=high, relu=name == "gradcam",
                                             marker=view.patch if name == "attention" else None,
                                             scale=main_scale(result)))
     return drawn
@@ -162,5 +165,4 @@ def first_view_panel(session, view, name: str) -> np.ndarray | None:
         return None
     (low, high), words = colour_range(result, view, name, grid_map)
     text = f"{caption(session, view, name, words)}\n{FIRST_VIEW_WORDS['first_' + name]}"
-    return map_plots.map_panel(result.rgb, grid_map, text, UNITS[name],
-                               vmin=low, vmax=high)
+    return map_plots.map_panel(result.rgb, grid_map, text, unit(result, name), vmin=low, vmax=high)

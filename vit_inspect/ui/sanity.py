@@ -123,6 +123,9 @@ class SanityChecks:
         result = current.result
         if result.target is None:
             raise VitInspectError("The sanity checks explain a class: this model has no classification head.")
+        if getattr(result, "prompt", None) is not None or getattr(result, "versus", None) is not None:
+            raise VitInspectError("The sanity checks explain a class of the model; they do not take a text prompt. "
+                                  "Choose a class to explain instead.")
         handle = self.handle_of(current.model)
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running[session_id] = threading.Event()

@@ -38,7 +38,7 @@ class Basis:
     image: str | None = None  # digest of the input the model saw (the upload and its geometry); None: no image
     image_words: str = ""  # "chelsea.png (model's centre crop, 224×224 pixels)"
     target: tuple = (None, None)  # (class, contrast) explained; (None, None) for a model without a head
-    class_words: str = ""  # "tabby, tabby cat (#281)"
+    class_words: str = ""  # "class tabby, tabby cat (#281)", or "prompt 'a photo of a cat'"
     options: str = ""  # the settings (JSON) of results that depend on them
     extra: object = None  # a result's own input beyond the page's (Compare: model B)
 
@@ -72,7 +72,7 @@ class Basis:
     def words(self, level: str) -> str:
         """What the result was computed for, as far as ``level`` goes: "chelsea.png, class tabby (#281)"."""
         parts = [self.image_words if LEVELS.index(level) >= 1 else "",
-                 f"class {self.class_words}" if LEVELS.index(level) >= 2 and self.class_words else ""]
+                 self.class_words if LEVELS.index(level) >= 2 else ""]
         return ", ".join(p for p in parts if p) or self.model_words or "another input"
 
 

@@ -19,6 +19,7 @@ import re
 from typing import Iterable
 
 from vit_inspect.core.errors import InputError
+from vit_inspect.core.prompts import check_prompt
 
 NOT_AVAILABLE = "This file is not available to this app; please upload it again."
 NO_DATA = "The image arrived without its data; please upload it again."
@@ -213,6 +214,15 @@ def text(value: object, name: str, max_chars: int = 200) -> str:
     if len(value) > max_chars:
         raise InputError(f"{name} must be at most {max_chars} characters (it has {len(value)}).")
     return value
+
+
+def prompt_text(value: object, what: str = "prompt", optional: bool = False) -> str | None:
+    """A text prompt from a client, checked as the library checks one (`core.prompts.check_prompt`: text, not
+    empty, at most 300 characters, no control or invisible characters), stripped. An ``optional`` box left
+    empty is None (no versus prompt)."""
+    if optional and (value is None or (isinstance(value, str) and not value.strip())):
+        return None
+    return check_prompt("" if value is None else value, what)
 
 
 # ----------------------------------------------------------------------------------------- messages

@@ -151,6 +151,13 @@ class CompareTab:
             return None, None, (f"**Model {which} has no classification head**: there is no class to share, so only "
                                 "the maps that need none (attention, rollout) are compared.")
         target = None if own or session is None or session.model != key_a else session.target[0]
+        if isinstance(target, str):  # a prompt: asked of both where both have a text tower
+            if handle_a.clip is not None and handle_b.clip is not None:
+                return target, target, (f"**Both models explain the prompt {target!r}**, so the agreement "
+                                        "compares the models alone.")
+            return None, None, (f"**Model B has no text tower**, so it cannot read the prompt {target!r}: each "
+                                "model explains its own top class, and the agreement of their gradient maps mixes "
+                                "the question with the model.")
         if not same_labels(handle_a, handle_b):
             return target, None, (f"**A and B have different label sets** ({len(handle_a.labels)} and "
                                   f"{len(handle_b.labels)} classes{' named differently' if len(handle_a.labels) == len(handle_b.labels) else ''}): "
@@ -191,7 +198,8 @@ class CompareTab:
                                     target_a=target_a, target_b=target_b)
         labels = (comparison_label(handle_a, "A", None, public_name(handle_a.name)),  # a server folder by its base name
                   comparison_label(handle_b, "B", size, public_name(handle_b.name)))
-        classes = tuple("" if r.target is None else f"{h.label(r.target)} (#{r.target})"
+        classes = tuple("" if r.target is None else f"prompt {r.prompt.text!r}" if r.prompt is not None
+                        else f"{h.label(r.target)} (#{r.target})"
                         for h, r in ((handle_a, comparison.a), (handle_b, comparison.b)))
         state = CompareSession(comparison=comparison, labels=labels,
                                features=((comparison.a.patch_features.astype(np.float32),),

@@ -28,8 +28,10 @@ import numpy as np
 
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.open_clip_models import prompt_view
 from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, paper_name, ranked_rows, verdict
-from vit_inspect.studies.faithfulness import METHODS, image_permutation, model_scorer, score_maps, standard_maps
+from vit_inspect.studies.faithfulness import (METHODS, image_permutation, model_scorer, prompt_scorer, score_maps,
+                                              standard_maps)
 from vit_inspect.ui import sanity
 from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
 from vit_inspect.ui.stale import Basis
@@ -40,6 +42,19 @@ HEADERS = ["map", "mean rank ↓", "pos ↓", "neg ↑", "del ↓", "ins ↑", "
 VERDICT_ORDER = ("attention", "rollout", "chefer")  # the first view's maps (`panels.FIRST_VIEW`), as scored here
 NO_VERDICT = "*Faithfulness: this map could not be scored for this model.*"
 MAX_SCORED_MAPS = 24  # maps kept per session for one image and class
+TABLE_LABEL = f"Areas under the curves, sorted by {SORTED_BY}"  # before anything is scored, and once cleared
+
+
+def explained_words(handle, result) -> str:
+    """What the curves score: "class 'tabby' (#281)" (its probability), or for a text prompt "prompt 'a photo
+    of a cat'" and its versus prompt (their similarity's difference)."""
+    if result.prompt is None and result.versus is None:
+        return f"class {handle.label(result.target)!r} (#{result.target})"
+    words = f"prompt {result.prompt.text!r}" if result.prompt is not None else f"label {handle.label(result.target)!r}"
+    if result.contrast is not None:
+        words += (f" versus prompt {result.versus.text!r}" if result.versus is not None
+                  else f" versus label {handle.label(result.contrast)!r}")
+    return words
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +64,7 @@ class Scored:
     key: tuple  # (model key, image digest, class)
     curves: dict[str, Curves]  # map name -> its curves
     basis: Basis | None = None  # what they were computed from, for the page's stale-result check
+    words: str = ""  # what they score: "class 'tabby' (#281)", or "prompt 'a photo of a cat'" (`explained_words`)
 
     def __hash__(self) -> int:
         """Its basis's: Gradio hashes a state to tell whether an event changed it, and the page checks a result
@@ -145,9 +161,8 @@ def layout() -> FaithfulnessView:
                            elem_id="faithfulness-score")
         figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
                              show_label=False, elem_id="faithfulness-curves")
-        table = gr.Dataframe(headers=HEADERS, label=f"Areas under the curves, sorted by {SORTED_BY}; the last "
-                                                    "column from the sanity checks below",
-                             interactive=False, wrap=True, column_widths=["26%", *["9%"] * 6, "20%"],
+        table = gr.Dataframe(headers=HEADERS, label=TABLE_LABEL, interactive=False, wrap=True,
+                             column_widths=["26%", *["9%"] * 6, "20%"],
                              elem_id="faithfulness-table")
         note = gr.Markdown(elem_id="faithfulness-note")
         scored = gr.State(None)
@@ -208,7 +223,7 @@ class FaithfulnessTab:
             raise ValueError("This model has no classification head, so there is no class score to perturb.")
         handle = handle_of(current.model)
         digest = hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest()
-        key = (current.model, digest, result.target)
+        key = (current.model, digest, result.target, getattr(current, "target", None))  # a prompt's text too
         known = dict(scored.curves) if scored is not None and scored.key == key else {}
         rng = image_permutation(result.rgb, result.layout.num_patches)
         permutation = rng.permutation(result.layout.num_patches)
@@ -217,43 +232,66 @@ class FaithfulnessTab:
         if todo:
             progress(0, desc=f"Scoring {len(todo)} map(s)")
             pixels = handle.preprocess.normalize(result.rgb).to(handle.device)
-            known |= score_maps(model_scorer(handle), pixels, result.layout, todo, result.target, result.target,
+            if result.prompt is not None or result.versus is not None:  # the prompt's similarity, as explained
+                view, column, other, _, _ = prompt_view(handle, result.prompt or result.target,
+                                                        result.versus or result.contrast)
+                scorer = prompt_scorer(view, column, other, result.score)
+            else:
+                scorer = model_scorer(handle)
+            known |= score_maps(scorer, pixels, result.layout, todo, result.target, result.target,
                                 permutation, progress=lambda done, total: progress((done, total), unit="inputs"))
         while len(known) > MAX_SCORED_MAPS:  # drop the oldest extra choices, never a standard map
             extra = next((name for name in known if name not in METHODS), None)
             if extra is None:
                 break
             known.pop(extra)
-        label = handle.label(result.target)
+        explained = explained_words(handle, result)
         upload = getattr(current, "image_words", "")  # the upload and its geometry, as the session words them
-        title = (f"{public_name(handle.name)}: class {label!r} (#{result.target}); removed patches = mean colour, "
+        title = (f"{public_name(handle.name)}: {explained}; removed patches = mean colour, "
                  f"insertion from a Gaussian blur (kernel 11, σ 5)" + (f"\n{upload}" if upload else ""))
-        image = curves_panel(known, title)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
+        score = ("cosine similarity" + (" minus the versus's" if result.contrast is not None else "")
+                 if result.prompt is not None or result.versus is not None else "probability of the explained class")
+        image = curves_panel(known, title, score)  # PIL: 7 ms, against 280 ms for a matplotlib figure (bench_upload 6m)
         rows = ranked_rows(known)
         flagged = [row[0] for row in rows if row[-1].startswith("⚠")]
-        note = (f"Scored {len(known)} maps for class {label!r}" + (f" of {upload}" if upload else "")
-                + ". pos/neg: top-1 still the explained class while the most/least relevant patches are removed "
-                "(area ×100 over 0–0.9); del/ins: its probability (area over 0–1). One image is noisy: the "
-                "documentation's table over 200 images (Which map to trust) is steadier.")
+        if result.prompt is not None or result.versus is not None:
+            how = ("pos/neg: the prompt's cosine similarity with the image" + (", minus the versus prompt's,"
+                   if result.contrast is not None else "") + " while the most/least relevant patches are removed "
+                   "(area ×100 over 0–0.9); del/ins: the same similarity (area over 0–1). A similarity is not a "
+                   "probability: compare each row with the random map's.")
+        else:
+            how = ("pos/neg: top-1 still the explained class while the most/least relevant patches are removed "
+                   "(area ×100 over 0–0.9); del/ins: its probability (area over 0–1). One image is noisy: the "
+                   "documentation's table over 200 images (Which map to trust) is steadier.")
+        note = f"Scored {len(known)} maps for {explained}" + (f" of {upload}" if upload else "") + f". {how}"
         absent = [paper_name(name) for name in ("legrad", "attnlrp") if name not in maps]
         if absent:
             note += (f"\n\nNot scored: {', '.join(absent)} ("
                      + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
         if flagged:
             note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
-        return Scored(key=key, curves=known), image, rows, note
+        return Scored(key=key, curves=known, words=explained), image, rows, note
 
 
 def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.SanityChecks, session: gr.State,
          key: gr.State, controls: dict, also: list, verdicts: list) -> None:
     """The tab's events: its button (and the ``also`` triggers: the first view's Score) scores the session's
-    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``;
-    the sanity checks' button runs ``checks`` on the same queue (they change the model's weights while they
-    run), writing their pictures, table and note and the faithfulness table's verdict column; Cancel stops
-    them before their next pass, off the queue."""
-    gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key, view.checked],
-          inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW, **MODEL_PASS)
+    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``,
+    then the table's label; the sanity checks' button runs ``checks`` on the same queue (they change the
+    model's weights while they run), writing their pictures, table and note and the faithfulness table's
+    verdict column; Cancel stops them before their next pass, off the queue."""
+    scored = gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key, view.checked],
+                   inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW,
+                   **MODEL_PASS)
+    scored.success(table_label, inputs=[view.scored], outputs=[view.table], api_name="faithfulness_table_label",
+                   show_progress="hidden")
     gr.on([view.sanity_button.click], checks.handler(table_of), inputs=[session, view.checked, view.scored, key],
           outputs=view.sanity_outputs, api_name="sanity_checks", **RAW, **MODEL_PASS)
     gr.on([view.sanity_cancel.click], shows_errors(checks.cancel), outputs=[view.sanity_note],
           api_name="cancel_sanity_checks", queue=False, **RAW)
+
+
+def table_label(scored: Scored | None):
+    """The table's label names what its rows score (a class, or a prompt and its versus prompt)."""
+    words = getattr(scored, "words", "")
+    return gr.update(label=f"Areas under the curves for {words}, sorted by {SORTED_BY}" if words else TABLE_LABEL)

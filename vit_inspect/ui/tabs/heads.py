@@ -361,6 +361,9 @@ class HeadsTab:
         handle = self.app.handle(session.model)
         if not handle.has_head:
             raise InputError(no_head)
+        if any(isinstance(value, str) for value in session.target):
+            raise InputError("Heads are ablated and ranked on a zero-shot label's logit, not on a prompt: pick a "
+                             "label from the list (the prompt's maps stay in Explain).")
         return handle
 
     def _reference(self, state: HeadsState | None, handle, session, mode: object, files: object, progress):
@@ -450,7 +453,7 @@ class HeadsTab:
                 selected = (layer, head) if 0 <= layer < depth and 0 <= head < heads else None
             except InputError:
                 selected = None
-        what = f"{session.model_label}, class {session.class_text(result.target)}"
+        what = f"{session.model_label}, {session.target_text(session.target[0])}"
         images, boxes = [], {}
         ranked = state.importance
         if ranked is not None:
