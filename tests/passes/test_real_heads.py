@@ -68,10 +68,12 @@ def test_entropy_from_the_kept_float16_maps_is_within_2e_5_nats_of_the_float32_m
         assert 0.5 < exact.min() and exact.max() < np.log(deit.layout().num_tokens)
 
 
-def test_entropy_from_the_rebuilt_maps_at_448_px_is_within_2e_4_nats_of_the_float32_maps(deit):
+def test_entropy_from_the_rebuilt_maps_at_448_px_is_within_float16s_bound_of_the_float32_maps(deit):
     """At 448 px DeiT-Ti keeps queries and keys (785 tokens), and its entropy is read from rows rebuilt from
-    them (`HeadPass.entropy`): on real weights within 2e-4 nats of the float32 maps' entropy (1.8e-4
-    measured), far inside float16's first-order bound 2^-11 (H + 1) >= 1e-3."""
+    them (`HeadPass.entropy`). Rounding q and k to float16 moves each log-probability by at most about
+    2^-11 (relative), so the entropy moves by at most the first-order bound 2^-11 (H + 1) nats per head
+    (>= 1e-3 here). On real weights the largest error is 1.8e-4 to 2.6e-4 nats depending on the CPU's
+    kernels; a wrong scale, a missing softmax or a wrong row would miss the bound by orders of magnitude."""
     for photo in ("chelsea.png", "coffee.png"):
         result = analyze_image(deit, PHOTOS / photo, gradients=False, input_size=(448, 448))
         assert result.attention_store.mode == "qk16" and result.heads.computed_entropy is None
@@ -79,4 +81,6 @@ def test_entropy_from_the_rebuilt_maps_at_448_px_is_within_2e_4_nats_of_the_floa
         with torch.no_grad(), capture_attention(deit) as rec:
             deit.forward(pixels)
         exact = head_entropy(rec.attention[0].numpy())
-        assert np.abs(result.heads.entropy - exact).max() < 2e-4
+        bound = 2.0**-11 * (exact + 1.0)
+        assert np.all(np.abs(result.heads.entropy - exact) <= bound)
+        assert np.abs(result.heads.entropy - exact).mean() < 1e-4
