@@ -20,6 +20,7 @@ from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSani
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui import sanity  # noqa: E402
 from vit_inspect.ui.session_store import SessionStore  # noqa: E402
+from vit_inspect.ui.stale import result_key  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import Scored, table_of, with_verdicts  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def test_the_handler_runs_keeps_and_restores():
         assert row[3] == f"{held.random_logit[method].spearman:.2f}"
         assert row[4] == f"{held.max_sensitivity[method]:.2f}"
     assert made.verdicts == {row[0]: row[2] for row in rows}
-    assert made.key == sanity.result_key("tiny", current.result) and made.basis.image == "image 0"
+    assert made.key == result_key(current) and made.basis.image == "image 0"
     assert strip.ndim == 3 and curves.ndim == 3 and strip.dtype == np.uint8
     assert f"below {PASS_THRESHOLD}" in note and "image0.png" in note and "restored" in note
     again, *_ = checks.run(current, made, None, None, Progress())  # the session's slot is reused

@@ -14,7 +14,6 @@ the maps go) and what they were computed from (`stale.Basis`), for the page's st
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from vit_inspect.studies.robustness import RobustnessSettings
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
 from vit_inspect.ui.common import public_message, public_name
 from vit_inspect.ui.session_store import Slot
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import redact_paths
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -66,7 +65,7 @@ def verdict_cell(passes: bool | None, spearman: float) -> str:
 class Checked:
     """One run's results as the session keeps them (held in gr.State)."""
 
-    key: tuple  # (model key, image digest, class)
+    key: tuple  # `stale.result_key`: model key, crop digest, class, target as given
     slot: Slot  # the `ImageSanity`, in the app's byte-bounded store
     verdicts: dict[str, str]  # paper name of each map -> `verdict_cell`
     rows: list  # the sanity table (`HEADERS`)
@@ -81,11 +80,6 @@ def released(checked: Checked | None, session) -> None:
     """`stale.Tracked.reset`: a cleared run's maps leave the store at once; the session keeps nothing."""
     if checked is not None:
         checked.slot.release()
-
-
-def result_key(model, result) -> tuple:
-    """(model key, digest of the crop, class): what a sanity result and a faithfulness score must share."""
-    return (model, hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest(), result.target)
 
 
 def table_rows(result: ImageSanity) -> list[list[str]]:
@@ -167,7 +161,7 @@ class SanityChecks:
                 f"{robust.removal_probability} (logit², lower is better). The model's weights were restored "
                 "afterwards. One image is noisy: the documentation's table over 200 images (Which map to "
                 "trust) is steadier.")
-        made = Checked(key=result_key(current.model, result), slot=slot, verdicts=verdicts, rows=rows,
+        made = Checked(key=result_key(current), slot=slot, verdicts=verdicts, rows=rows,
                        basis=Basis.of(current, key or current.model))
         return made, strip, curves, rows, note
 

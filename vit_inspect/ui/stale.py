@@ -15,6 +15,7 @@ No library code here; `Basis.of` reads the session the page keeps (`inspector.Se
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Callable
@@ -74,6 +75,15 @@ class Basis:
         parts = [self.image_words if LEVELS.index(level) >= 1 else "",
                  self.class_words if LEVELS.index(level) >= 2 else ""]
         return ", ".join(p for p in parts if p) or self.model_words or "another input"
+
+
+def result_key(session) -> tuple:
+    """What a costly result of one session's pass depends on, to tell whether two results (faithfulness scores,
+    sanity checks, head ablation) belong together: the model's cache key, a digest of the exact crop the model
+    saw, the class, and the session's target as given (a prompt's text, None for a class)."""
+    result = session.result
+    digest = hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest()
+    return (session.model, digest, result.target, getattr(session, "target", None))
 
 
 def basis_of(value) -> Basis | None:

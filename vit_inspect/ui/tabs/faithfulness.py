@@ -19,7 +19,6 @@ through the page's one stale-result check (`ui.stale`).
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -34,7 +33,7 @@ from vit_inspect.studies.faithfulness import (METHODS, image_permutation, model_
                                               standard_maps)
 from vit_inspect.ui import sanity
 from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 from vit_inspect.ui.view import SWAPPED
 
@@ -222,8 +221,7 @@ class FaithfulnessTab:
         if result.target is None:
             raise ValueError("This model has no classification head, so there is no class score to perturb.")
         handle = handle_of(current.model)
-        digest = hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest()
-        key = (current.model, digest, result.target, getattr(current, "target", None))  # a prompt's text too
+        key = result_key(current)  # the same key as the sanity checks' (`with_verdicts`)
         known = dict(scored.curves) if scored is not None and scored.key == key else {}
         rng = image_permutation(result.rgb, result.layout.num_patches)
         permutation = rng.permutation(result.layout.num_patches)

@@ -21,7 +21,6 @@ dropped to make room (the session is then told so, and the means are averaged ag
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import threading
 from contextlib import suppress
@@ -44,7 +43,7 @@ from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
 from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, shows_errors
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -112,13 +111,6 @@ def refusals_warn(outputs: int):
                 return (gr.skip(),) * outputs
         return wrapper
     return decorate
-
-
-def result_key(session) -> tuple:
-    """What the tab's results depend on: model, the exact crop the model saw, and the class."""
-    result = session.result
-    digest = hashlib.blake2b(result.rgb.tobytes(), digest_size=16).hexdigest()
-    return (session.model, digest, result.target, session.target)
 
 
 def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
