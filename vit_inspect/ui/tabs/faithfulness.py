@@ -150,8 +150,9 @@ def layout() -> FaithfulnessView:
     with gr.Tab("Faithfulness", elem_id="faithfulness-tab") as tab:
         gr.Markdown("Which map can you trust for this image? Each map's most relevant patches are removed "
                     "(deletion, positive perturbation) or inserted into a blurred copy (insertion), and the "
-                    "model's score for the explained class is recorded (Petsiuk et al. 2018; Chefer et al. "
-                    "2021). The random map is the floor: a map marked **⚠** does worse than chance. "
+                    "model's score for the explained target is recorded (the class's probability, or for a "
+                    "CLIP-style model the prompt's similarity; Petsiuk et al. 2018; Chefer et al. 2021). "
+                    "The random map is the floor: a map marked **⚠** does worse than chance. "
                     "Changing the Grad-CAM block, the rollout options or the attention layer/head adds that "
                     "choice at the next **Score**, named with its settings; maps already scored are kept. "
                     "AttnLRP and LeGrad are computed first when the pass lacks them (one more forward and "

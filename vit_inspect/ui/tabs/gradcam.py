@@ -31,8 +31,9 @@ class GradcamView:
 def layout() -> GradcamView:
     """The tab, its block slider and its maps, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Grad-CAM", elem_id="gradcam-tab") as tab:
-        gr.Markdown("Why this class? Grad-CAM (Selvaraju et al. 2017) of one block, and gradient-weighted "
-                    "attention (Chefer et al. 2021), for the class chosen under **Class to explain** (left).")
+        gr.Markdown("Why this class, or this prompt? Grad-CAM (Selvaraju et al. 2017) of one block, and "
+                    "gradient-weighted attention (Chefer et al. 2021), for the target chosen on the left: the "
+                    "class under **Class to explain**, or for a CLIP-style model the text prompt.")
         with gr.Row():
             with gr.Column(scale=3, min_width=580):
                 panel = OutputImage(elem_id="gradcam-map", **MAP_OUT)
