@@ -10,8 +10,8 @@ from PIL import Image
 
 from vit_inspect.plots.faithfulness import method_styles
 from vit_inspect.plots.maps import overlay
-from vit_inspect.plots.sanity import (CELL_PIXELS, LABEL_PIXELS, cascading_figure, cascading_panel, short_step_label,
-                                      similarity_figure, similarity_panel, step_label)
+from vit_inspect.plots.sanity import (CELL_PIXELS, LABEL_PIXELS, cascading_figure, cascading_panel, labelled_steps,
+                                      short_step_label, similarity_figure, similarity_panel, step_label)
 from vit_inspect.studies.sanity import ImageSanity, Similarity, steps_of
 
 GRAY = np.full((32, 32, 3), 128, dtype=np.uint8)
@@ -97,3 +97,11 @@ def test_similarity_panel_draws_each_method_in_its_colour():
     assert similarity_panel(nan, "undefined steps are left out").shape[1] == panel.shape[1]
     assert short_step_label(None) == "trained" and short_step_label(3) == "from 3"
     assert short_step_label("embedding") == "+ emb."
+
+
+def test_tick_labels_never_touch_and_name_both_ends():
+    """14 steps (12 blocks), every 2nd label: 0, 2, ..., 10, then 13 in place of 12 (one slot before it)."""
+    assert labelled_steps(14, 2) == [0, 2, 4, 6, 8, 10, 13]
+    assert labelled_steps(13, 2) == [0, 2, 4, 6, 8, 10, 12]  # the last already on the grid
+    assert labelled_steps(5, 1) == [0, 1, 2, 3, 4]
+    assert labelled_steps(2, 2) == [0, 1] and labelled_steps(1, 2) == [0] and labelled_steps(0, 2) == []

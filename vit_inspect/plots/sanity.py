@@ -19,7 +19,7 @@ SIMILARITY_TITLES = {"spearman": "Spearman rank correlation", "ssim": "SSIM (nor
 CELL_INCHES = 1.15  # side of one map in the cascading strip
 CELL_PIXELS = 84  # width of one map in the cascading panel
 LABEL_PIXELS = 150  # the cascading panel's column of method names
-SIMILARITY_PLOT_PIXELS = (330, 220)  # (width, height) of one similarity plot's axes
+SIMILARITY_PLOT_PIXELS = (420, 220)  # (width, height) of one similarity plot's axes
 NORMALISED = "each map min-max normalised"
 
 
@@ -35,6 +35,18 @@ def short_step_label(step) -> str:
     if step is None:
         return "trained"
     return "+ emb." if step == "embedding" else f"from {step}"
+
+
+def labelled_steps(count: int, every: int) -> list[int]:
+    """The indices of ``count`` cascading steps that get a tick label when only every ``every``-th fits: the
+    first (the trained model), then every ``every``-th, and the last (the patch embedding) in place of a
+    labelled step less than ``every`` before it, so that no two labels are closer than ``every`` slots."""
+    chosen = list(range(0, count, every))
+    if count and chosen[-1] != count - 1:
+        if count - 1 - chosen[-1] < every and len(chosen) > 1:
+            chosen.pop()
+        chosen.append(count - 1)
+    return chosen
 
 
 def cascading_panel(rgb: np.ndarray, result: ImageSanity, title: str) -> np.ndarray:
@@ -84,11 +96,12 @@ def similarity_panel(result: ImageSanity, title: str) -> np.ndarray:
     styles = method_styles(methods)
     small = font_of(SMALL_TEXT)
     plot_w, plot_h = SIMILARITY_PLOT_PIXELS
-    slots = len(result.steps) + 1  # the steps, then the random logit
-    x_of = np.linspace(8, plot_w - 9, slots)  # pixel offsets in the plot
+    slots = len(result.steps) + 2  # the steps, an empty slot, then the random logit
+    x_of = np.delete(np.linspace(8, plot_w - 9, slots), -2)  # pixel offsets in the plot: steps, then the logit
     names = [paper_name(m) for m in methods]
     every = 1 if len(result.steps) <= 8 else 2  # tick labels that fit side by side
-    ticks = [(x, short_step_label(step) if index % every == 0 or index == len(result.steps) - 1 else "")
+    labelled = set(labelled_steps(len(result.steps), every))
+    ticks = [(x, short_step_label(step) if index in labelled else "")
              for index, (x, step) in enumerate(zip(x_of, result.steps))] + [(x_of[-1], "logit")]
     plots = []
     for position, name in enumerate(SIMILARITIES):
