@@ -90,6 +90,7 @@ class HeadStatsStream:
         # per layer, (heads, N) float32 sums over keys on the maps' device, finished for every layer at once
         self._entropy: list[torch.Tensor | None] = [None] * depth  # -sum_j a_ij ln a_ij, nats
         self._prefix: list[torch.Tensor | None] = [None] * depth  # sum over prefix keys j of a_ij
+        self._row_parts: dict[int, tuple[list, list]] = {}  # layer -> per-block (entropy, prefix) sums (`on_rows`)
 
     def on_attention(self, layer: int, probs: torch.Tensor) -> None:
         """Reduce (B, heads, N, N) probabilities of `layer` (image 0) to per-query sums over keys: float32 sums,
@@ -99,6 +100,23 @@ class HeadStatsStream:
             self._entropy[layer] = entropy_sums(maps)
         # (heads, N) prefix_attention_share: the first num_prefix_tokens keys (`TokenLayout.split`'s prefix part)
         self._prefix[layer] = maps.narrow(-1, 0, self.layout.num_prefix_tokens).sum(-1)
+
+    def on_rows(self, layer: int, start: int, block: torch.Tensor) -> None:
+        """`on_attention` a block of query rows at a time (`capture.blocked_attention`): the (heads, b, N)
+        probabilities of rows start .. start + b - 1 of image 0, their per-query sums kept until
+        `on_layer_done` joins them in row order."""
+        maps = block.detach().float()
+        parts = self._row_parts.setdefault(layer, ([], []))
+        if self.with_entropy:
+            parts[0].append(entropy_sums(maps))
+        parts[1].append(maps.narrow(-1, 0, self.layout.num_prefix_tokens).sum(-1))
+
+    def on_layer_done(self, layer: int) -> None:
+        """Every row of ``layer`` was given to `on_rows`: its (heads, N) sums, as `on_attention` makes them."""
+        entropy, prefix = self._row_parts.pop(layer)
+        if self.with_entropy:
+            self._entropy[layer] = torch.cat(entropy, dim=-1)
+        self._prefix[layer] = torch.cat(prefix, dim=-1)
 
     def _stacked(self, values: list[torch.Tensor | None], name: str, sign: float = 1.0) -> np.ndarray:
         """(depth, heads) float32 ``sign`` x the means over queries, in float64, of every layer's (heads, N) sums."""

@@ -6,7 +6,7 @@ copies the compact `attention_store.AttentionStore` to the host once at the end.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -67,7 +67,7 @@ class _Pending:
     (B, heads, N, N)), all on the model's device."""
 
     layer: int
-    maps: torch.Tensor  # (heads, N, N) as the model produced them
+    maps: torch.Tensor | None  # (heads, N, N) as the model produced them; None for a layer given by rows
     queries: torch.Tensor | None = None  # (heads, N, d) in the model's dtype
     keys: torch.Tensor | None = None
     real: torch.Tensor | None = None  # (heads, n, N) float32 sampled rows
@@ -78,6 +78,16 @@ class _Pending:
         held = (self.queries, self.keys, self.real) if held_by_autograd else (self.maps, self.queries, self.keys,
                                                                              self.real)
         return sum(t.untyped_storage().nbytes() for t in held if t is not None)
+
+
+@dataclass(eq=False)
+class _RowParts:
+    """What `LayerStream.on_rows` has taken of one layer so far: per block of patch query rows its distance
+    sums, the spill's (N, N) planes filled row by row (None without a spill), and the sampled rows."""
+
+    distance: list = field(default_factory=list)  # ((heads, p) sums, (heads, p) masses) per block
+    planes: dict | None = None  # name -> (N, N) host tensor (`spill.PLANES`)
+    real: list = field(default_factory=list)  # (heads, n_b, N) float32 sampled rows per block
 
 
 def _rebuild_errors(queries: torch.Tensor, keys: torch.Tensor, scale: torch.Tensor, real: torch.Tensor,
@@ -135,6 +145,7 @@ class LayerStream:
         self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
         self._pending_bytes = 0
         self._samples: dict[tuple, torch.Tensor] = {}  # (N, device) -> the rows the check compares
+        self._rows: dict[int, _RowParts] = {}  # layers given a block of rows at a time (`on_rows`), unfinished
 
     def _record(self, into: dict, layer: int, tensor: object, shape: str) -> None:
         """Keep a (B, heads, N, d) view of a query/key output; anything else is left out (maps fallback)."""
@@ -198,6 +209,52 @@ class LayerStream:
         if self._pending_bytes >= CHECK_BYTES:
             self._flush()
 
+    def on_rows(self, layer: int, start: int, block: torch.Tensor) -> None:
+        """`on_attention` a block of query rows at a time (`capture.blocked_attention`): (heads, b, N)
+        probabilities of rows start .. start + b - 1 of image 0. The block's share of the distance sums, of
+        the spill's planes and of the check's sampled rows is taken now, while the block is in the cache;
+        `on_layer_done` finishes the layer as `on_attention` would (never with ``keep_maps``)."""
+        block = block.detach().float()
+        heads, rows, num_tokens = block.shape
+        parts = self._rows.get(layer)
+        if parts is None:
+            parts = self._rows[layer] = _RowParts()
+            if self.spill is not None and (num_tokens, num_tokens) == tuple(self.spill.shape[1:]):
+                parts.planes = {"sum": torch.empty((num_tokens, num_tokens), dtype=torch.float32),
+                                "max": torch.empty((num_tokens, num_tokens), dtype=torch.float16),
+                                "min": torch.empty((num_tokens, num_tokens), dtype=torch.float16)}
+        patch = self.layout.patch_slice
+        first, last = max(start, patch.start), min(start + rows, patch.stop)  # the block's patch query rows
+        if first < last:
+            parts.distance.append(self._distance_sums_of(block[:, first - start:last - start], first - patch.start))
+        if parts.planes is not None:  # `fused_planes` of the rows, written into the layer's planes in place
+            planes = parts.planes
+            ones = torch.ones(1, heads, dtype=block.dtype, device=block.device)
+            torch.matmul(ones, block.reshape(heads, -1), out=planes["sum"][start:start + rows].view(1, -1))
+            planes["max"][start:start + rows].copy_(block.amax(0))  # rounded to float16 by torch, as `.to` rounds
+            planes["min"][start:start + rows].copy_(block.amin(0))
+        sample = self._sample(num_tokens, block.device)
+        chosen = sample[(sample >= start) & (sample < start + rows)]
+        if len(chosen):
+            parts.real.append(block.index_select(1, chosen - start))
+
+    def on_layer_done(self, layer: int) -> None:
+        """Finish a layer given by `on_rows`: its distance sums, its spill's planes, and its check waiting in
+        `_pending` with no maps (a layer the check fails is rebuilt from its float32 Q and K, `_flush`)."""
+        parts = self._rows.pop(layer)
+        self._distance_sums[layer] = (torch.cat([sums for sums, _ in parts.distance], dim=-1),
+                                      torch.cat([mass for _, mass in parts.distance], dim=-1))
+        if parts.planes is not None:
+            self.spill.write(layer, {name: plane.numpy() for name, plane in parts.planes.items()})
+        q, k = self._q.pop(layer, None), self._k.pop(layer, None)
+        if q is None or k is None or self.modules[layer] is None:
+            raise CaptureError(f"Layer {layer} gave its attention by rows without its queries and keys.")
+        entry = _Pending(layer, None, q[0], k[0], torch.cat(parts.real, dim=1))
+        self._pending.append(entry)
+        self._pending_bytes += entry.nbytes(self.held_by_autograd)
+        if self._pending_bytes >= CHECK_BYTES:
+            self._flush()
+
     def _sample(self, num_tokens: int, device: torch.device) -> torch.Tensor:
         """The (n,) query rows compared: ROWS_CHECKED evenly spaced, first and last included."""
         key = (num_tokens, str(device))
@@ -228,7 +285,10 @@ class LayerStream:
                 self._check(group, dtype, passed)
         for entry in pending:
             if entry.layer not in passed:
-                self.maps[entry.layer] = entry.maps.to(torch.float16)  # rounded once by torch, on the device
+                maps = entry.maps if entry.maps is not None else torch.softmax(  # a layer given by rows
+                    self.modules[entry.layer][3] * (entry.queries.float() @ entry.keys.float().transpose(-1, -2)),
+                    dim=-1)
+                self.maps[entry.layer] = maps.to(torch.float16)  # rounded once by torch, on the device
 
     def _check(self, group: list[_Pending], dtype: torch.dtype, passed: set[int]) -> None:
         """Check layers of one shape with Q and K rounded to ``dtype``: the errors of their rebuilt rows
@@ -252,20 +312,22 @@ class LayerStream:
                 passed.add(entry.layer)
                 self.queries[entry.layer], self.keys[entry.layer] = queries[i], keys[i]
 
-    def _distance_sums_of(self, maps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _distance_sums_of(self, maps: torch.Tensor, first: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
         queries i and patch keys j, d in pixels: float32 products and sums, on the maps' device; `mean_distance`
-        finishes them in float64. No float64 copy of the maps, no sync per layer."""
+        finishes them in float64. No float64 copy of the maps, no sync per layer. With ``first``, ``maps`` are
+        (heads, p, N): the rows of patch queries first .. first + p - 1 only (`on_rows`)."""
         patch = self.layout.patch_slice
-        patch_to_patch = maps[..., patch, patch]  # (heads, P, P), a view
+        patch_to_patch = maps[..., patch, patch] if first is None else maps[..., patch]  # (heads, P or p, P), a view
         if self._patch_distances is None:
             self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
+        distances = self._patch_distances if first is None else self._patch_distances[first:first + maps.shape[1]]
         if patch_to_patch.numel() >= EINSUM_DISTANCE_ENTRIES:
             # sum_j a_hij d_ij as a batched product over queries i: no (heads, P, P) temporary, which out of the
             # cache costs twice as much (DINOv2-L/14 at 518 on the CPU: 22 against 46 ms a layer)
-            return torch.einsum("hij,ij->hi", patch_to_patch, self._patch_distances), patch_to_patch.sum(-1)
+            return torch.einsum("hij,ij->hi", patch_to_patch, distances), patch_to_patch.sum(-1)
         # in the cache the elementwise product is 2-4x faster than the batched one (DeiT-Ti at 224: 0.03 ms a layer)
-        return (patch_to_patch * self._patch_distances).sum(-1), patch_to_patch.sum(-1)
+        return (patch_to_patch * distances).sum(-1), patch_to_patch.sum(-1)
 
     def mean_distance(self) -> np.ndarray:
         """(depth, heads) mean attention distance in pixels of image 0: `distances_per_image` (renormalised over

@@ -134,6 +134,23 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
                           target, gradients, autocast, contrast, relevance, spill, score, prompt, versus)
 
 
+class _RowSinks:
+    """`capture.RowSink` of the pass: each block of rows to the layer stream and the head statistics."""
+
+    def __init__(self, *sinks) -> None:
+        self.sinks = sinks
+
+    def on_rows(self, layer: int, start: int, block: torch.Tensor) -> None:
+        """Each sink's `on_rows`."""
+        for sink in self.sinks:
+            sink.on_rows(layer, start, block)
+
+    def on_layer_done(self, layer: int) -> None:
+        """Each sink's `on_layer_done`."""
+        for sink in self.sinks:
+            sink.on_layer_done(layer)
+
+
 def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode, target, gradients, autocast,
                    contrast, relevance, spill=None, score=None, prompt=None, versus=None) -> ImageAnalysis:
     """The pass itself, on the model input `pixels` (1, 3, H, W) whose uint8 picture is `rgb`; ``handle``,
@@ -156,11 +173,16 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
         stream.on_attention(layer, probs)
         stats.on_attention(layer, probs)
 
+    # a pass without gradients on the CPU that keeps Q and K: each layer's attention is computed and reduced a
+    # block of query rows at a time, in the cache, instead of as whole maps (`capture.blocked_attention`)
+    by_rows = (_RowSinks(stream, stats) if not use_grad and not small and not autocast and handle.device.type == "cpu"
+               else None)
+
     # without gradients each layer's maps are reduced and dropped as the pass goes; with them, capture keeps
     # the per-layer tensors for the backward (never a stacked copy)
     with (torch.set_grad_enabled(use_grad), stream.hooks(),
           capture_attention(handle, activation_layers=layers, residual=True, keep_attention=use_grad,
-                            on_attention=on_attention) as rec,
+                            on_attention=on_attention, rows=by_rows) as rec,
           (relevance_rules(handle) if relevance and use_grad else nullcontext()) as lrp,
           torch.autocast(handle.device.type, dtype=autocast_dtype(handle.device), enabled=autocast)):
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
