@@ -30,7 +30,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
     if config.model not in models:
         models = (app.default_label, *models)
     with gr.Blocks(title="vit_inspect", delete_cache=CACHE_SECONDS, fill_width=True) as demo:
-        key = gr.State(app.default_key)  # the model every event of this session uses
+        key = gr.State(app.default_key)  # the model every event of this browser session uses
         session = gr.State(None, time_to_live=config.session_ttl_s)  # the image's passes (inspector.Session)
         gr.Markdown(INTRO)
         status = gr.Markdown("⏳ Loading the model…", elem_id="status")

@@ -111,7 +111,7 @@ class SanityChecks:
     def run(self, current, checked: Checked | None, key, request: gr.Request | None,
             progress: Callable = lambda *args, **kwargs: None) -> tuple:
         """(Checked, cascading panel, similarity panel, table rows, note) for the session's image and class;
-        `Cancelled` (a sentence) when this session's Cancel was pressed before the next pass."""
+        `Cancelled` (a sentence) when this browser session's Cancel was pressed before the next pass."""
         if current is None:
             raise VitInspectError("Analyse an image first; its maps are what the sanity checks test.")
         result = current.result
@@ -166,7 +166,7 @@ class SanityChecks:
         return made, strip, curves, rows, note
 
     def cancel(self, request: gr.Request | None) -> str:
-        """Stop this session's run before its next pass."""
+        """Stop this browser session's run before its next pass."""
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running.get(session_id)
         if stop is None:

@@ -24,7 +24,7 @@ DROPPED = "Your result was dropped to make room for other visitors; re-run the a
 
 
 class ResultDropped(VitInspectError):
-    """This session's result was evicted to keep the server under its memory budget."""
+    """This browser session's result was evicted to keep the server under its memory budget."""
 
     def __init__(self) -> None:
         super().__init__(DROPPED)

@@ -359,7 +359,7 @@ class HeadsTab:
         return handle
 
     def _reference(self, state: HeadsState | None, handle, session, mode: object, files: object, progress):
-        """(checked mode, this session's state, the mean head outputs for mode "mean" or None, their words)."""
+        """(checked mode, this browser session's state, the mean head outputs for mode "mean" or None, their words)."""
         mode = mode_of(mode)
         state = fresh(state, session)
         means, reference = None, ""
@@ -424,7 +424,7 @@ class HeadsTab:
                 cell_geometry(state, (result.depth, result.num_heads)))
 
     def cancel(self, request: gr.Request) -> str:
-        """Stop this session's importance run before its next batch."""
+        """Stop this browser session's importance run before its next batch."""
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running.get(session_id)
         if stop is None:
