@@ -11,6 +11,10 @@
   map of the explained class against the map of another class, drawn uniformly among the other classes by a
   generator seeded with the seed and the image's pixels (`random_class`), or chosen. A map that stays similar
   ignores the class (raw attention and rollout do by construction: they have no class).
+- **A text prompt** (CLIP-style models, `core.open_clip_models.prompt_view`): the explained score is the
+  prompt's cosine similarity with the image at every step (the text tower and the projections are not
+  randomised, only the vision tower's blocks and patch embedding), and the random logit is a zero-shot label
+  of the model drawn uniformly among all of them: a map that stays similar ignores the prompt.
 - **Robustness**: max-sensitivity and infidelity through captum (`studies.robustness`).
 
 The similarities: Spearman's rank correlation of the raw maps (`analysis.rank_correlation`), SSIM of the
@@ -38,6 +42,8 @@ from vit_inspect.analysis.top_overlap import TOP_FRACTION, top_overlap
 from vit_inspect.core.errors import Cancelled, VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.core.open_clip_models import prompt_view
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.passes.randomise import EMBEDDING, Layer, cascade_order, fresh_weights, randomised
 from vit_inspect.passes.result import ImageAnalysis
@@ -89,8 +95,8 @@ class SanitySettings:
 class ImageSanity:
     """The sanity checks of one image (`sanity_check`)."""
 
-    target: int  # the class explained, on the trained and on every randomised model
-    random_class: int | None  # the other class of the random-logit test (None: not run)
+    target: int  # the class explained (a prompt's: its column after the zero-shot labels), at every step
+    random_class: int | None  # the other class (zero-shot label) of the random-logit test (None: not run)
     steps: tuple[Layer | None, ...]  # cascading: None (nothing randomised), then from the last block down
     cascading: dict[str, tuple[Similarity, ...]]  # method -> one per step, against the trained map
     independent: dict[str, tuple[Similarity, ...]]  # method -> one per block 0 .. depth - 1 (empty: not run)
@@ -99,13 +105,14 @@ class ImageSanity:
     max_sensitivity: dict[str, float] = field(default_factory=dict)  # method -> relative, 0 = stable
     infidelity: dict[str, float] = field(default_factory=dict)  # method -> logit^2, lower = better
     settings: SanitySettings = SanitySettings()
+    prompt: str | None = None  # the text prompt explained instead of a class (then `target` is its column)
 
     def record(self) -> dict:
         """The JSON record of the CLI (without the image and model fields): per method, ``cascading`` (one
         ``{randomised_from_block, spearman, ssim, top10_overlap}`` per step, the first with nothing randomised,
         ``randomised_from_block`` null, then the block from which on all are random, then "embedding"),
         ``independent`` (one ``{block, ...}`` per block), ``random_logit``, ``max_sensitivity``, ``infidelity``
-        (null when not run) and ``passes_randomisation``; NaN is null."""
+        (null when not run) and ``passes_randomisation``; NaN is null; ``prompt`` the text explained, or null."""
         def number(values: dict[str, float], method: str) -> float | None:
             value = values.get(method)
             return None if value is None or not math.isfinite(value) else round(float(value), 6)
@@ -120,7 +127,7 @@ class ImageSanity:
                 "max_sensitivity": number(self.max_sensitivity, method),
                 "infidelity": number(self.infidelity, method),
                 "passes_randomisation": verdict[method]}
-        return {"target": self.target, "random_class": self.random_class, "methods": methods}
+        return {"target": self.target, "prompt": self.prompt, "random_class": self.random_class, "methods": methods}
 
     def passes_randomisation(self, threshold: float = PASS_THRESHOLD) -> dict[str, bool | None]:
         """method -> whether its map, with every layer random, has a Spearman below `threshold` with the
@@ -156,12 +163,12 @@ def method_maps(analysis: ImageAnalysis, methods: tuple[str, ...], extra: Mappin
 
 
 def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes | torch.Tensor,
-                 methods: tuple[str, ...] = SANITY_METHODS, target: int | None = None,
+                 methods: tuple[str, ...] = SANITY_METHODS, target: int | str | Prompt | None = None,
                  settings: SanitySettings = SanitySettings(), extra: Mapping[str, MapFn] | None = None,
                  progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
                  limits: ImageLimits = ImageLimits()) -> ImageSanity:
-    """Every sanity check of `methods` (and `extra` map functions) on one image, for `target` (default: the
-    trained model's prediction), at the model's own crop; or on a model input given as it is, a (1, 3, H, W)
+    """Every sanity check of `methods` (and `extra` map functions) on one image, for `target` (a class, default
+    the trained model's prediction; or a text prompt of a CLIP-style model), at the model's own crop; or on a model input given as it is, a (1, 3, H, W)
     tensor normalised with the model's mean and std (`analyze_pixels`: the app passes the crop its pass saw).
     Passes: 1 (trained) + depth + 1 (cascading) + depth (independent) + 1 (random logit) + the noisy inputs
     of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
@@ -169,6 +176,8 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     true)."""
     if not handle.has_head:
         raise VitInspectError("Sanity checks explain a class: this model has no classification head.")
+    labels = len(handle.labels)  # the classes (zero-shot labels) a random logit is drawn from
+    handle, target, _, prompt, _ = prompt_view(handle, target)  # a prompt: a column after the labels
     if isinstance(image, torch.Tensor):
         pixels = image  # (1, 3, H, W), normalised
     else:
@@ -196,11 +205,12 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     explained = int(analysis.target)
     other = None
     if settings.random_logit:  # checked before the other passes
+        # a prompt's column is `labels`: every label is another class, drawn uniformly among all of them
         other = settings.random_class if settings.random_class is not None else random_class(
-            len(handle.labels), explained, [settings.seed, pixel_digest(analysis.rgb)])
-        if not 0 <= other < len(handle.labels) or other == explained:
+            labels + int(prompt is not None), explained, [settings.seed, pixel_digest(analysis.rgb)])
+        if not 0 <= other < labels or other == explained:
             raise VitInspectError(f"The random-logit class must be another class of the model (0 to "
-                                  f"{len(handle.labels) - 1}, not {explained}); got {other}.")
+                                  f"{labels - 1}, not {explained}); got {other}.")
     fresh = fresh_weights(handle, settings.seed)
     step_maps = [trained]
     with ExitStack() as stack:
@@ -227,7 +237,8 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     return ImageSanity(target=explained, random_class=other, steps=steps, cascading=cascading,
                        independent=independent, random_logit=random_logit,
                        maps={m: tuple(s[m] for s in step_maps) for m in trained},
-                       max_sensitivity=sensitivity, infidelity=fidelity, settings=settings)
+                       max_sensitivity=sensitivity, infidelity=fidelity, settings=settings,
+                       prompt=None if prompt is None else prompt.text)
 
 
 class SanityAccumulator:
