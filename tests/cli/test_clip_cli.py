@@ -90,3 +90,25 @@ def test_records_keep_significant_digits_of_small_maps():
     assert rounded(np.array([1.23456789e-5, -2.0e-7])) == [1.23457e-05, -2e-07]
     assert rounded(np.array([12.3456789, 0.1234567])) == [12.345679, 0.123457]  # unchanged for logit-sized maps
     assert rounded(None) is None and rounded(np.zeros(2)) == [0.0, 0.0]
+
+
+def test_sanity_with_a_prompt_records_it_and_names_it_in_the_figures(capsys, tmp_path, clip_args):
+    code, out, _ = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a photo of a cat", "--methods", "gradcam,rollout",
+                        "--no-robustness", "--no-independent", "--json", "--out", str(tmp_path), *clip_args)
+    assert code == 0
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["target"] == {"prompt": "a photo of a cat"} and record["model"] == f"open_clip:{TINY_CLIP}"
+    assert record["random_class"]["label"] in {"cat", "dog", "coffee"}  # the random logit: a zero-shot label
+    steps = record["methods"]["gradcam"]["cascading"]
+    assert [s["randomised_from_block"] for s in steps] == [None, 1, 0, "embedding"] and steps[0]["spearman"] == 1.0
+    assert (tmp_path / "chelsea_cascading.png").is_file() and (tmp_path / "chelsea_similarity.png").is_file()
+    code, table, _ = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a photo of a cat", "--methods", "gradcam",
+                          "--no-robustness", "--no-independent", *clip_args)
+    assert code == 0 and table.startswith("chelsea.png: prompt 'a photo of a cat', random logit: ")
+
+
+def test_sanity_takes_one_prompt_not_a_versus(capsys, clip_args):
+    code, out, err = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a cat", "--versus", "a dog", *clip_args)
+    assert code == 1 and out == "" and "--versus is not supported" in err and len(err.strip().splitlines()) == 1
+    code, out, err = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a cat\x1b[2J", *clip_args)
+    assert code == 1 and out == "" and "U+001B" in err and len(err.strip().splitlines()) == 1

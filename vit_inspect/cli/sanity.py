@@ -1,8 +1,9 @@
 """`vit-inspect sanity IMAGE [IMAGE ...]`: the sanity checks of every map, one record per image, figures under --out.
 
 Per image (`studies.sanity.sanity_check`): cascading and independent randomisation of the model, the
-random-logit test, max-sensitivity and infidelity. Without `--json` a table per image; with it one JSON
-object per line: `image`, `model`, `weights`, `target` and `random_class` (`{index, label}`), `settings`, and
+random-logit test, max-sensitivity and infidelity, for a class or (OpenCLIP models) a text prompt, `--prompt`.
+Without `--json` a table per image; with it one JSON object per line: `image`, `model`, `weights`, `target`
+(`{index, label}`, or `{prompt}`) and `random_class` (`{index, label}`), `settings`, and
 `methods.<name>` with `cascading` (a list of `{randomised_from_block, spearman, ssim, top10_overlap}` that
 starts with nothing randomised), `independent` (one `{block, ...}` per block), `random_logit`,
 `max_sensitivity`, `infidelity` and `passes_randomisation`. With `--out`, `<image>_cascading.png` (the maps
@@ -15,12 +16,13 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from vit_inspect.cli.common import (figure_stems, model_options, progress_line, robustness_flags, robustness_settings,
-                                   save_png)
+from vit_inspect.cli.common import (figure_stems, model_options, progress_line, prompt_options, robustness_flags,
+                                   robustness_settings, save_png, targets, with_prompt_options)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
-from vit_inspect.passes.records import class_record
+from vit_inspect.core.prompts import Prompt
+from vit_inspect.passes.records import class_record, target_record
 from vit_inspect.plots import sanity as sanity_plots
 from vit_inspect.studies.faithfulness import METHODS
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
@@ -42,6 +44,7 @@ def add_parser(sub) -> None:
     sanity.add_argument("--no-robustness", action="store_true", help="leave out max-sensitivity and infidelity "
                                                                      "(which need captum)")
     robustness_flags(sanity)
+    prompt_options(sanity)
     model_options(sanity, out_help="folder for the cascading figure and the similarity curves")
     sanity.set_defaults(func=run)
 
@@ -76,33 +79,40 @@ def run(args: argparse.Namespace) -> None:
     if unknown:
         raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
     settings = settings_of(args)
+    prompt, versus = targets(args)
+    if versus is not None:
+        raise VitInspectError("The sanity checks explain one prompt; --versus is not supported with sanity.")
     files = find_images(args.images)
     if not files:
         raise VitInspectError("No images found in the paths given.")
-    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    handle = with_prompt_options(load_model(args.model, weights=args.weights, device=args.device,
+                                            model_file=args.model_file), args)
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     for path, stem in zip(files, figure_stems(files)):
         picture = load_image(path)
-        result = sanity_check(handle, picture, methods, target=args.target, settings=settings,
+        result = sanity_check(handle, picture, methods, target=prompt if prompt is not None else args.target,
+                              settings=settings,
                               progress=progress_line(f"{path.name}: {{done}}/{{total}} passes"))
         head = {"image": str(path), "model": handle.name, "weights": Path(handle.weights).name,
-                "target": class_record(handle, result.target),
+                "target": target_record(handle, result.target, None if prompt is None else Prompt(result.prompt)),
                 "random_class": class_record(handle, result.random_class),
                 "settings": {"seed": settings.seed, "independent": settings.independent,
                              "robustness": None if settings.robustness is None else asdict(settings.robustness),
                              "pass_threshold": PASS_THRESHOLD}}
+        named = (f"prompt {result.prompt!r}" if result.prompt is not None
+                 else f"{handle.label(result.target)} (class {result.target})")
         if args.json:
             print(json.dumps({**head, "methods": result.record()["methods"]}), flush=True)
         else:
             other = head["random_class"]
-            print(f"{path.name}: {head['target']['label']} (class {result.target})"
+            print(f"{path.name}: {named}"
                   + (f", random logit: {other['label']} (class {other['index']})" if other else ""))
             print(summary(result) + "\n", flush=True)
         if out:
             rgb = handle.preprocess.apply(picture)[1]
-            title = f"{handle.name}, class {result.target} ({handle.label(result.target)}): {path.name}"
+            title = f"{handle.name}, {named}: {path.name}"
             save_png(sanity_plots.cascading_figure(rgb, result, title=f"Cascading randomisation — {title}"),
                      out / f"{stem}_cascading.png")
             save_png(sanity_plots.similarity_figure(result, title=f"Similarity to the trained map — {title}"),
