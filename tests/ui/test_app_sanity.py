@@ -99,8 +99,8 @@ def test_errors_are_sentences():
     with pytest.raises(gr.Error, match="Analyse an image first"):
         handler(None, None, None)
     prompted = _session(handle)
-    prompted.result = SimpleNamespace(target=3, prompt="a photo of a cat", versus=None)
-    with pytest.raises(gr.Error, match="do not take a text prompt"):
+    prompted.result = SimpleNamespace(target=3, prompt="a photo of a cat", versus="a photo of a dog")
+    with pytest.raises(gr.Error, match="one prompt, not one versus another"):
         handler(prompted, None, None)
     headless = tiny_handle("gap")
     current = _session(handle)
@@ -162,3 +162,31 @@ def test_the_checks_through_the_served_app(client):
     again = client.predict(api_name="/faithfulness")[1]  # scored again: the verdicts stay beside the scores
     assert {row[0]: row[-1] for row in again["data"]} == column
     assert client.predict(api_name="/cancel_sanity_checks").startswith("Nothing to cancel")
+
+
+def test_a_prompt_s_checks_name_the_prompt_and_its_random_zero_shot_label():
+    pytest.importorskip("open_clip")
+    from support import PHOTOS
+    from support.clip import clip_handle
+
+    from vit_inspect.core.images import load_image
+
+    handle = clip_handle(seed=8)
+    before = _state(handle)
+    picture = load_image(PHOTOS / "chelsea.png")
+    result = analyze_image(handle, picture, target="a photo of a cat")
+    current = SimpleNamespace(model="clip", result=result, model_label="clip", digest="chelsea",
+                              image_words="chelsea.png (crop)", target=(result.target, None),
+                              target_words=lambda: "prompt 'a photo of a cat'")
+    checks = sanity.SanityChecks(lambda key: handle, SessionStore(budget=2 ** 30))
+    made, strip, curves, rows, note = checks.run(current, None, None, None, Progress())
+    kept = made.slot.get()
+    assert kept.prompt == "a photo of a cat" and kept.target == len(handle.labels)
+    assert 0 <= kept.random_class < len(handle.labels)
+    label = handle.label(kept.random_class)
+    assert note.startswith(f"Ran {sanity.passes_of(handle.depth)} analysis passes for prompt 'a photo of a cat' of "
+                           "chelsea.png (crop).")
+    assert f"the map for zero-shot label {label!r} (#{kept.random_class})" in note and "ignores the prompt" in note
+    assert [row[0] for row in rows] == [paper_name(m) for m in SANITY_METHODS]
+    assert made.key == result_key(current)
+    assert all(torch.equal(v, before[k]) for k, v in handle.model.state_dict().items())

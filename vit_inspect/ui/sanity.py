@@ -1,9 +1,9 @@
 """The sanity checks of the page's maps, on demand (`studies.sanity.sanity_check`): the handler, its cancel flag
 and what it keeps, for the Faithfulness tab (`ui.tabs.faithfulness`), which shows them beside its scores.
 
-For the session's image and class, on the crop its pass saw: the cascading randomisation (the last block first,
-down to the patch embedding), the random-logit test and max-sensitivity and infidelity; no independent
-randomisation (one more pass per block). Every map of `SANITY_METHODS` is recomputed at each step by the
+For the session's image and class (or the prompt of a CLIP-style model), on the crop its pass saw: the cascading
+randomisation (the last block first, down to the patch embedding), the random-logit test and max-sensitivity and
+infidelity; no independent randomisation (one more pass per block). Every map of `SANITY_METHODS` is recomputed at each step by the
 one-pass code. The checks change the loaded model's weights in place for the length of the run and copy them
 back bit for bit afterwards, also when cancelled or failing; they run on the model-pass queue, like every
 event that reads the model, so no other event sees the randomised weights.
@@ -23,6 +23,7 @@ import gradio as gr
 import numpy as np
 
 from vit_inspect.core.errors import Cancelled, VitInspectError
+from vit_inspect.core.prompts import Prompt
 from vit_inspect.plots.faithfulness import paper_name
 from vit_inspect.plots.sanity import cascading_panel, similarity_panel
 from vit_inspect.studies.robustness import RobustnessSettings
@@ -47,7 +48,7 @@ def passes_of(depth: int, settings: SanitySettings = SETTINGS) -> int:
     return 1 + depth + 1 + (depth if settings.independent else 0) + int(settings.random_logit) + robustness
 
 
-def checks_of_crop(handle, rgb: np.ndarray, target: int, **options) -> ImageSanity:
+def checks_of_crop(handle, rgb: np.ndarray, target: int | Prompt, **options) -> ImageSanity:
     """`sanity_check` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that `zerogpu.gpu_pass`
     can run it on a lent GPU: the result holds numpy arrays only)."""
     pixels = handle.preprocess.normalize(rgb).to(handle.device)  # (1, 3, H, W)
@@ -117,16 +118,18 @@ class SanityChecks:
         result = current.result
         if result.target is None:
             raise VitInspectError("The sanity checks explain a class: this model has no classification head.")
-        if getattr(result, "prompt", None) is not None or getattr(result, "versus", None) is not None:
-            raise VitInspectError("The sanity checks explain a class of the model; they do not take a text prompt. "
-                                  "Choose a class to explain instead.")
+        if getattr(result, "versus", None) is not None:
+            raise VitInspectError("The sanity checks explain one prompt, not one versus another. Clear the versus "
+                                  "prompt, then run them.")
+        prompt = getattr(result, "prompt", None)
         handle = self.handle_of(current.model)
         session_id = getattr(request, "session_hash", None) or "anonymous"
         stop = self.running[session_id] = threading.Event()
         total = passes_of(handle.depth)
         progress(0, desc=f"Sanity checks: {total} analysis passes")
         try:
-            checks = self.run_checks(handle, result.rgb, result.target, cancelled=stop.is_set,
+            checks = self.run_checks(handle, result.rgb, result.target if prompt is None else prompt,
+                                     cancelled=stop.is_set,
                                      progress=lambda done, all_: progress((done, all_), unit="passes"))
         finally:
             if self.running.get(session_id) is stop:
@@ -139,22 +142,25 @@ class SanityChecks:
             slot.set(checks, nbytes)
         rows = table_rows(checks)
         verdicts = {row[0]: row[2] for row in rows}
-        label = handle.label(result.target)
+        target = f"prompt {prompt.text!r}" if prompt is not None else f"class {handle.label(result.target)!r}"
         upload = getattr(current, "image_words", "")
-        words = f"{public_name(handle.name)}, class {label!r} (#{result.target})" + (f", {upload}" if upload else "")
+        words = (f"{public_name(handle.name)}, {target}" + ("" if prompt is not None else f" (#{result.target})")
+                 + (f", {upload}" if upload else ""))
         strip = cascading_panel(result.rgb, checks, f"Cascading randomisation, the last block first — {words}. "
                                                     "Each map min-max normalised to its own range.")
         curves = similarity_panel(checks, f"Similarity to the trained model's map — {words}. Random logit: "
                                           f"{handle.label(checks.random_class)!r} (#{checks.random_class}).")
         robust = checks.settings.robustness
         passing = [row[0] for row in rows if row[2].startswith("passes")]
-        note = (f"Ran {total} analysis passes for class {label!r}" + (f" of {upload}" if upload else "") + ". "
+        other = ("zero-shot label " if prompt is not None else "class ") + \
+            f"{handle.label(checks.random_class)!r} (#{checks.random_class})"
+        note = (f"Ran {total} analysis passes for {target}" + (f" of {upload}" if upload else "") + ". "
                 f"A map **passes the randomisation test** when its Spearman rank correlation ρ with the trained "
                 f"model's map, once every block and the patch embedding are re-drawn by the model's own "
                 f"initialiser (seed {checks.settings.seed}; the head kept), is below {PASS_THRESHOLD}: "
-                f"{len(passing)} of {len(rows)} maps pass. Random logit: the map for class "
-                f"{handle.label(checks.random_class)!r} (#{checks.random_class}), drawn at random with the seed; "
-                "ρ near 1 means the map ignores the class (raw attention and rollout have none). "
+                f"{len(passing)} of {len(rows)} maps pass. Random logit: the map for {other}, drawn at random "
+                f"with the seed; ρ near 1 means the map ignores the {'prompt' if prompt is not None else 'class'} "
+                "(raw attention and rollout have none). "
                 f"Max-sensitivity: the largest relative change of the map over {robust.sensitivity_samples} "
                 f"inputs with uniform noise of ±{robust.radius} on the 0–1 pixel scale (0 = stable); infidelity: "
                 f"{robust.infidelity_samples} random removals of each patch with probability "
