@@ -452,3 +452,20 @@ def test_a_100_kb_prompt_is_refused_before_the_app_with_a_sentence(clip_server):
     refused = httpx.post(client.src.rstrip("/") + "/gradio_api/queue/join", json=payload, timeout=30)
     assert refused.status_code in (400, 413)
     assert refused.json()["detail"] == "A text in the request is longer than 65,536 characters."
+
+
+def test_the_sanity_checks_of_a_prompt_through_the_served_app(clip_server):
+    """The prompt typed in the page is what the sanity checks explain; a versus prompt gets a sentence."""
+    client = Client(clip_server.url, verbose=False)
+    analyze(client)
+    inputs = [None] * len(dependency(client, "sanity_checks")["inputs"])
+    assert queue_messages(client, "set_prompt", prompt_data(client, "a photo of a cat", "a photo of a dog"))[-1][
+        "success"]
+    refused = queue_call(client, "sanity_checks", inputs)
+    assert refused["success"] is False and error_of(refused).startswith("The sanity checks explain one prompt")
+    assert queue_messages(client, "set_prompt", prompt_data(client, "a photo of a cat"))[-1]["success"]
+    answer = queue_call(client, "sanity_checks", inputs)
+    assert answer["success"], error_of(answer)
+    note = next(value for value in answer["output"]["data"] if isinstance(value, str) and value.startswith("Ran "))
+    assert "for prompt 'a photo of a cat'" in note and "the map for zero-shot label '" in note
+    assert "ignores the prompt" in note
