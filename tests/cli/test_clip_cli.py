@@ -112,3 +112,35 @@ def test_sanity_takes_one_prompt_not_a_versus(capsys, clip_args):
     assert code == 1 and out == "" and "--versus is not supported" in err and len(err.strip().splitlines()) == 1
     code, out, err = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a cat\x1b[2J", *clip_args)
     assert code == 1 and out == "" and "U+001B" in err and len(err.strip().splitlines()) == 1
+
+
+def test_evaluate_sanity_takes_a_prompt_and_equals_the_per_image_checks(capsys, tmp_path, clip_args):
+    from vit_inspect.core.load import load_model
+    from vit_inspect.core.open_clip_models import with_zero_shot
+    from vit_inspect.jobs.sanity import SanityJob
+    from vit_inspect.studies.sanity import SanityAccumulator, SanitySettings, sanity_check
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for photo in (CHELSEA, COFFEE):
+        (folder / photo.name).write_bytes(photo.read_bytes())
+    code, out, err = _run(capsys, "evaluate", str(folder), "--sanity", "--prompt", "a photo of a cat", "--methods",
+                          "attention,gradcam", "--no-independent", "--out", str(tmp_path / "ev"), *clip_args)
+    assert code == 0, err
+    table = json.loads((tmp_path / "ev" / "sanity.json").read_text())
+    assert table["target"] == {"prompt": "a photo of a cat"} and table["images"] == 2
+    assert table["settings"]["random_class"] == "drawn with the seed among the zero-shot labels"
+    weights = clip_args[clip_args.index("--weights") + 1]
+    handle = with_zero_shot(load_model(f"open_clip:{TINY_CLIP}", weights=weights, device="cpu"), ["cat", "dog", "coffee"])
+    settings = SanitySettings(independent=False, robustness=None)
+    job = SanityJob.for_handle(handle, ("attention", "gradcam"), settings, device="cpu", prompt="a photo of a cat")
+    assert job.open().handle.labels == ("cat", "dog", "coffee")  # a worker rebuilds the zero-shot list
+    loop = SanityAccumulator()
+    for photo in (CHELSEA, COFFEE):
+        loop.add(sanity_check(handle, photo, ("attention", "gradcam"), target="a photo of a cat", settings=settings))
+    mean, _, _ = loop.table()["cascading"]["gradcam"]
+    got = [step["spearman"]["mean"] for step in table["methods"]["gradcam"]["cascading"]]
+    np.testing.assert_allclose(got, np.round(mean[:, 0], 6), atol=1e-6)
+    code, _, err = _run(capsys, "evaluate", str(folder), "--sanity", "--prompt", "a cat", "--versus", "a dog",
+                        *clip_args)
+    assert code == 1 and "--versus is not supported" in err

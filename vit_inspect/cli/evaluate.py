@@ -9,8 +9,9 @@ the workers write under `OUT/evaluate/curves/`), the table (`table.json`, `table
 AUCs (`per_image.csv`) under `--out`; with `--out` a rerun skips the shards already done.
 
 `--sanity` runs `jobs.sanity.SanityJob` on the same engines: per image the randomisation tests (cascading and,
-unless `--no-independent`, independent) and the random-logit test for the predicted class (`--robustness`
-adds max-sensitivity and infidelity), summed into mean ± s.e. per method, test and step; it prints the
+unless `--no-independent`, independent) and the random-logit test for the predicted class, or for the text
+prompt of `--prompt` (OpenCLIP models; its random logit a zero-shot label) (`--robustness` adds max-sensitivity
+and infidelity), summed into mean ± s.e. per method, test and step; it prints the
 summary table and the Spearman per cascading step, and writes `sanity.json` and `sanity.csv` under `--out`.
 Labels only select files here.
 """
@@ -84,12 +85,12 @@ def run(args: argparse.Namespace) -> None:
         raise VitInspectError("No labelled images found: file names in the folder must match the labels file."
                               if args.labels else f"No images found under {args.folder!r}.")
     prompt, versus = targets(args)
-    if args.sanity and prompt is not None:
-        raise VitInspectError("The sanity checks explain a class: --prompt is not supported with --sanity.")
+    if args.sanity and versus is not None:
+        raise VitInspectError("The sanity checks explain one prompt; --versus is not supported with --sanity.")
     handle = with_prompt_options(load_model(args.model, weights=args.weights, device=args.device,
                                             model_file=args.model_file), args)
     if args.sanity:
-        run_sanity(args, handle, methods, files)
+        run_sanity(args, handle, methods, files, prompt)
         return
     settings = PerturbationSettings(removal=args.removal)
     out = Path(args.out) if args.out else None
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> None:
             writer.writerows(rows)
 
 
-def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files: list[Path]) -> None:
+def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files: list[Path],
+               prompt: str | None = None) -> None:
     """`--sanity`: `jobs.sanity.SanityJob` on the engine chosen; the two tables, `sanity.json`, `sanity.csv`."""
     from vit_inspect.jobs.sanity import (SanityJob, SanityWorker, format_sanity_table, format_steps_table, table_record,
                                         write_sanity_csv)
@@ -135,7 +137,8 @@ def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files
 
     settings = SanitySettings(seed=args.seed, independent=not args.no_independent,
                               robustness=robustness_settings(args) if args.robustness else None)
-    job = SanityJob.for_handle(handle, methods, settings, device=args.device, model_file=args.model_file)
+    job = SanityJob.for_handle(handle, methods, settings, device=args.device, model_file=args.model_file,
+                               prompt=prompt)
     worker = SanityWorker(handle, job) if args.engine == "local" else None
     result, _ = run_job(job, files, args.engine, engine_options(args, batch_size=args.images_per_batch),
                         progress=progress, worker=worker)
@@ -150,8 +153,10 @@ def run_sanity(args: argparse.Namespace, handle, methods: tuple[str, ...], files
         robustness = settings.robustness
         record = {"model": handle.name, "weights": Path(handle.weights).name, "engine": args.engine,
                   "settings": {"seed": settings.seed, "independent": settings.independent,
-                               "random_class": "drawn with the seed among the other classes",
+                               "random_class": ("drawn with the seed among the other classes" if prompt is None
+                                                else "drawn with the seed among the zero-shot labels"),
                                "robustness": None if robustness is None else vars(robustness)},
+                  "target": None if prompt is None else {"prompt": prompt},
                   "skipped": [name for name, _ in result.skipped], **record}
         (out / "sanity.json").write_text(json.dumps(record, indent=1))
         write_sanity_csv(record, out / "sanity.csv")

@@ -33,10 +33,10 @@ class SanityWorker:
 
     def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """`SanityAccumulator.state()` of the batch, as `Sums`: `sanity_check` of each image for its
-        predicted class."""
+        predicted class, or for the job's prompt."""
         accumulator = SanityAccumulator()
         for rgb in images:
-            accumulator.add(sanity_check(self.handle, Image.fromarray(rgb), self.job.methods,
+            accumulator.add(sanity_check(self.handle, Image.fromarray(rgb), self.job.methods, target=self.job.prompt,
                                          settings=self.job.settings))
         return Sums(*accumulator.state())
 
@@ -53,7 +53,9 @@ class FolderSanity:
 @dataclass(frozen=True)
 class SanityJob:
     """Sanity checks of `methods` (see `studies.sanity.SANITY_METHODS`) over a folder, each image for the
-    class its trained model predicts; `finalize` gives mean ± s.e. per method, test and step."""
+    class its trained model predicts, or for one text prompt of a CLIP-style model (``prompt``, with the model's
+    zero-shot list, from which each image's random logit is drawn); `finalize` gives mean ± s.e. per method,
+    test and step."""
 
     model: str  # timm name, HF id or folder, as `load_model` takes it
     weights: str | None  # weights file; must exist at this path on every worker
@@ -63,16 +65,23 @@ class SanityJob:
     depth: int  # blocks of the model, for the table's steps
     settings: SanitySettings = SanitySettings(robustness=None)
     name: str = "sanity"
+    prompt: str | None = None  # OpenCLIP: explain this text prompt's similarity instead of a class
+    zero_shot: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # OpenCLIP: (labels, templates) of the list
 
     @classmethod
     def for_handle(cls, handle: ViTHandle, methods: tuple[str, ...], settings: SanitySettings,
-                   device: str | None = None, model_file: str | None = None) -> SanityJob:
-        """The job for the model `handle` holds, loadable by any worker."""
+                   device: str | None = None, model_file: str | None = None, prompt: str | None = None) -> SanityJob:
+        """The job for the model `handle` holds (its zero-shot list too), loadable by any worker."""
         model, weights = model_source(handle)
-        return cls(model, weights, device, absolute_model_file(model_file), tuple(methods), handle.depth, settings)
+        zero_shot = None if handle.clip is None else (handle.clip.labels, handle.clip.templates)
+        return cls(model, weights, device, absolute_model_file(model_file), tuple(methods), handle.depth, settings,
+                   prompt=prompt, zero_shot=zero_shot)
 
     def open(self) -> SanityWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
+        if self.zero_shot is not None:
+            from vit_inspect.core.open_clip_models import with_zero_shot
+            handle = with_zero_shot(handle, *self.zero_shot)
         return SanityWorker(handle, self)
 
     def merge(self, a: Sums, b: Sums) -> Sums:
