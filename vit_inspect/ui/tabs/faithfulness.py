@@ -168,9 +168,10 @@ def layout() -> FaithfulnessView:
         scored = gr.State(None)
         gr.Markdown("**Does the map depend on the model, and on the class?** Sanity checks (Adebayo et al. 2018; "
                     "Sixt et al. 2020; Yeh et al. 2019): the model's blocks are re-drawn at random, the last one "
-                    "first, down to the patch embedding, and every map is recomputed for the same class; a map "
-                    "that stays alike explains the image, not the model. Then the map for a random other class, "
-                    "and the maps of slightly noisy inputs. The weights are restored afterwards.",
+                    "first, down to the patch embedding, and every map is recomputed for the same class (or prompt); "
+                    "a map that stays alike explains the image, not the model. Then the map for a random other "
+                    "class (a zero-shot label, for a prompt), and the maps of slightly noisy inputs. The weights "
+                    "are restored afterwards.",
                     elem_id="sanity-intro")
         with gr.Row():
             sanity_button = gr.Button(f"{sanity.PRESS} (25 analysis passes for 12 blocks)", variant="primary",
