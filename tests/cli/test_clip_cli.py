@@ -107,6 +107,16 @@ def test_sanity_with_a_prompt_records_it_and_names_it_in_the_figures(capsys, tmp
     assert code == 0 and table.startswith("chelsea.png: prompt 'a photo of a cat', random logit: ")
 
 
+def test_sanity_of_a_class_of_a_clip_model_records_the_class(capsys, clip_args):
+    code, out, err = _run(capsys, "sanity", str(CHELSEA), "--target", "1", "--random-class", "2", "--methods",
+                          "gradcam", "--no-robustness", "--no-independent", "--json", *clip_args)
+    assert code == 0, err
+    record = json.loads(out.strip().splitlines()[-1])
+    assert record["target"] == {"index": 1, "label": "dog"} and record["random_class"] == {"index": 2, "label": "coffee"}
+    code, _, err = _run(capsys, "sanity", str(CHELSEA), "--target", "1", "--prompt", "a cat", *clip_args)
+    assert code == 1 and "replaces --target" in err
+
+
 def test_sanity_takes_one_prompt_not_a_versus(capsys, clip_args):
     code, out, err = _run(capsys, "sanity", str(CHELSEA), "--prompt", "a cat", "--versus", "a dog", *clip_args)
     assert code == 1 and out == "" and "--versus is not supported" in err and len(err.strip().splitlines()) == 1

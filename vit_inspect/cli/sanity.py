@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> None:
     if unknown:
         raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
     settings = settings_of(args)
-    prompt, versus = targets(args)
+    target, versus = targets(args)  # the prompt, or the class index of --target; checked against each other
     if versus is not None:
         raise VitInspectError("The sanity checks explain one prompt; --versus is not supported with sanity.")
     files = find_images(args.images)
@@ -92,11 +92,11 @@ def run(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
     for path, stem in zip(files, figure_stems(files)):
         picture = load_image(path)
-        result = sanity_check(handle, picture, methods, target=prompt if prompt is not None else args.target,
-                              settings=settings,
+        result = sanity_check(handle, picture, methods, target=target, settings=settings,
                               progress=progress_line(f"{path.name}: {{done}}/{{total}} passes"))
         head = {"image": str(path), "model": handle.name, "weights": Path(handle.weights).name,
-                "target": target_record(handle, result.target, None if prompt is None else Prompt(result.prompt)),
+                "target": target_record(handle, result.target,
+                                        None if result.prompt is None else Prompt(result.prompt)),
                 "random_class": class_record(handle, result.random_class),
                 "settings": {"seed": settings.seed, "independent": settings.independent,
                              "robustness": None if settings.robustness is None else asdict(settings.robustness),
