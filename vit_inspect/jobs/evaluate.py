@@ -18,7 +18,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.engine import Skipped, Sums
-from vit_inspect.jobs.workers import absolute_model_file, model_source
+from vit_inspect.jobs.workers import ZeroShot, absolute_model_file, model_source, with_job_zero_shot, zero_shot_of
 from vit_inspect.studies.faithfulness import (DEFAULT_BATCH_SIZE, FaithfulnessAccumulator, ImageFaithfulness,
                                               evaluate_image)
 
@@ -90,7 +90,7 @@ class EvaluateJob:
     curves_dir: str | None = None  # folder for each image's curves (`write_image_curves`); shared on a cluster
     prompt: str | None = None  # OpenCLIP: explain and score this text prompt's similarity instead of a class
     versus: str | None = None  # with `prompt`: the prompt it is compared with
-    zero_shot: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # OpenCLIP: (labels, templates) of the list
+    zero_shot: ZeroShot | None = None  # OpenCLIP: (labels, templates) of the list (`workers.zero_shot_of`)
     name: str = "evaluate"
 
     @classmethod
@@ -99,16 +99,13 @@ class EvaluateJob:
                    **options) -> EvaluateJob:
         """The job for the model `handle` holds, loadable by any worker; `labels` only of the files to run."""
         model, weights = model_source(handle)
-        zero_shot = None if handle.clip is None else (handle.clip.labels, handle.clip.templates)
         return cls(model, weights, device, absolute_model_file(model_file), tuple(sorted(labels.items())),
                    tuple(methods), curves_dir=None if curves_dir is None else str(Path(curves_dir).resolve()),
-                   zero_shot=zero_shot, **options)
+                   zero_shot=zero_shot_of(handle), **options)
 
     def open(self) -> EvaluateWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
-        if self.zero_shot is not None:
-            from vit_inspect.core.open_clip_models import with_zero_shot
-            handle = with_zero_shot(handle, *self.zero_shot)
+        handle = with_job_zero_shot(handle, self.zero_shot)
         return EvaluateWorker(handle, self)
 
     def merge(self, a: Sums, b: Sums) -> Sums:

@@ -19,7 +19,7 @@ from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.engine import Skipped, Sums
-from vit_inspect.jobs.workers import absolute_model_file, model_source
+from vit_inspect.jobs.workers import ZeroShot, absolute_model_file, model_source, with_job_zero_shot, zero_shot_of
 from vit_inspect.studies.sanity import (PASS_THRESHOLD, SIMILARITIES, SanityAccumulator, SanitySettings, sanity_check,
                                         steps_of)
 
@@ -66,22 +66,19 @@ class SanityJob:
     settings: SanitySettings = SanitySettings(robustness=None)
     name: str = "sanity"
     prompt: str | None = None  # OpenCLIP: explain this text prompt's similarity instead of a class
-    zero_shot: tuple[tuple[str, ...], tuple[str, ...]] | None = None  # OpenCLIP: (labels, templates) of the list
+    zero_shot: ZeroShot | None = None  # OpenCLIP: (labels, templates) of the list (`workers.zero_shot_of`)
 
     @classmethod
     def for_handle(cls, handle: ViTHandle, methods: tuple[str, ...], settings: SanitySettings,
                    device: str | None = None, model_file: str | None = None, prompt: str | None = None) -> SanityJob:
         """The job for the model `handle` holds (its zero-shot list too), loadable by any worker."""
         model, weights = model_source(handle)
-        zero_shot = None if handle.clip is None else (handle.clip.labels, handle.clip.templates)
         return cls(model, weights, device, absolute_model_file(model_file), tuple(methods), handle.depth, settings,
-                   prompt=prompt, zero_shot=zero_shot)
+                   prompt=prompt, zero_shot=zero_shot_of(handle))
 
     def open(self) -> SanityWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
-        if self.zero_shot is not None:
-            from vit_inspect.core.open_clip_models import with_zero_shot
-            handle = with_zero_shot(handle, *self.zero_shot)
+        handle = with_job_zero_shot(handle, self.zero_shot)
         return SanityWorker(handle, self)
 
     def merge(self, a: Sums, b: Sums) -> Sums:

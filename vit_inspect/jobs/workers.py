@@ -21,6 +21,24 @@ def model_source(handle: ViTHandle) -> tuple[str, str | None]:
     return model, weights
 
 
+ZeroShot = tuple[tuple[str, ...], tuple[str, ...]]  # (labels, templates) of an OpenCLIP model's zero-shot list
+
+
+def zero_shot_of(handle: ViTHandle) -> ZeroShot | None:
+    """The zero-shot list `handle` holds (OpenCLIP models), for a job to give its workers; None otherwise."""
+    return None if handle.clip is None else (handle.clip.labels, handle.clip.templates)
+
+
+def with_job_zero_shot(handle: ViTHandle, zero_shot: ZeroShot | None) -> ViTHandle:
+    """A worker's freshly loaded `handle` with the job's zero-shot list (`zero_shot_of`), so that its labels and
+    the columns they give are the caller's."""
+    if zero_shot is None:
+        return handle
+    from vit_inspect.core.open_clip_models import with_zero_shot
+
+    return with_zero_shot(handle, *zero_shot)
+
+
 def absolute_model_file(model_file: str | None) -> str | None:
     """A `--model-file` reference with its file made absolute, for workers in other folders."""
     if model_file is None:
