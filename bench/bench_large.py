@@ -262,6 +262,10 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
     }
     if cuda:
         out["peak_gpu_MB"] = torch.cuda.max_memory_allocated() / MB
+        for name in ("floor", "analysis") if handle.has_head else ("forward", "analysis"):  # each one's own peak
+            torch.cuda.reset_peak_memory_stats()
+            candidates[name]()
+            out[f"peak_gpu_{name}_MB"] = torch.cuda.max_memory_allocated() / MB
     return out
 
 
@@ -274,6 +278,9 @@ HEADERS = ("model, input", "design", "tokens N", "kept per image", "peak RSS (or
 def table_row(r: dict) -> list:
     """One row of the table from a worker's raw result."""
     peak = f"{r['peak_gpu_MB']:.0f} MB GPU" if "peak_gpu_MB" in r else f"{r['peak_rss_MB'] / 1e3:.2f} GB"
+    if "peak_gpu_analysis_MB" in r:  # the pass's own peak beside its baseline's (the floor, or a forward)
+        base = r.get("peak_gpu_floor_MB", r.get("peak_gpu_forward_MB"))
+        peak = f"{r['peak_gpu_analysis_MB']:.0f} MB GPU (baseline {base:.0f} MB)"
     versus = (f"{r['analysis_fwdbwd_ratio']:.2f} ÷ fwd+bwd, {r['analysis_ratio']:.2f} ÷ fwd+input bwd"
               if r["floor_s"] is not None else f"{r['analysis_ratio']:.2f} ÷ fwd (no head)")
     spilled = f" (+ {r['spilled_MB']:.0f} MB of maps on disk)" if r.get("spilled_MB") else ""
@@ -347,6 +354,7 @@ def main() -> None:
                 print(f"{key} {design}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
                 continue
             raw.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"raw: {json.dumps(raw[-1])}", file=sys.stderr, flush=True)  # kept in a log if the run is cut
             rows.append(table_row(raw[-1]))
             print(f"done: {key} {design}", file=sys.stderr, flush=True)
     context = run_context()
