@@ -84,3 +84,31 @@ def test_a_result_copied_once_equals_the_models_own_maps(monkeypatch):
     rebuilt = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
     assert rebuilt.mode == "qk16" and rebuilt.queries.dtype == np.float16
     assert np.abs(rebuilt.stack().astype(np.float32) - model_maps).max() <= attention_store.TOLERANCE
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_float16_store_leaves_the_device_as_one_array(monkeypatch, device):
+    """Every layer's float16 Q and K are written into one device array as the check passes them, so the store
+    is that array copied once (queries and keys its two halves), with no stacked copy made beside the layers'
+    own; its values are each layer's recorded Q and K rounded once to float16."""
+    from vit_inspect.passes.capture import capture_attention
+
+    monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+    handle = _handle(3, 10, device)
+    store = analyze_image(handle, _image(), input_size=(32, 32), relevance=False).attention_store
+    assert store.mode == "qk16" and store.queries.shape == store.keys.shape == (3, 2, 17, 16)
+    assert store.queries.base is not None and store.queries.base is store.keys.base  # one copy, two halves
+    recorded = {}
+    hooks = [block.attn.qkv.register_forward_hook(lambda m, a, out, i=i: recorded.__setitem__(i, out.detach()))
+             for i, block in enumerate(handle.model.blocks)]
+    try:
+        pixels = handle.preprocess.apply(_image(), (32, 32))[0].to(handle.device)
+        with torch.no_grad(), capture_attention(handle):
+            handle.forward(pixels)
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer, qkv in recorded.items():  # timm's fused qkv: (1, N, 3 * heads * d) -> q, k as (heads, N, d)
+        q, k, _ = qkv[0].reshape(17, 3, 2, 16).permute(1, 2, 0, 3).float().cpu()
+        np.testing.assert_array_equal(store.queries[layer], q.to(torch.float16).numpy())
+        np.testing.assert_array_equal(store.keys[layer], k.to(torch.float16).numpy())

@@ -138,6 +138,11 @@ class LayerStream:
         self.queries: list[torch.Tensor | None] = [None] * self.depth
         self.keys: list[torch.Tensor | None] = [None] * self.depth
         self.maps: list[torch.Tensor | None] = [None] * self.depth  # kept only for layers that failed the check
+        # (2, depth, heads, N, d) float16 on the device, made on the first layer that passes in float16: every
+        # such layer's Q and K are written into it, so `store` copies it to the host as is, with no stacked
+        # copy beside the layers' own on the device (for DINOv2-L/14 at 518 that copy was 135 MB of peak memory)
+        self._qk16: torch.Tensor | None = None
+        self._in_qk16: set[int] = set()
         self.errors = np.zeros(self.depth)
         # per layer, image 0: sum_j a_ij d_ij and sum_j a_ij over patch keys j, (heads, P) float32 each
         self._distance_sums: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.depth
@@ -310,7 +315,21 @@ class LayerStream:
             self.errors[entry.layer] = error
             if error <= self.tolerance:
                 passed.add(entry.layer)
-                self.queries[entry.layer], self.keys[entry.layer] = queries[i], keys[i]
+                self.queries[entry.layer], self.keys[entry.layer] = self._keep(entry.layer, queries[i], keys[i])
+
+    def _keep(self, layer: int, queries: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A passed layer's rounded Q and K as kept: float16 ones copied into `_qk16` (views of it returned),
+        others (float32, or a shape the buffer does not have) as given."""
+        if queries.dtype != torch.float16:
+            return queries, keys
+        if self._qk16 is None:
+            self._qk16 = torch.empty((2, self.depth, *queries.shape), dtype=torch.float16, device=queries.device)
+        if tuple(self._qk16.shape[2:]) != tuple(queries.shape) or self._qk16.device != queries.device:
+            return queries, keys
+        self._qk16[0, layer].copy_(queries)
+        self._qk16[1, layer].copy_(keys)
+        self._in_qk16.add(layer)
+        return self._qk16[0, layer], self._qk16[1, layer]
 
     def _distance_sums_of(self, maps: torch.Tensor, first: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(heads, N, N) float32 probabilities -> ((heads, P) sum_j a_ij d_ij, (heads, P) sum_j a_ij) over patch
@@ -363,11 +382,18 @@ class LayerStream:
                     for i, m in enumerate(self.maps)]
             stacked = torch.stack(maps).cpu().numpy()
             self.queries, self.keys, self.maps = [None] * self.depth, [None] * self.depth, [None] * self.depth
+            self._qk16, self._in_qk16 = None, set()
             return AttentionStore("maps", None, None, None, stacked, max_error)
         half = all(q.dtype == torch.float16 for q in self.queries)
         dtype = torch.float16 if half else torch.float32
         scale = np.array([found[3] for found in self.modules], dtype=np.float64)
         spill = self.spill if self.spill is not None and self.spill.finish() else None  # all layers written
-        queries, keys = torch.stack(self.queries).to(dtype).cpu().numpy(), torch.stack(self.keys).to(dtype).cpu().numpy()
-        self.queries, self.keys = [None] * self.depth, [None] * self.depth  # the device copies go before the backward
+        if half and len(self._in_qk16) == self.depth:  # every layer already in one device array: copied as is
+            both = self._qk16.cpu().numpy()
+            queries, keys = both[0], both[1]
+        else:
+            queries = torch.stack(self.queries).to(dtype).cpu().numpy()
+            keys = torch.stack(self.keys).to(dtype).cpu().numpy()
+        # the device copies go before the backward
+        self.queries, self.keys, self._qk16, self._in_qk16 = [None] * self.depth, [None] * self.depth, None, set()
         return AttentionStore("qk16" if half else "qk32", queries, keys, scale, None, max_error, spill)
