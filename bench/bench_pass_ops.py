@@ -6,8 +6,8 @@ The baseline is the floor of a model with a head (a plain forward + an input-onl
 ``relevance=False``, the app's spill folder on the CPU), and each operator's self time per call of the
 whole is compared: the rows with the largest difference say which work the pass adds (materialised attention,
 reductions, copies) and which it saves (the fused attention kernel, the input's convolution backward). On a GPU
-each operator's kernel time is given beside its CPU time (launches, and host-side work), and operators are
-ranked by the GPU's. Self times add up to the time spent in operators; what the wall time holds beyond them is
+each operator's kernel time (the kernels and copies it launched) is given beside its CPU time (launches,
+and host-side work), and operators are ranked by the GPU's. Self times add up to the time spent in operators; what the wall time holds beyond them is
 Python and waiting (device synchronisation on a GPU, other threads). Wall times are medians of ``--repeats`` calls timed
 without the profiler, interleaved.
 
@@ -33,9 +33,10 @@ def op_times(run, repeats: int, cuda: bool) -> dict[str, tuple[float, float]]:
     with profile(activities=activities) as prof:
         for _ in range(repeats):
             run()
+    # operators only: a kernel's or a copy's own event repeats the GPU time its operator already counts
     return {event.key: (event.self_cpu_time_total / 1e3 / repeats,
                         getattr(event, "self_device_time_total", 0.0) / 1e3 / repeats if cuda else 0.0)
-            for event in prof.key_averages()}
+            for event in prof.key_averages() if event.device_type == torch.autograd.DeviceType.CPU}
 
 
 def bench_model(key: str, repeats: int, top: int, device: str) -> list[list[object]]:
