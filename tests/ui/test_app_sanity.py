@@ -48,6 +48,20 @@ class Progress:
                 self.on_pass(len(self.passes))
 
 
+def test_the_buttons_count_is_the_passes_run_for_any_depth():
+    """The button promises a fixed count plus some per block; a model of 2 blocks runs exactly that many."""
+    import re
+
+    fixed, per_block = map(int, re.fullmatch(r"Run the sanity checks \((\d+) analysis passes \+ (\d+) per block\)",
+                                             sanity.press_label()).groups())
+    assert (fixed, per_block) == (13, 1) and fixed + 12 * per_block == sanity.passes_of(12) == 25
+    handle = tiny_handle("cls")
+    progress = Progress()
+    sanity.SanityChecks(lambda key: handle, SessionStore(budget=2 ** 30)).run(_session(handle), None, None, None,
+                                                                             progress)
+    assert handle.depth == 2 and progress.passes[-1] == (fixed + 2 * per_block,) * 2
+
+
 def test_the_handler_runs_keeps_and_restores():
     handle = tiny_handle("cls")
     store = SessionStore(budget=2 ** 30)

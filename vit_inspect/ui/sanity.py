@@ -48,6 +48,12 @@ def passes_of(depth: int, settings: SanitySettings = SETTINGS) -> int:
     return 1 + depth + 1 + (depth if settings.independent else 0) + int(settings.random_logit) + robustness
 
 
+def press_label(settings: SanitySettings = SETTINGS) -> str:
+    """The button's words, true for a model of any depth: `passes_of` is a fixed count plus some per block."""
+    fixed, per_block = passes_of(0, settings), passes_of(1, settings) - passes_of(0, settings)
+    return f"{PRESS} ({fixed} analysis passes + {per_block} per block)"
+
+
 def checks_of_crop(handle, rgb: np.ndarray, target: int | Prompt, **options) -> ImageSanity:
     """`sanity_check` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that `zerogpu.gpu_pass`
     can run it on a lent GPU: the result holds numpy arrays only)."""

@@ -174,7 +174,7 @@ def layout() -> FaithfulnessView:
                     "are restored afterwards.",
                     elem_id="sanity-intro")
         with gr.Row():
-            sanity_button = gr.Button(f"{sanity.PRESS} (25 analysis passes for 12 blocks)", variant="primary",
+            sanity_button = gr.Button(sanity.press_label(), variant="primary",
                                       elem_id="sanity-run")
             sanity_cancel = gr.Button("Cancel", elem_id="sanity-cancel")
         sanity_strip = OutputImage(label="Cascading randomisation", elem_id="sanity-strip", **FIGURE_OUT)
