@@ -6,10 +6,10 @@ The baseline is the floor of a model with a head (a plain forward + an input-onl
 ``relevance=False``, the app's spill folder on the CPU), and each operator's self time per call of the
 whole is compared: the rows with the largest difference say which work the pass adds (materialised attention,
 reductions, copies) and which it saves (the fused attention kernel, the input's convolution backward). On a GPU
-each operator's kernel time (the kernels and copies it launched) is given beside its CPU time (launches,
-and host-side work), and operators are ranked by the GPU's. Self times add up to the time spent in operators; what the wall time holds beyond them is
-Python and waiting (device synchronisation on a GPU, other threads). Wall times are medians of ``--repeats`` calls timed
-without the profiler, interleaved.
+each operator's kernel time (the kernels and copies it launched) is given beside its CPU time (launches, and
+host-side work), and operators are ranked by the GPU's. Self times add up to the time spent in operators; what
+the wall time holds beyond them is Python and waiting (device synchronisation on a GPU, other threads). Wall
+times are medians of ``--repeats`` calls timed without the profiler, interleaved.
 
     python -m bench.bench_pass_ops [--models deit_ti_224 dinov2l_518] [--repeats 3] [--top 12] [--threads 2]
                                    [--device cuda]

@@ -140,7 +140,8 @@ class LayerStream:
         self.maps: list[torch.Tensor | None] = [None] * self.depth  # kept only for layers that failed the check
         # (2, depth, heads, N, d) float16 on the device, made on the first layer that passes in float16: every
         # such layer's Q and K are written into it, so `store` copies it to the host as is, with no stacked
-        # copy beside the layers' own on the device (for DINOv2-L/14 at 518 that copy was 135 MB of peak memory)
+        # copy beside the layers' own on the device (135 MB for DINOv2-L/14 at 518; on an H100 the peak of
+        # ViT-L/16 at 384's pass fell 32 MB without it)
         self._qk16: torch.Tensor | None = None
         self._in_qk16: set[int] = set()
         self.errors = np.zeros(self.depth)
