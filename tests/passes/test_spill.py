@@ -116,15 +116,54 @@ def test_reads_leave_nothing_mapped_and_take_the_rows_asked_for(tmp_path):
     assert spill.rows(0, [1], "sum") is None and spill.layer(0, "max") is None
 
 
-def test_a_spill_file_goes_with_its_last_reference(tmp_path):
-    folder = SpillFolder(10 ** 6, root=tmp_path)
+def test_a_released_spills_file_is_kept_for_the_next_spill_of_its_size(tmp_path):
+    """The last reference gone, the file stays (renamed) and counts toward the budget; the next spill of the
+    same size overwrites it in place and serves only what its own pass wrote; a half-written one is never
+    served; files kept for reuse go first when room is needed, and with the folder."""
+    folder = SpillFolder(4 * 64, root=tmp_path)
     spill = filled(folder, 0.5)
     path = spill.path
+    inode = path.stat().st_ino
     with pytest.raises(TypeError, match="does not pickle"):
         pickle.dumps(spill)
     del spill
     gc.collect()
-    assert not path.exists() and folder.used == 0 and len(folder) == 0
+    assert not path.exists() and len(folder) == 0 and folder.used == folder.reusable == 64
+    assert [p.name for p in folder.path.iterdir()] == ["free-0.planes"]
+
+    again = folder.reserve(SHAPE)  # the same file, overwritten
+    assert again.path.stat().st_ino == inode and folder.reusable == 0 and folder.used == 64
+    assert again.layer(0, "sum") is None  # the earlier image's bytes are there, but not served
+    again.write(0, planes(0.25))
+    again.write(1, planes(0.75))
+    assert again.finish()
+    assert again.layer(0, "sum")[0, 0] == 0.25 and again.layer(1, "min")[1, 1] == 0.75
+    assert [p.name for p in folder.path.iterdir()] == [again.path.name]
+
+    half = folder.reserve(SHAPE)  # released half-written: kept for reuse too, never served
+    half.write(0, planes(1.0))
+    del half
+    gc.collect()
+    assert folder.reusable == 64 and len(folder) == 1
+    other = folder.reserve((2, 3, 3))  # another size, 144 bytes: 64 + 64 + 144 > 256, the kept file goes first
+    assert other is not None and again.alive and folder.reusable == 0 and folder.used == 64 + 144
+    folder.close()
+    assert not folder.path.exists() and folder.used == 0
+
+
+def test_a_spill_collected_while_its_folder_is_locked_is_released_later_without_waiting(tmp_path):
+    """A garbage collection can run a spill's finalizer inside the folder's own locked section (the same
+    thread): the release must not wait for the lock, and is done the next time the folder is used."""
+    folder = SpillFolder(10 ** 6, root=tmp_path)
+    spill = filled(folder, 0.5)
+    key = spill.key
+    with folder._lock:  # as inside `reserve`, when an allocation triggers a collection
+        del spill
+        gc.collect()  # the finalizer ran here, and returned at once
+        assert len(folder._spills) == 1 and list(folder._released) == [key]
+    assert len(folder) == 0 and folder.reusable == 64 and folder.used == 64
+    assert [p.name for p in folder.path.iterdir()] == [f"free-{key}.planes"]
+    folder.close()
 
 
 def test_which_models_spill():
