@@ -7,7 +7,8 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 - peak RSS of the process (ru_maxrss: model + one analysis), or peak GPU memory on CUDA;
 - analysis ÷ plain forward + backward (weight gradients too, what training does) and ÷ plain forward +
   input-only backward (the floor: no weight gradients), for models with a head; analysis ÷ plain forward
-  for models without one (no backward is run then);
+  for models without one (no backward is run then); for those on the CPU, this checkout's designs also time
+  the plain forward with its linear layers through oneDNN (`core.linear`), as the pass runs them;
 - slowest redraw ÷ plain forward: raw attention from the class token, the mean of patch rows and a
   patch, every head of a layer, the prefix-token shares, rollout with default and non-default options
   (every head fusion, both discard rules, a layer range), gradient rollout (vit-explain), and for this
@@ -232,6 +233,15 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
     rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     candidates = ({"forward": plain_forward} | ({"forward_backward": forward_backward, "floor": floor} if handle.has_head
                                                 else {}) | {"analysis": analysis})
+    try:  # this checkout's pass runs a model without a head with its linear layers through oneDNN on the CPU
+        from vit_inspect.core.linear import available, onednn_linears
+    except ImportError:  # another checkout, before that
+        available = None
+    if not cuda and not half and not handle.has_head and available is not None and available():
+        def forward_onednn():
+            with onednn_linears(model):
+                return plain_forward()
+        candidates = {"forward": plain_forward, "forward_onednn": forward_onednn, "analysis": analysis}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     timings = measure(candidates, repeats=repeats, warmup=1 if repeats > 1 else 0)
@@ -250,6 +260,7 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         "kept_MB": kept / MB, "rss_model_MB": rss_model / MB,
         "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB,
         "forward_s": forward, "floor_s": timings["floor"].median if handle.has_head else None,
+        "forward_onednn_s": timings["forward_onednn"].median if "forward_onednn" in timings else None,
         "analysis_s": timings["analysis"].median, "analysis_ratio": timings["analysis"].median / denominator,
         "analysis_fwdbwd_ratio": (timings["analysis"].median / timings["forward_backward"].median
                                   if handle.has_head else None),
@@ -288,7 +299,8 @@ def table_row(r: dict) -> list:
             f"{r['kept_MB']:.1f} MB{spilled}", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
             f"{versus} ({r['analysis_s']:.2f} s)",
             f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
-            f"{r['forward_s']:.3f} s"]
+            f"{r['forward_s']:.3f} s" + (f" ({r['forward_onednn_s']:.3f} s with oneDNN linear layers)"
+                                         if r.get("forward_onednn_s") else "")]
 
 
 def results_name(device: str, half: bool) -> str:

@@ -1,12 +1,12 @@
 """A ViT's linear layers on the CPU: torch's own float32 path (`torch.addmm`, the BLAS PyTorch was built
-with) against oneDNN's inner product (`passes.linear.onednn_linears`, what the pass without gradients runs),
+with) against oneDNN's inner product (`core.linear.onednn_linears`, what the pass without gradients runs),
 in one run.
 
-Shapes are the linear layers of one image's forward: (tokens, in) @ (in, out) for qkv, proj, fc1 and fc2 of
-DeiT-Ti/16 and ViT-B/16 at 224 (197 tokens), ViT-L/16 at 384 (577) and DINOv2-L/14 + 4 registers at 518
-(1,374). Random float32 values; both paths interleaved, medians; GFLOP/s counts 2·tokens·in·out. The last
+Shapes are the linear layers of a forward: (tokens, in) @ (in, out) for qkv, proj, fc1 and fc2 of
+DeiT-Ti/16 and ViT-B/16 at 224 (197 tokens an image; also batches of 32 and 8 images, as forwards without
+gradients run them), ViT-L/16 at 384 (577) and DINOv2-L/14 + 4 registers at 518 (1,374). Random float32 values; both paths interleaved, medians; GFLOP/s counts 2·tokens·in·out. The last
 column, per model, is its four layers' time through oneDNN ÷ through torch (weighted as a block runs them).
-Every layer goes through oneDNN here; the pass sends only calls of at least `passes.linear.ONEDNN_MIN_MACS`
+Every layer goes through oneDNN here; the pass sends only calls of at least `core.linear.ONEDNN_MIN_MACS`
 multiply-adds, the bound these ratios set.
 
     python -m bench.bench_linear [--repeats 15] [--threads 2]
@@ -18,15 +18,17 @@ import argparse
 import torch
 from torch import nn
 
-from vit_inspect.passes import linear
-from vit_inspect.passes.linear import onednn_linears
+from vit_inspect.core import linear
+from vit_inspect.core.linear import onednn_linears
 
 from .common import measure, print_header, report, set_threads
 
 # label -> (tokens, embed dim, MLP dim)
 MODELS = {
     "DeiT-Ti/16, 224": (197, 192, 768),
+    "DeiT-Ti/16, 224, a batch of 32": (32 * 197, 192, 768),  # as the faithfulness metrics' batches run it
     "ViT-B/16, 224": (197, 768, 3072),
+    "ViT-B/16, 224, a batch of 8": (8 * 197, 768, 3072),
     "ViT-L/16, 384": (577, 1024, 4096),
     "DINOv2-L/14 + 4 registers, 518": (1374, 1024, 4096),
 }

@@ -31,7 +31,6 @@ from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.gradient_rollouts import KEEP_FRACTION, gradient_rollouts
 from vit_inspect.passes.head_pass import HeadStatsStream, build_head_pass
 from vit_inspect.passes.layer_stream import LayerStream
-from vit_inspect.passes.linear import onednn_linears
 from vit_inspect.passes.relevance import relevance_rules
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder, worth_spilling
@@ -180,10 +179,8 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
                else None)
 
     # without gradients each layer's maps are reduced and dropped as the pass goes; with them, capture keeps
-    # the per-layer tensors for the backward (never a stacked copy). Without gradients on the CPU, the linear
-    # layers compute through oneDNN (`linear.onednn_linears`: 1.1-1.45x MKL's float32 GEMM on large layers)
+    # the per-layer tensors for the backward (never a stacked copy)
     with (torch.set_grad_enabled(use_grad), stream.hooks(),
-          onednn_linears(handle.model) if not use_grad and handle.device.type == "cpu" else nullcontext(),
           capture_attention(handle, activation_layers=layers, residual=True, keep_attention=use_grad,
                             on_attention=on_attention, rows=by_rows) as rec,
           (relevance_rules(handle) if relevance and use_grad else nullcontext()) as lrp,

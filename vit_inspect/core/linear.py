@@ -1,15 +1,16 @@
-"""Linear layers through oneDNN in a pass without gradients on the CPU.
+"""Linear layers through oneDNN in forwards without gradients on the CPU.
 
 A float32 `nn.Linear` on an x86 CPU runs `torch.addmm`, which calls the BLAS PyTorch was built with (MKL in
 the official wheels). oneDNN, which PyTorch ships beside it, computes the same y = x·Wᵀ + b (x: (..., in),
 W: (out, in), b: (out,) or none) in IEEE float32 with its own kernels; only the order of the float32 sums
 differs, so the two agree to float32 rounding (tested against a float64 product). Measured on the benches'
-AMD EPYC with two threads (`bench/bench_linear.py`, one block's four layers, oneDNN's time ÷ torch's):
-DINOv2-L/14 at 518 px (1,374 tokens) 0.79, ViT-B/16 at 224 0.87, ViT-L/16 at 384 1.01, and DeiT-Ti at 224
-1.17, where each call's fixed cost outweighs the product. So a call goes through oneDNN only from
-`ONEDNN_MIN_MACS` multiply-adds on (tokens × in × out: ViT-B/16's smallest layer has 116 million, DeiT-Ti's
-largest 29 million). The linear layers are most of a large model's forward (DINOv2-L/14 at 518 px: about 5 of
-7 s), so such a model's pass gains most of that.
+AMD EPYC with two threads (`bench/bench_linear.py`, one block's four layers, oneDNN's time ÷ torch's, two
+runs): DINOv2-L/14 at 518 px (1,374 tokens) 0.72-0.79, ViT-B/16 at 224 0.79-0.87 (a batch of 8 images 0.79),
+a batch of 32 DeiT-Ti images 0.84, ViT-L/16 at 384 1.01-1.02, and one DeiT-Ti image 1.17-1.23, where each
+call's fixed cost outweighs the product. So a call goes through oneDNN only from `ONEDNN_MIN_MACS`
+multiply-adds on (tokens × in × out: ViT-B/16's smallest layer has 116 million, one DeiT-Ti image's largest
+29 million). The linear layers are most of a large model's forward (DINOv2-L/14 at 518 px: about 5 of 7 s),
+so its pass gains most of that.
 
 `onednn_linears` routes a model's `nn.Linear` layers (that class itself, not subclasses) through oneDNN's
 inner product (`torch.ops.mkldnn._linear_pointwise`, the op PyTorch's own compiler uses for linear layers on
@@ -18,7 +19,8 @@ no CPU autocast, float32 tensors in PyTorch's ordinary layout on the CPU, a cont
 `ONEDNN_MIN_MACS` multiply-adds, and oneDNN available, enabled and left at its IEEE float32 precision (a user
 who set `torch.backends.mkldnn` to bfloat16 or TF32 arithmetic, or turned it off, keeps the BLAS path). Every
 other call runs the layer's own forward, so a pass with gradients and every forward outside the block are
-untouched.
+untouched. `handle.ViTHandle.forward` enters the block for every forward without gradients on the CPU: the
+pass of a model without a head, the faithfulness metrics' batches, head ablation, folder jobs.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN (`passes.linear`): the same y = x·Wᵀ + b as `nn.Linear`, only where every
+"""Linear layers through oneDNN (`core.linear`): the same y = x·Wᵀ + b as `nn.Linear`, only where every
 condition holds, and nothing changed on leaving."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from vit_inspect.core.timm_models import handle_from_timm
-from vit_inspect.passes import linear
-from vit_inspect.passes.linear import onednn_linears
+from vit_inspect.core import linear
+from vit_inspect.core.linear import onednn_linears
 from vit_inspect.passes.pipeline import analyze_image
 
 pytestmark = pytest.mark.skipif(not linear.available(), reason="this PyTorch has no oneDNN linear op")
@@ -148,3 +148,18 @@ def test_a_pass_without_gradients_uses_onednn_and_gives_the_same_result(monkeypa
 def test_a_pass_with_gradients_keeps_torchs_own_linear_layers(monkeypatch, any_size):
     _, ops = _pass(10, True, monkeypatch)
     assert ONEDNN_OP not in ops and "aten::addmm" in ops
+
+
+def test_the_handles_forward_uses_onednn_only_without_gradients(monkeypatch, any_size):
+    """`ViTHandle.forward`: through oneDNN under `torch.no_grad`, torch's own path with gradients, the same
+    logits to float32 rounding, and the model's layers left as they were after either."""
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=5).eval()
+    handle = handle_from_timm(model, name="tiny", device="cpu", input_size=(32, 32))
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        fast, ops = _ops(lambda: handle.forward(pixels))
+    slow, slow_ops = _ops(lambda: handle.forward(pixels))
+    assert ONEDNN_OP in ops and ONEDNN_OP not in slow_ops
+    torch.testing.assert_close(fast, slow.detach(), rtol=1e-5, atol=1e-5)
+    assert not any("forward" in vars(m) for m in model.modules())
