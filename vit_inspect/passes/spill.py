@@ -36,8 +36,8 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Iterator
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
