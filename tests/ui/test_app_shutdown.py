@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import httpx
 import pytest
+from support import REPO
 from support.app import APP_MARKS, CHELSEA, app_process, free_port
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: real app processes started and stopped
@@ -41,3 +44,14 @@ def test_a_stopped_server_removes_its_folders(tmp_path, stop):
     assert server.returncode == 0, log
     assert ours(tmp_path) == [] and not os.path.exists(uploaded)
     assert "Traceback" not in log
+
+
+def test_a_stopped_server_runs_its_exit_hooks_then_ends_with_status_0():
+    """`app.exit_cleanly`: the `atexit` hooks run and the output is flushed, and nothing after it runs (the
+    process ends there, without the libraries' static destructors)."""
+    code = ("import atexit, app; atexit.register(print, 'hook ran'); print('before', end=''); "
+            "app.exit_cleanly(); print('not reached')")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items()} | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "beforehook ran\n"
