@@ -15,6 +15,7 @@ from vit_inspect.analysis import (
     prefix_shares,
     rollout,
 )
+from vit_inspect.analysis.attention_distance import patch_distances
 from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.passes import attention_store, layer_stream
 from vit_inspect.passes.attention_store import AttentionStore
@@ -92,6 +93,47 @@ def test_rebuilt_maps_on_hf_models(distilled):
     result = analyze_image(handle, _image())
     assert result.attention_store.mode == "qk16"
     _compare(handle, result)
+
+
+@pytest.mark.parametrize("gradients", [True, False])  # whole maps per layer; without: blocks of query rows
+def test_distance_sums_as_one_batched_product(tiny_kind, gradients, monkeypatch):
+    """Large maps take each query's distance sum and patch mass from one batched product, (2, P) x (P, heads)
+    per query (`layer_stream.BATCHED_DISTANCE_ENTRIES`, set to 0 here so tiny maps take it): the mean distance
+    equals the dense reference, whole layers or 5 rows a block."""
+    from vit_inspect.passes import capture
+    from support import sharpen_attention
+
+    monkeypatch.setattr(layer_stream, "BATCHED_DISTANCE_ENTRIES", 0)
+    handle = tiny_handle(tiny_kind)
+    sharpen_attention(handle)  # distinct heads: a sum taken from the wrong rows or keys shows
+    num_tokens = handle.layout(TINY_TIMM[tiny_kind][1]).num_tokens
+    monkeypatch.setattr(capture, "ROW_BLOCK_BYTES", 4 * handle.num_heads * 5 * num_tokens)
+    result = analyze_image(handle, _image(), input_size=TINY_TIMM[tiny_kind][1], gradients=gradients)
+    expected = mean_attention_distance(_dense(handle, result), result.layout)
+    np.testing.assert_allclose(result.mean_distance, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_distance_sums_of_whole_maps_and_of_rows(batched, monkeypatch):
+    """`LayerStream._distance_sums_of` on sharp random maps, both ways of computing it: sum_j a_hij d_ij and
+    sum_j a_hij over patch keys j for every patch query i, against the same sums in float64 numpy, for a
+    layer's whole maps and for a block of patch query rows that starts inside the patches."""
+    monkeypatch.setattr(layer_stream, "BATCHED_DISTANCE_ENTRIES", 0 if batched else 2 ** 62)
+    handle = tiny_handle("reg4")
+    layout = handle.layout((32, 48))  # 4 x 6 patches after 5 prefix tokens
+    torch.manual_seed(0)
+    maps = torch.softmax(6 * torch.randn(2, layout.num_tokens, layout.num_tokens), dim=-1)
+    patch = layout.patch_slice
+    weights = maps[:, patch, patch].double().numpy()  # (heads, P, P)
+    distances = patch_distances(layout)  # (P, P) pixels
+    sums, mass = (weights * distances).sum(-1), weights.sum(-1)  # (heads, P)
+    got = layer_stream.LayerStream(handle, layout)._distance_sums_of(maps)
+    np.testing.assert_allclose(got[0].numpy(), sums, rtol=1e-5)
+    np.testing.assert_allclose(got[1].numpy(), mass, rtol=1e-5)
+    rows = maps[:, patch.start + 7:patch.start + 18]  # patch queries 7 .. 17, every key
+    got = layer_stream.LayerStream(handle, layout)._distance_sums_of(rows, 7)
+    np.testing.assert_allclose(got[0].numpy(), sums[:, 7:18], rtol=1e-5)
+    np.testing.assert_allclose(got[1].numpy(), mass[:, 7:18], rtol=1e-5)
 
 
 def test_no_head_pass_keeps_the_same_store():

@@ -22,9 +22,11 @@ from vit_inspect.passes.spill import Spill
 
 ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
 CHECK_BYTES = 32 * 2 ** 20  # layers whose Q/K check waits to run batched hold at most about this much
-# Patch-to-patch entries of a layer from which its distance sums are a batched product (`_distance_sums_of`),
-# about where float32 maps outgrow the cache: 16 x 576^2 (5.3M) is faster elementwise, 6 x 1373^2 (11.3M) batched
-EINSUM_DISTANCE_ENTRIES = 8 * 2 ** 20
+# Patch-to-patch entries of a layer (or block of rows) from which its distance sums are one batched product
+# (`_distance_sums_of`; bench/bench_distance_sums.py, 2 CPU threads): below it, DeiT-Ti's 3 x 196^2, the
+# elementwise product is a little faster; from ViT-B/16's 12 x 196^2 up the batched product takes less time
+# (0.77 of the elementwise time there, 0.52 for a block of DINOv2-L/14's rows at 518, 0.12 for a whole layer)
+BATCHED_DISTANCE_ENTRIES = 2 ** 18
 
 
 def fused_planes(maps: torch.Tensor) -> dict[str, np.ndarray]:
@@ -147,7 +149,8 @@ class LayerStream:
         self.errors = np.zeros(self.depth)
         # per layer, image 0: sum_j a_ij d_ij and sum_j a_ij over patch keys j, (heads, P) float32 each
         self._distance_sums: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * self.depth
-        self._patch_distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
+        self._distances: torch.Tensor | None = None  # (P, P) float32 pixels, made on the first layer
+        self._distance_rows: torch.Tensor | None = None  # (P, 2, P) float32: query i's d_ij over keys j, then ones
         self._pending: list[_Pending] = []  # layers whose check waits for `_flush`
         self._pending_bytes = 0
         self._samples: dict[tuple, torch.Tensor] = {}  # (N, device) -> the rows the check compares
@@ -339,15 +342,19 @@ class LayerStream:
         (heads, p, N): the rows of patch queries first .. first + p - 1 only (`on_rows`)."""
         patch = self.layout.patch_slice
         patch_to_patch = maps[..., patch, patch] if first is None else maps[..., patch]  # (heads, P or p, P), a view
-        if self._patch_distances is None:
-            self._patch_distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
-        distances = self._patch_distances if first is None else self._patch_distances[first:first + maps.shape[1]]
-        if patch_to_patch.numel() >= EINSUM_DISTANCE_ENTRIES:
-            # sum_j a_hij d_ij as a batched product over queries i: no (heads, P, P) temporary, which out of the
-            # cache costs twice as much (DINOv2-L/14 at 518 on the CPU: 22 against 46 ms a layer)
-            return torch.einsum("hij,ij->hi", patch_to_patch, distances), patch_to_patch.sum(-1)
-        # in the cache the elementwise product is 2-4x faster than the batched one (DeiT-Ti at 224: 0.03 ms a layer)
-        return (patch_to_patch * distances).sum(-1), patch_to_patch.sum(-1)
+        if self._distances is None:
+            self._distances = torch.tensor(patch_distances(self.layout), dtype=torch.float32, device=maps.device)
+        rows = slice(None) if first is None else slice(first, first + maps.shape[1])
+        if patch_to_patch.numel() >= BATCHED_DISTANCE_ENTRIES:
+            if self._distance_rows is None:
+                self._distance_rows = torch.stack([self._distances, torch.ones_like(self._distances)], dim=1)
+            # per query i, one (2, P) x (P, heads) product: [d_i; 1] against the maps' rows a_hi: (read in
+            # place, no copy: BLAS takes them transposed), so both sums come from one read of the maps and no
+            # temporary of their size (an einsum "hij,ij->hi" copies the maps into its batch order first)
+            both = torch.bmm(self._distance_rows[rows], patch_to_patch.permute(1, 2, 0))  # (P or p, 2, heads)
+            return both[:, 0].T, both[:, 1].T
+        # small maps: the elementwise product and sums, in the cache (DeiT-Ti at 224: 0.04 ms a layer)
+        return (patch_to_patch * self._distances[rows]).sum(-1), patch_to_patch.sum(-1)
 
     def mean_distance(self) -> np.ndarray:
         """(depth, heads) mean attention distance in pixels of image 0: `distances_per_image` (renormalised over
