@@ -65,14 +65,17 @@ def blocked_attention(attn: TimmAttention, layer: int, sink: RowSink) -> Callabl
         q, k = attn.q_norm(q), attn.k_norm(k)
         q = q * attn.scale
         keys = k.transpose(-2, -1)
-        out = torch.empty_like(v)  # (1, heads, N, d)
+        # (1, N, heads, d): each block's rows of P·V are copied in token order, so the heads join by a view
+        # (a product written through ``out=`` into a (1, heads, N, d) slice, then the transposed copy of the
+        # whole, took 3-4 ms a layer more for DINOv2-L/14 at 518 on 2 CPU cores)
+        out = v.new_empty(batch, num_tokens, attn.num_heads, attn.head_dim)
         step = rows_per_block(attn.num_heads, num_tokens)
         for start in range(0, num_tokens, step):
             block = (q[:, :, start:start + step] @ keys).softmax(dim=-1)  # (1, heads, b, N)
             sink.on_rows(layer, start, block[0])
-            torch.matmul(block, v, out=out[:, :, start:start + step])
+            out[:, start:start + step].copy_((block @ v).transpose(1, 2))
         sink.on_layer_done(layer)
-        x = out.transpose(1, 2).reshape(batch, num_tokens, attn.attn_dim)
+        x = out.view(batch, num_tokens, attn.attn_dim)
         x = attn.norm(x)
         if gate is not None:
             x = x * gate
