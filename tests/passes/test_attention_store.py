@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from support import TINY_TIMM, make_layout, tiny_handle, tiny_hf
+from support import TINY_TIMM, make_layout, sharpen_attention, tiny_handle, tiny_hf
 
 from vit_inspect.analysis import (
     attention_map,
@@ -17,7 +17,7 @@ from vit_inspect.analysis import (
 )
 from vit_inspect.analysis.attention_distance import patch_distances
 from vit_inspect.core.hf_models import handle_from_hf
-from vit_inspect.passes import attention_store, layer_stream
+from vit_inspect.passes import attention_store, capture, layer_stream
 from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
@@ -100,9 +100,6 @@ def test_distance_sums_as_one_batched_product(tiny_kind, gradients, monkeypatch)
     """Large maps take each query's distance sum and patch mass from one batched product, (2, P) x (P, heads)
     per query (`layer_stream.BATCHED_DISTANCE_ENTRIES`, set to 0 here so tiny maps take it): the mean distance
     equals the dense reference, whole layers or 5 rows a block."""
-    from vit_inspect.passes import capture
-    from support import sharpen_attention
-
     monkeypatch.setattr(layer_stream, "BATCHED_DISTANCE_ENTRIES", 0)
     handle = tiny_handle(tiny_kind)
     sharpen_attention(handle)  # distinct heads: a sum taken from the wrong rows or keys shows
@@ -113,11 +110,13 @@ def test_distance_sums_as_one_batched_product(tiny_kind, gradients, monkeypatch)
     np.testing.assert_allclose(result.mean_distance, expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("batched", [True, False])
-def test_distance_sums_of_whole_maps_and_of_rows(batched, monkeypatch):
+@pytest.mark.parametrize("batched, autocast", [(True, False), (False, False), (True, True)])
+def test_distance_sums_of_whole_maps_and_of_rows(batched, autocast, monkeypatch):
     """`LayerStream._distance_sums_of` on sharp random maps, both ways of computing it: sum_j a_hij d_ij and
     sum_j a_hij over patch keys j for every patch query i, against the same sums in float64 numpy, for a
-    layer's whole maps and for a block of patch query rows that starts inside the patches."""
+    layer's whole maps and for a block of patch query rows that starts inside the patches. Inside autocast
+    (a half-precision pass calls it during its forward) the batched product still runs in float32, where
+    autocast would take a batched product to bfloat16 (3 significant digits)."""
     monkeypatch.setattr(layer_stream, "BATCHED_DISTANCE_ENTRIES", 0 if batched else 2 ** 62)
     handle = tiny_handle("reg4")
     layout = handle.layout((32, 48))  # 4 x 6 patches after 5 prefix tokens
@@ -127,13 +126,14 @@ def test_distance_sums_of_whole_maps_and_of_rows(batched, monkeypatch):
     weights = maps[:, patch, patch].double().numpy()  # (heads, P, P)
     distances = patch_distances(layout)  # (P, P) pixels
     sums, mass = (weights * distances).sum(-1), weights.sum(-1)  # (heads, P)
-    got = layer_stream.LayerStream(handle, layout)._distance_sums_of(maps)
-    np.testing.assert_allclose(got[0].numpy(), sums, rtol=1e-5)
-    np.testing.assert_allclose(got[1].numpy(), mass, rtol=1e-5)
     rows = maps[:, patch.start + 7:patch.start + 18]  # patch queries 7 .. 17, every key
-    got = layer_stream.LayerStream(handle, layout)._distance_sums_of(rows, 7)
-    np.testing.assert_allclose(got[0].numpy(), sums[:, 7:18], rtol=1e-5)
-    np.testing.assert_allclose(got[1].numpy(), mass[:, 7:18], rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        whole = layer_stream.LayerStream(handle, layout)._distance_sums_of(maps)
+        block = layer_stream.LayerStream(handle, layout)._distance_sums_of(rows, 7)
+    for (got_sums, got_mass), queries in ((whole, slice(None)), (block, slice(7, 18))):
+        assert got_sums.dtype == got_mass.dtype == torch.float32
+        np.testing.assert_allclose(got_sums.numpy(), sums[:, queries], rtol=1e-5)
+        np.testing.assert_allclose(got_mass.numpy(), mass[:, queries], rtol=1e-5)
 
 
 def test_no_head_pass_keeps_the_same_store():

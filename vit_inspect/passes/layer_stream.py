@@ -350,8 +350,10 @@ class LayerStream:
                 self._distance_rows = torch.stack([self._distances, torch.ones_like(self._distances)], dim=1)
             # per query i, one (2, P) x (P, heads) product: [d_i; 1] against the maps' rows a_hi: (read in
             # place, no copy: BLAS takes them transposed), so both sums come from one read of the maps and no
-            # temporary of their size (an einsum "hij,ij->hi" copies the maps into its batch order first)
-            both = torch.bmm(self._distance_rows[rows], patch_to_patch.permute(1, 2, 0))  # (P or p, 2, heads)
+            # temporary of their size (an einsum "hij,ij->hi" copies the maps into its batch order first).
+            # In float32 even inside a pass under autocast, which would run a batched product in half precision
+            with torch.autocast(maps.device.type, enabled=False):
+                both = torch.bmm(self._distance_rows[rows], patch_to_patch.permute(1, 2, 0))  # (P or p, 2, heads)
             return both[:, 0].T, both[:, 1].T
         # small maps: the elementwise product and sums, in the cache (DeiT-Ti at 224: 0.04 ms a layer)
         return (patch_to_patch * self._distances[rows]).sum(-1), patch_to_patch.sum(-1)
