@@ -15,8 +15,12 @@ ratios hold on a shared machine. Models have random weights (`timm.create_model(
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
+import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +30,22 @@ from .bench_large import MODELS, _handle
 from .common import REPO, markdown_table, measure, print_header, set_threads
 
 
+# an import statement of the package itself: "from vit_inspect.x import y", "import vit_inspect.x as z"
+_OWN_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)vit_inspect(?=[\s.])", re.MULTILINE)
+
+
 def load_package(tree: Path, alias: str = "vit_inspect_before"):
-    """The ``vit_inspect`` package found in ``tree``, imported as ``alias`` beside this checkout's."""
-    spec = importlib.util.spec_from_file_location(alias, tree / "vit_inspect" / "__init__.py",
-                                                  submodule_search_locations=[str(tree / "vit_inspect")])
+    """The ``vit_inspect`` package found in ``tree``, imported as ``alias`` beside this checkout's.
+
+    Its modules import one another as ``vit_inspect.…``, which would be this checkout's modules: only the
+    module asked for would be the other version's. So a copy of the package is loaded whose own import
+    statements name ``alias`` instead (a temporary folder, removed at exit); nothing else in it changes."""
+    copy = Path(tempfile.mkdtemp(prefix="vit_inspect_tree_")) / alias
+    atexit.register(shutil.rmtree, copy.parent, True)
+    shutil.copytree(tree / "vit_inspect", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in copy.rglob("*.py"):
+        path.write_text(_OWN_IMPORT.sub(rf"\1\2\3{alias}", path.read_text(encoding="utf-8")), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(alias, copy / "__init__.py", submodule_search_locations=[str(copy)])
     package = importlib.util.module_from_spec(spec)
     sys.modules[alias] = package
     spec.loader.exec_module(package)
