@@ -6,7 +6,9 @@ For each model and input, and each design, in a fresh subprocess (so that peak m
 - kept bytes: what one analysed image holds (`ImageAnalysis.nbytes()`; today's: its arrays);
 - peak RSS of the process (ru_maxrss: model + one analysis), or peak GPU memory on CUDA;
 - analysis ÷ plain forward + backward (weight gradients too, what training does) and ÷ plain forward +
-  input-only backward (the floor: no weight gradients), for models with a head; analysis ÷ plain forward
+  input-only backward (the floor: no weight gradients), for models with a head; on CUDA each call is also
+  timed with CUDA events (`event_s`: from the call's start on the GPU's stream to its last kernel), the
+  floor so timed being the issue's floor; analysis ÷ plain forward
   for models without one (no backward is run then); for those on the CPU, this checkout's designs also time
   the plain forward with its linear layers through oneDNN (`core.linear`), as the pass runs them;
 - slowest redraw ÷ plain forward: raw attention from the class token, the mean of patch rows and a
@@ -22,14 +24,16 @@ version, maps kept as stacks), imported from ``--main-tree`` (e.g. `git archive 
 -x -C /tmp/main_tree`), "main_app" that version's pass as the app runs it; "compact" is this checkout's, "app" this
 checkout's pass as the app runs it (`relevance=False`:
 no AttnLRP or LeGrad, which the app adds on request; on the CPU with the app's default spill folder, so a model
-with heads * N >= 0.015 D^2 (`spill.worth_spilling`) also writes its maps to disk, shown beside the kept bytes).
+with heads * N >= 0.015 D^2 (`spill.worth_spilling`) also writes its maps to disk, shown beside the kept bytes;
+on CUDA without one, as on a ZeroGPU Space, whose workers keep no spill). "app_spill" is the app's pass with its
+spill folder on any device: what a server with its own CUDA GPU runs (the app keeps a spill folder there).
 
 Models have random weights (`timm.create_model(name, pretrained=False)`). Timed candidates are
 interleaved (see bench.common.measure), so ratios hold on a shared machine.
 
     python -m bench.bench_large [--models deit_ti_224 vitb_224 ...] [--repeats 3] [--threads 2]
                                 [--device cuda] [--half] [--main-tree /tmp/main_tree --designs today main compact]
-                                [--json FILE]
+                                [--no-redraws] [--json FILE]
     python -m bench.bench_large --from-json FILE ...   # the table and CSV of raw results made elsewhere
 """
 from __future__ import annotations
@@ -58,7 +62,7 @@ MODELS = {
     "dinov2l_518": ("vit_large_patch14_reg4_dinov2", {}, (518, 518), "DINOv2-L/14 + 4 registers, 518 (no head)"),
 }
 DEFAULT_MODELS = ("deit_ti_224", "vitb_224", "vitb_384", "dinov2s_518", "dinov2l_518")
-DESIGNS = ("today", "main", "main_app", "compact", "app")
+DESIGNS = ("today", "main", "main_app", "compact", "app", "app_spill")
 MB = 1e6
 
 
@@ -175,7 +179,29 @@ def _redraws(handle, design: str, result, layout) -> dict:
     return draws | ({"gradient rollout, discard 0.9": grad_roll()} if handle.has_head else {})
 
 
-def worker(key: str, design: str, repeats: int, device: str, half: bool, image: Path, threads: int) -> dict:
+def cuda_event_timer(candidates: dict, warmup: int) -> tuple[dict, dict[str, list[float]]]:
+    """``candidates`` wrapped so that each call is also timed with CUDA events (seconds from its start on the
+    current stream to its last kernel's end), and the per-name lists those times go to, warm-up calls dropped."""
+    seconds: dict[str, list[float]] = {name: [] for name in candidates}
+    calls = dict.fromkeys(candidates, 0)
+
+    def timed(name, run):
+        def call():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = run()
+            end.record()
+            torch.cuda.synchronize()  # the wall-clock timing waits for the GPU too
+            calls[name] += 1
+            if calls[name] > warmup:
+                seconds[name].append(start.elapsed_time(end) / 1e3)
+            return out
+        return call
+    return {name: timed(name, run) for name, run in candidates.items()}, seconds
+
+
+def worker(key: str, design: str, repeats: int, device: str, half: bool, image: Path, threads: int,
+           redraws: bool = True) -> dict:
     from vit_inspect.core.images import load_image
     from vit_inspect.passes.pipeline import analyze_image
     from vit_inspect.passes.spill import DEFAULT_SPILL_BUDGET, SpillFolder
@@ -189,15 +215,10 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
     cuda = handle.device.type == "cuda"
     dtype = torch.float16 if cuda else torch.bfloat16
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
+    # each candidate only queues its work on a GPU; `cuda_event_timer` waits for it (and times it with events)
     def plain_forward():
         with torch.no_grad(), torch.autocast(handle.device.type, dtype=dtype, enabled=half):
-            out = model(pixels)
-        sync()
-        return out
+            return model(pixels)
 
     top = int(plain_forward()[0].argmax()) if handle.has_head else None
 
@@ -207,28 +228,27 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
             logit = model(x)[0, top].float()
         logit.backward()
         model.zero_grad(set_to_none=True)
-        sync()
 
     def floor():  # forward + input-only backward: the least any gradient method must do
         x = pixels.clone().requires_grad_(True)
         with torch.autocast(handle.device.type, dtype=dtype, enabled=half):
             logit = model(x)[0, top].float()
         torch.autograd.grad(logit, x)
-        sync()
 
     held = {}
-    spill = SpillFolder(DEFAULT_SPILL_BUDGET) if design in ("app", "main_app") and not cuda else None  # the app's default
+    # the app's default: a spill folder on the CPU and on a CUDA server ("app_spill"), none on ZeroGPU ("app" on CUDA)
+    spill = (SpillFolder(DEFAULT_SPILL_BUDGET) if design == "app_spill" or (design in ("app", "main_app") and not cuda)
+             else None)
 
     def analysis():
         held.pop("result", None)
         if design == "today":
             held["result"] = analyze_today(handle, picture, autocast=half)
-        elif design in ("app", "main_app"):  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`), the
+        elif design in ("app", "main_app", "app_spill"):  # the app's pass: no AttnLRP/LeGrad (added on request, `add_relevance`), the
             # app's spill folder (many-token models write their maps to disk; not in the kept bytes, as in the app)
             held["result"] = analyze_image(handle, picture, autocast=half, relevance=False, spill=spill)
         else:
             held["result"] = analyze_image(handle, picture, autocast=half)
-        sync()
 
     rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     candidates = ({"forward": plain_forward} | ({"forward_backward": forward_backward, "floor": floor} if handle.has_head
@@ -242,14 +262,17 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
             with onednn_linears(model):
                 return plain_forward()
         candidates = {"forward": plain_forward, "forward_onednn": forward_onednn, "analysis": analysis}
+    warmup = 1 if repeats > 1 else 0
+    events: dict[str, list[float]] = {}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    timings = measure(candidates, repeats=repeats, warmup=1 if repeats > 1 else 0)
+        candidates, events = cuda_event_timer(candidates, warmup)
+    timings = measure(candidates, repeats=repeats, warmup=warmup)
     result = held["result"]
     kept = (sum(a.nbytes for a in result.values() if a is not None) if design == "today" else result.nbytes())
     layout = handle.layout(handle.input_size)
     redraw_s = {}
-    for name, draw in _redraws(handle, design, result, layout).items():
+    for name, draw in (_redraws(handle, design, result, layout) if redraws else {}).items():
         start = time.perf_counter()
         draw()
         redraw_s[name] = time.perf_counter() - start
@@ -264,8 +287,10 @@ def worker(key: str, design: str, repeats: int, device: str, half: bool, image: 
         "analysis_s": timings["analysis"].median, "analysis_ratio": timings["analysis"].median / denominator,
         "analysis_fwdbwd_ratio": (timings["analysis"].median / timings["forward_backward"].median
                                   if handle.has_head else None),
-        "slowest_redraw": max(redraw_s, key=redraw_s.get), "slowest_redraw_s": max(redraw_s.values()),
-        "redraw_ratio": max(redraw_s.values()) / forward, "redraws_s": redraw_s,
+        "slowest_redraw": max(redraw_s, key=redraw_s.get) if redraw_s else None,
+        "slowest_redraw_s": max(redraw_s.values()) if redraw_s else None,
+        "redraw_ratio": max(redraw_s.values()) / forward if redraw_s else None, "redraws_s": redraw_s,
+        "event_s": {name: float(np.median(values)) for name, values in events.items() if values},
         "store_mode": getattr(getattr(result, "attention_store", None), "mode", None),
         "spilled_MB": (result.attention_store.spill.nbytes / MB
                        if design != "today" and getattr(result.attention_store, "spill", None) is not None else 0.0),
@@ -298,7 +323,8 @@ def table_row(r: dict) -> list:
     return [r["model"], r["design"] + (f" ({r['store_mode']})" if r["store_mode"] else ""), r["tokens"],
             f"{r['kept_MB']:.1f} MB{spilled}", peak, f"{r['rss_model_MB'] / 1e3:.2f} GB",
             f"{versus} ({r['analysis_s']:.2f} s)",
-            f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)",
+            (f"{r['redraw_ratio']:.3f} ({r['slowest_redraw']}; {r['slowest_redraw_s']:.2f} s)"
+             if r["redraw_ratio"] is not None else "not timed"),
             f"{r['forward_s']:.3f} s" + (f" ({r['forward_onednn_s']:.3f} s with oneDNN linear layers)"
                                          if r.get("forward_onednn_s") else "")]
 
@@ -332,13 +358,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--half", action="store_true", help="autocast half precision (float16 on CUDA, bfloat16 on CPU)")
     parser.add_argument("--image", type=Path, default=REPO / "assets" / "chelsea.png")
+    parser.add_argument("--no-redraws", action="store_true", help="time no redraws (a half pass keeps the same "
+                        "float16 store as a float32 one on a GPU, so its redraws cost the same)")
     parser.add_argument("--json", type=Path, help="also write the raw results, with this run's context, here")
     parser.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                         help="measure nothing: render the table and CSV of raw results written by --json")
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "DESIGN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.repeats, args.device, args.half, args.image, args.threads)))
+        print(json.dumps(worker(*args.worker, args.repeats, args.device, args.half, args.image, args.threads,
+                                not args.no_redraws)))
         return
     if args.from_json:
         from_json(args.from_json)
@@ -352,7 +381,8 @@ def main() -> None:
     for key in args.models:
         for design in args.designs:  # one subprocess at a time: peak memory is each one's own
             flags = ["--worker", key, design, "--repeats", str(args.repeats), "--threads", str(args.threads),
-                     "--device", args.device, "--image", str(args.image)] + (["--half"] if args.half else [])
+                     "--device", args.device, "--image", str(args.image)] + (["--half"] if args.half else []) + (
+                ["--no-redraws"] if args.no_redraws else [])
             if design in ("main", "main_app"):  # that version's vit_inspect first on the path, this bench module
                 if args.main_tree is None:
                     parser.error("design 'main' needs --main-tree")

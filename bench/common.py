@@ -28,7 +28,8 @@ THREADS = 2  # torch intra-op threads in every benchmark, set explicitly so that
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"  # the data folder beside the checkout: ImageNet samples and weights
 MODELS = ("deit_tiny_patch16_224", "vit_base_patch16_224")
-RESULTS = Path(__file__).resolve().parent / "results"  # one CSV per table; BENCHMARKS.md quotes them
+# one CSV per table; BENCHMARKS.md quotes them (BENCH_RESULTS names another folder: a run whose tables are not kept)
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 CONTEXT = ("threads", "date", "command", "machine")  # columns every results row ends with
 
 
@@ -238,6 +239,23 @@ def report(name: str, headers: Sequence[str], rows: Sequence[Sequence[object]], 
         writer.writerow(columns)
         writer.writerows(kept + fresh)
     return markdown_table(headers, rows)
+
+
+def per_model_report(title: str, labels: Mapping[str, str], measure: Callable[[str], dict],
+                     rows_of: Callable[[str, dict], list], headers: Sequence[str], json_path: Path | None) -> dict:
+    """Print the header, measure each model (``measure(key)``, ``labels``: key -> its label), print one markdown table
+    of ``rows_of(label, found)``, write the raw results with this run's context to ``json_path`` (if given)."""
+    import json
+
+    print_header(title)
+    found, rows = {}, []
+    for key, label in labels.items():
+        found[label] = measure(key)
+        rows += rows_of(label, found[label])
+    print(markdown_table(headers, rows))
+    if json_path is not None:
+        json_path.write_text(json.dumps({"context": run_context(), "models": found}, indent=1))
+    return found
 
 
 def print_header(title: str) -> None:
