@@ -81,13 +81,17 @@ def old_tree(ref: str | None, folder: Path) -> Path:
     return folder
 
 
-def serve(tree: Path) -> tuple[subprocess.Popen, str]:
-    """`python app.py` of ``tree`` on a free port, returned once it answers HTTP."""
+def serve(tree: Path, device: str = "cpu", weights: Path | None = None,
+          log: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`python app.py` of ``tree`` on a free port and ``device``, serving the default model with ``weights`` (by
+    default this checkout's real ones), returned once it answers HTTP; its output goes to ``log`` if given."""
     port = free_port()
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(tree)}
-    weights = REPO / "checkpoints" / f"{DEFAULT_MODEL}.safetensors"  # named: main looked in the wrong folder
-    server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu", "--weights",
-                               str(weights)], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False",
+                        "PYTHONPATH": os.pathsep.join(filter(None, (str(tree), os.environ.get("PYTHONPATH"))))}
+    weights = weights or REPO / "checkpoints" / f"{DEFAULT_MODEL}.safetensors"  # named: main looked in the wrong folder
+    with open(log or os.devnull, "w") as out:
+        server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", device, "--weights",
+                                   str(weights)], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 300
     while True:
@@ -96,7 +100,9 @@ def serve(tree: Path) -> tuple[subprocess.Popen, str]:
             return server, url
         except (urllib.error.URLError, ConnectionError, OSError):
             if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the app in {tree} did not start") from None
+                server.kill()
+                said = log.read_text()[-2000:] if log is not None else ""
+                raise RuntimeError(f"the app in {tree} did not start {said}") from None
             time.sleep(0.1)
 
 
