@@ -136,8 +136,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     print_header("The app's first view without a browser")
-    found: dict[str, object] = {"library": {}}
+    found: dict[str, object] = {"context": run_context(), "library": {}}
     rows = []
+
+    def save() -> None:  # after every measurement: a run cut short keeps what it finished
+        if args.json:
+            args.json.write_text(json.dumps(found, indent=1))
     for key in args.models:
         handle = _handle(key, args.device)
         label = MODELS[key][3]
@@ -146,6 +150,7 @@ def main() -> None:
             found["library"][f"{label}, {deployment}"] = measured
             rows.append([f"{label}, {deployment}", "library calls", f"{measured['pass_s']:.3f} s pass + "
                          f"{measured['draw_s']:.3f} s drawing = {measured['pass_s'] + measured['draw_s']:.3f} s"])
+            save()
         del handle
     if args.api:
         if importlib.util.find_spec("gradio") is None or importlib.util.find_spec("gradio_client") is None:
@@ -159,9 +164,8 @@ def main() -> None:
             except Exception as exc:  # the library's figures are kept
                 found["api"] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
                 print(found["api"]["error"])
+        save()
     print(markdown_table(("model, deployment", "through", "new image → first view's three maps, median"), rows))
-    if args.json:
-        args.json.write_text(json.dumps({"context": run_context(), **found}, indent=1))
 
 
 if __name__ == "__main__":
