@@ -163,8 +163,8 @@ def sync_table(extras: dict) -> str:
         return ""
     columns = list(dict.fromkeys(column for per_pass in counts.values() for column in per_pass))
     rows = [[site] + [per_pass.get(column, "") for column in columns] for site, per_pass in counts.items()]
-    return ("### The pass's synchronisations\n\n" + "\n".join(lines) + "\n\n"
-            + markdown(("where (first vit_inspect frame)", *columns), rows))
+    return ("### The pass's synchronisations\n\n" + "\n".join(lines)
+            + ("\n\n" + markdown(("where (first vit_inspect frame)", *columns), rows) if rows else ""))
 
 
 def copy_table(extras: dict) -> str:
