@@ -5,7 +5,7 @@ Reads whichever of OUTDIR's files are there (a part that failed or was cut leave
 `bench_large`, leaves its finished models' "raw:" lines in log.txt, which are read instead). The peak GPU memory
 of each pass is compared with the figure this checkout's BENCHMARKS.md gives for it.
 
-    python -m bench.gpu_tables OUTDIR
+    python -m bench.gpu_tables OUTDIR [--keep]   # --keep: also the CSVs under bench/results BENCHMARKS.md cites
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import argparse
 import csv
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +24,25 @@ GOALS = "ViT-B/16's pass ≤ 3× its floor; DINOv2-L/14's pass ≤ 1 s; the slow
 def markdown(headers, rows) -> str:
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+@dataclass
+class Table:
+    """One table of the summary: its title, words before and after it, and, with ``--keep``, the CSV it goes to
+    under bench/results (``name``, rows keyed by ``key``, with the ``context`` of the run that measured them)."""
+
+    title: str
+    headers: tuple
+    rows: list
+    before: str = ""
+    after: str = ""
+    name: str | None = None
+    key: tuple = ("model, input",)
+    context: dict | None = None
+
+    def text(self) -> str:
+        parts = [f"### {self.title}", self.before, markdown(self.headers, self.rows) if self.rows else "", self.after]
+        return "\n\n".join(p for p in parts if p)
 
 
 def log_sections(out: Path) -> dict[str, list[str]]:
@@ -87,7 +107,7 @@ def pass_row(r: dict, precision: str) -> tuple[list[object], dict]:
                  "redraws_s": r.get("redraws_s", {})}
 
 
-def pass_table(out: Path, sections: dict) -> tuple[str, list[dict]]:
+def pass_table(out: Path, sections: dict) -> tuple[Table | None, list[dict]]:
     rows, facts, sources = [], [], []
     for file, part, precision in (("large.json", "large", "float32"),
                                   ("large_half.json", "large-half", "autocast float16"),
@@ -103,7 +123,7 @@ def pass_table(out: Path, sections: dict) -> tuple[str, list[dict]]:
     rows.sort(key=lambda r: order[r[0]])
     headers = ("model, input", "pass", "precision", "pass", "÷ the floor (CUDA events)", "floor, CUDA events (wall)",
                "peak GPU memory: pass (baseline)", "slowest first redraw (host, 2 threads)")
-    return ("### The pass\n\n" + "; ".join(sources) + "\n\n" + markdown(headers, rows)) if rows else "", facts
+    return (Table("The pass", headers, rows, before="; ".join(sources)) if rows else None), facts
 
 
 def failed(found: dict) -> str | None:
@@ -111,7 +131,7 @@ def failed(found: dict) -> str | None:
     return found["error"].strip().splitlines()[-1] if "error" in found else None
 
 
-def redraw_table(extras: dict, facts: list[dict]) -> str:
+def redraw_table(extras: dict, facts: list[dict]) -> Table | None:
     """`bench_gpu_redraws`' table, and the same model's redraws with the spill folder (`bench_large`, "app_spill")."""
     from .bench_gpu_redraws import HEADERS, rows_of
 
@@ -127,9 +147,10 @@ def redraw_table(extras: dict, facts: list[dict]) -> str:
                          f"{first:.3f} s = {first / fact['forward_s']:.1f}× a forward; the slowest redraw "
                          f"{max(drawn.values()):.3f} s ({fact['slowest_redraw']})")
     if not rows and not notes:
-        return ""
-    threads = f"the host's redraws with torch's {extras.get('torch_threads')} threads (this machine's default)"
-    return "### Redraws from a GPU pass\n\n" + threads + "\n\n" + markdown(HEADERS, rows) + "\n\n" + "\n".join(notes)
+        return None
+    threads = f"The host's redraws with torch's {extras.get('torch_threads')} threads (this machine's default)."
+    return Table("Redraws from a GPU pass", HEADERS, rows, before=threads, after="\n".join(notes),
+                 name="gpu_redraws", context=extras.get("context"))
 
 
 def short_site(site: str, code: int = 70) -> str:
@@ -140,7 +161,7 @@ def short_site(site: str, code: int = 70) -> str:
     return f"{where} `{text}`" + (f" [in {inner}" if inner else "")
 
 
-def sync_table(extras: dict) -> str:
+def sync_table(extras: dict) -> Table | None:
     """Each pass's totals, then one row per site with its syncs in each pass (a column per pass)."""
     counts: dict[str, dict[str, int]] = {}
     lines = []
@@ -160,26 +181,28 @@ def sync_table(extras: dict) -> str:
             for site, n in syncs:
                 counts.setdefault(short_site(site), {})[f"{model}, {name}"] = n
     if not lines:
-        return ""
+        return None
     columns = list(dict.fromkeys(column for per_pass in counts.values() for column in per_pass))
     rows = [[site] + [per_pass.get(column, "") for column in columns] for site, per_pass in counts.items()]
-    return ("### The pass's synchronisations\n\n" + "\n".join(lines)
-            + ("\n\n" + markdown(("where (first vit_inspect frame)", *columns), rows) if rows else ""))
+    return Table("The pass's synchronisations", ("where (first vit_inspect frame)", *columns), rows,
+                 before="\n".join(lines), name="gpu_syncs", key=("where (first vit_inspect frame)",),
+                 context=extras.get("context"))
 
 
-def copy_table(extras: dict) -> str:
+def copy_table(extras: dict) -> Table | None:
     from .bench_host_copy import HEADERS, rows_of
 
     rows = []
     for model, found in extras.get("host_copy", {}).items():
         rows += [[model, f"failed: {failed(found)}", "–", "–"]] if failed(found) else rows_of(model, found)
-    return ("### The copy of the queries and keys to the host\n\n" + markdown(HEADERS, rows)) if rows else ""
+    return Table("The copy of the queries and keys to the host", HEADERS, rows, name="gpu_host_copy",
+                 context=extras.get("context")) if rows else None
 
 
-def first_view_table(out: Path) -> str:
+def first_view_table(out: Path) -> Table | None:
     path = out / "first_view.json"
     if not path.is_file():
-        return ""
+        return None
     found = json.loads(path.read_text())
     rows = [[name, "library calls", f"{r['pass_s']:.3f} s pass + {r['draw_s']:.3f} s drawing"]
             for name, r in found.get("library", {}).items()]
@@ -190,13 +213,15 @@ def first_view_table(out: Path) -> str:
                      f"(server up in {api['server_start_s']:.1f} s)"])
     elif api:
         rows.append(["app.py", "gradio_client", api["error"]])
-    return "### The first view without a browser\n\n" + markdown(("model, deployment", "through", "median"), rows)
+    return Table("The first view without a browser", ("model, deployment", "through", "median"), rows,
+                 name="gpu_first_view", key=("model, deployment", "through"), context=found.get("context"))
 
 
-def ops_table(out: Path, top: int = 5) -> str:
+def ops_table(out: Path, top: int = 5) -> Table | None:
+    """The largest additions of bench_pass_ops (its own CSV is what ``--keep`` copies)."""
     path = out / "pass_ops_cuda.csv"
     if not path.is_file():
-        return ""
+        return None
     with path.open(newline="") as file:
         rows = list(csv.DictReader(file))
     shown = []
@@ -204,8 +229,8 @@ def ops_table(out: Path, top: int = 5) -> str:
         mine = [r for r in rows if r["model"] == model]
         shown += [[model, r["operator"], r["baseline CPU ms"], r["pass CPU ms"], r["baseline GPU ms"], r["pass GPU ms"]]
                   for r in mine[:2 + top]]
-    return "### Where the pass's time goes (bench_pass_ops)\n\n" + markdown(
-        ("model", "operator", "baseline CPU ms", "pass CPU ms", "baseline GPU ms", "pass GPU ms"), shown)
+    return Table("Where the pass's time goes (bench_pass_ops)",
+                 ("model", "operator", "baseline CPU ms", "pass CPU ms", "baseline GPU ms", "pass GPU ms"), shown)
 
 
 def goals(facts: list[dict], extras: dict, sections: dict) -> list[str]:
@@ -234,23 +259,45 @@ def goals(facts: list[dict], extras: dict, sections: dict) -> list[str]:
     return lines
 
 
+def keep(out: Path, tables: list[Table]) -> None:
+    """The CSVs under bench/results: bench_large's from its JSON files (`bench_large.from_json`), bench_pass_ops'
+    as it came, every other table's with its run's context (`common.report`)."""
+    from .bench_large import from_json
+    from .common import RESULTS, report
+
+    found = [out / name for name in ("large.json", "large_half.json", "large_served.json") if (out / name).is_file()]
+    if found:
+        from_json(found)
+    if (out / "pass_ops_cuda.csv").is_file():
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "pass_ops_cuda.csv").write_bytes((out / "pass_ops_cuda.csv").read_bytes())
+    for table in tables:
+        if table.name and table.rows and table.context:
+            report(table.name, table.headers, table.rows, key=table.key, context=table.context)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("outdir", type=Path)
+    parser.add_argument("--keep", action="store_true", help="also write the tables' CSVs under bench/results")
     args = parser.parse_args()
     out = args.outdir
     sections = log_sections(out)
     extras = json.loads((out / "extras.json").read_text()) if (out / "extras.json").is_file() else {}
     table, facts = pass_table(out, sections)
-    parts = [table, redraw_table(extras, facts), sync_table(extras), copy_table(extras), first_view_table(out),
-             ops_table(out)]
+    tables = [t for t in (table, redraw_table(extras, facts), sync_table(extras), copy_table(extras),
+                          first_view_table(out), ops_table(out)) if t is not None]
     log = (out / "log.txt").read_text(errors="replace").splitlines() if (out / "log.txt").is_file() else []
     exits = [line for line in log if re.match(r"== \S+: (exit|skipped)", line)]
-    text = "\n\n".join(p for p in parts if p) + "\n\n" + "\n".join(goals(facts, extras, sections)) + "\n\nParts:\n" \
-        + "\n".join(exits) + "\n"
-    (out / "summary.md").write_text(text)
+    text = "\n\n".join(t.text() for t in tables) + "\n\n" + "\n".join(goals(facts, extras, sections)) \
+        + "\n\nParts:\n" + "\n".join(exits) + "\n"
+    if args.keep:
+        keep(out, tables)
+    try:
+        (out / "summary.md").write_text(text)
+    except OSError:  # a folder fetched read-only: printed only
+        pass
     print(text)
-
 
 if __name__ == "__main__":
     main()
