@@ -285,8 +285,14 @@ def main() -> None:
     sections = log_sections(out)
     extras = json.loads((out / "extras.json").read_text()) if (out / "extras.json").is_file() else {}
     table, facts = pass_table(out, sections)
-    tables = [t for t in (table, redraw_table(extras, facts), sync_table(extras), copy_table(extras),
-                          first_view_table(out), ops_table(out)) if t is not None]
+    tables = [table]
+    for build in (lambda: redraw_table(extras, facts), lambda: sync_table(extras), lambda: copy_table(extras),
+                  lambda: first_view_table(out), lambda: ops_table(out)):
+        try:
+            tables.append(build())
+        except Exception as exc:  # raw results of another shape: said, and the other tables still rendered
+            tables.append(Table("A table that could not be rendered", ("error",), [[f"{type(exc).__name__}: {exc}"]]))
+    tables = [t for t in tables if t is not None]
     log = (out / "log.txt").read_text(errors="replace").splitlines() if (out / "log.txt").is_file() else []
     exits = [line for line in log if re.match(r"== \S+: (exit|skipped)", line)]
     text = "\n\n".join(t.text() for t in tables) + "\n\n" + "\n".join(goals(facts, extras, sections)) \
