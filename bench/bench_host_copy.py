@@ -61,7 +61,7 @@ class PinnedStaging:
         staged = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
         staged.copy_(tensor, non_blocking=True)
         wait(tensor.device)
-        return staged.clone()
+        return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(staged)  # pageable, as `.cpu()` gives
 
 
 def pinned_fresh(tensor: torch.Tensor) -> torch.Tensor:
