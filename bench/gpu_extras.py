@@ -58,6 +58,7 @@ def main() -> None:
     print_header("GPU checks on one loaded model each: syncs, redraws, the copy to the host")
     picture = load_image(REPO / "assets" / "chelsea.png")
     found: dict[str, dict] = {"context": run_context(), "torch_threads": torch.get_num_threads()}
+    args.json.write_text(json.dumps(found, indent=1))
     for key in args.models:
         label = MODELS[key][3]
         handle = _handle(key, args.device)
