@@ -18,6 +18,7 @@ from vit_inspect.core.errors import CaptureError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import TOLERANCE, AttentionStore
+from vit_inspect.passes.host_copy import to_host
 from vit_inspect.passes.spill import Spill
 
 ROWS_CHECKED = 16  # rows per layer compared with the model's own probabilities during the pass
@@ -112,7 +113,8 @@ class LayerStream:
     so the pass never holds depth x heads x N^2 float32 values (with ``keep_maps``, a small model's float16
     maps of every layer, `keeps_maps`).
 
-    Everything stays on the model's device until `store` copies the result to the host once, already compact:
+    Everything stays on the model's device until `store` copies the result to the host once, already compact
+    (`host_copy.to_host`: a large copy from a CUDA device goes through page-locked memory):
     no layer crosses to the host on its own. The check's verdicts are the only values read back before then,
     a few numbers per `_flush`. ``held_by_autograd`` (a pass with gradients, whose backward keeps every
     layer's maps, Q and K anyway) counts only what the check copies (Q, K, sampled rows) toward CHECK_BYTES,
@@ -379,7 +381,7 @@ class LayerStream:
             missing = sorted(set(range(self.depth)) - self._kept_layers)
             if missing:
                 raise CaptureError(f"No attention was recorded for layer(s) {missing} of {self.depth}.")
-            kept, self._kept = self._kept.cpu().numpy(), None
+            kept, self._kept = to_host(self._kept).numpy(), None
             return AttentionStore("maps", None, None, None, kept, 0.0)
         self._flush()
         max_error = float(self.errors.max()) if self.depth else 0.0
@@ -390,7 +392,7 @@ class LayerStream:
                         float(self.modules[i][3]) * (self.queries[i].float() @ self.keys[i].float().transpose(-1, -2)),
                         dim=-1).to(torch.float16)
                     for i, m in enumerate(self.maps)]
-            stacked = torch.stack(maps).cpu().numpy()
+            stacked = to_host(torch.stack(maps)).numpy()
             self.queries, self.keys, self.maps = [None] * self.depth, [None] * self.depth, [None] * self.depth
             self._qk16, self._in_qk16 = None, set()
             return AttentionStore("maps", None, None, None, stacked, max_error)
@@ -399,11 +401,11 @@ class LayerStream:
         scale = np.array([found[3] for found in self.modules], dtype=np.float64)
         spill = self.spill if self.spill is not None and self.spill.finish() else None  # all layers written
         if half and len(self._in_qk16) == self.depth:  # every layer already in one device array: copied as is
-            both = self._qk16.cpu().numpy()
+            both = to_host(self._qk16).numpy()
             queries, keys = both[0], both[1]
         else:
-            queries = torch.stack(self.queries).to(dtype).cpu().numpy()
-            keys = torch.stack(self.keys).to(dtype).cpu().numpy()
+            queries = to_host(torch.stack(self.queries).to(dtype)).numpy()
+            keys = to_host(torch.stack(self.keys).to(dtype)).numpy()
         # the device copies go before the backward
         self.queries, self.keys, self._qk16, self._in_qk16 = [None] * self.depth, [None] * self.depth, None, set()
         return AttentionStore("qk16" if half else "qk32", queries, keys, scale, None, max_error, spill)
