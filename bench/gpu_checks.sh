@@ -15,7 +15,8 @@
 #                      bench/gpu_wheels.sh came along in .whl/, through the served app's API (gradio_client);
 #   pass_ops_cuda.csv  bench_pass_ops: the operators the pass adds to its floor, with their GPU time;
 #   summary.md         bench.gpu_tables: the BENCHMARKS tables and the goals, also printed last.
-# The GPU tests (the pass's copies to the host; the pass on the GPU equal to the CPU's) run after the first part.
+# The GPU tests (the pass's copies to the host, through page-locked memory too; the pass on the GPU equal to the
+# CPU's) run after the first part.
 # GPU_CHECKS_DRY=1 runs the same steps on the CPU with DeiT-Ti and ViT-B/16 and one repeat: a check of the script.
 # GPU_CHECKS_PARTS="large extras ..." runs only the parts named (large gpu-tests extras large-half large-served
 # wheels first-view pass-ops), e.g. to measure again after a change on a machine still warm.
@@ -68,7 +69,7 @@ part() {  # part NAME LIMIT COMMAND...: run it for at most LIMIT seconds and wha
 part large 150 python3 -m bench.bench_large --device "$device" --models "${all[@]}" --repeats "$repeats" \
   --designs app --json "$out/large.json"
 part gpu-tests 75 python3 -m pytest -q -p no:cacheprovider tests/passes/test_transfers.py \
-  "tests/passes/test_pipeline.py::test_the_pass_on_the_gpu_equals_the_cpus"
+  tests/passes/test_host_copy.py "tests/passes/test_pipeline.py::test_the_pass_on_the_gpu_equals_the_cpus"
 part extras 120 python3 -m bench.gpu_extras --device "$device" --models "${extras[@]}" --repeats "$repeats" \
   --json "$out/extras.json"
 part large-half 90 python3 -m bench.bench_large --device "$device" --models "${large[@]}" --repeats "$repeats" \

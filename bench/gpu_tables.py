@@ -254,7 +254,7 @@ def goals(facts: list[dict], extras: dict, sections: dict) -> list[str]:
             lines.append(f"- {model}: the first view's attention maps from a GPU pass {first / r['forward_s']:.1f}× a "
                          f"forward on the host ({met}: ≤ 0.25×)")
     tests = [line for line in sections.get("gpu-tests", []) if re.search(r"\d+ (passed|failed|error)", line)]
-    lines.append(f"- GPU tests (tests/passes/test_transfers.py, the GPU pass equal to the CPU's): "
+    lines.append(f"- GPU tests (test_transfers.py, test_host_copy.py, the GPU pass equal to the CPU's): "
                  f"{tests[-1].strip() if tests else 'no summary line in the log'}")
     return lines
 
