@@ -1,33 +1,34 @@
 """The pass's one large copy to the host, the float16 queries and keys: ways to make it, and the pass with each.
 
 On a GPU, `LayerStream.store` copies every layer's float16 Q and K, one (2, depth, heads, N, d) array (135 MB for
-DINOv2-L/14 at 518), with `Tensor.cpu()`: into fresh pageable memory, through the CUDA driver's staging buffers.
-For a device array of that shape (random values), medians of ``--repeats`` after a warm-up:
+DINOv2-L/14 at 518), with `host_copy.to_host`: through one page-locked buffer, then into fresh host memory. For a
+device array of that shape (random values), medians of ``--repeats`` after a warm-up:
 
-- `pageable`: `.cpu()`, as the pass does (fresh host memory each call);
+- `pageable`: `.cpu()` (fresh pageable host memory each call, through the CUDA driver's staging);
 - `pageable, touched`: `copy_` into host memory written once before (no page faults: the transfer alone);
 - `pinned`: `copy_(non_blocking=True)` into page-locked memory allocated once, then a wait;
-- `pinned, then fresh`: the same, then a copy of it into fresh host memory by torch (all threads), which the
-  result keeps (the page-locked buffer is reused by the next pass);
+- `pinned, then fresh`: `host_copy.to_host`, what the pass does: the same, then a copy of it into fresh host
+  memory by torch (all threads), which the result keeps (the page-locked buffer is reused by the next pass);
 - `pinned, fresh`: page-locked memory allocated per call (`torch.empty(pin_memory=True)`, torch's cache of such
   memory emptied first, as for a result still held) and the copy; the result keeps page-locked memory.
 
-Then the app's pass (`relevance=False`, no spill) as it is, interleaved with the same pass in which every
-`Tensor.cpu()` of a device tensor of at least ``--min-mb`` MB goes the `pinned, then fresh` way, and the `pinned,
-fresh` way: their medians, and the largest difference of their results' arrays from the pass's own. On the CPU (a
-dry run of this script) nothing is page-locked and nothing waits: the same code runs, its times mean nothing.
+Then the app's pass (`relevance=False`, no spill) as it is, interleaved with the same pass whose copies all go
+through `.cpu()` (`host_copy.MIN_BYTES` above every copy: the pass before `to_host`): their medians, and the
+largest difference of the latter's arrays from the pass's own. On the CPU (a dry run of this script) nothing is
+page-locked and nothing waits: the same code runs, its times mean nothing.
 
     python -m bench.bench_host_copy [--models dinov2l_518] [--device cuda] [--repeats 5] [--json FILE]
 """
 from __future__ import annotations
 
 import argparse
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
+
+from vit_inspect.passes import host_copy
 
 from .common import REPO, measure, per_model_report
 
@@ -47,23 +48,6 @@ def empty_host_cache() -> None:
         release()
 
 
-class PinnedStaging:
-    """One page-locked host buffer, grown as needed and reused: `copy` brings a device tensor to the host through
-    it (a transfer at the link's speed) and then into fresh pageable memory by torch (all its threads)."""
-
-    def __init__(self):
-        self.buffer: torch.Tensor | None = None  # (bytes,) uint8, page-locked
-
-    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        nbytes = tensor.numel() * tensor.element_size()
-        if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=tensor.is_cuda)
-        staged = self.buffer[:nbytes].view(tensor.dtype).view(tensor.shape)
-        staged.copy_(tensor, non_blocking=True)
-        wait(tensor.device)
-        return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(staged)  # pageable, as `.cpu()` gives
-
-
 def pinned_fresh(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` copied into page-locked host memory of its own (the caller keeps it)."""
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
@@ -72,32 +56,12 @@ def pinned_fresh(tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
-@contextmanager
-def large_copies_by(copy: Callable[[torch.Tensor], torch.Tensor], min_bytes: int,
-                    device: torch.device) -> Iterator[None]:
-    """Inside, `Tensor.cpu()` of a contiguous tensor on ``device``'s kind of device of at least ``min_bytes``
-    bytes is ``copy(tensor)`` (on the CPU, where `.cpu()` returns the tensor itself, a dry run's copy)."""
-    real = torch.Tensor.cpu
-
-    def cpu(self, *args, **kwargs):
-        if (not args and not kwargs and self.device.type == device.type and self.is_contiguous()
-                and self.numel() * self.element_size() >= min_bytes):
-            return copy(self)
-        return real(self, *args, **kwargs)
-    torch.Tensor.cpu = cpu
-    try:
-        yield
-    finally:
-        torch.Tensor.cpu = real
-
-
 def copy_ways(shape: tuple[int, ...], repeats: int, device: torch.device) -> dict[str, float]:
     """Median seconds of each way of copying a float16 device array of ``shape`` to the host."""
     source = torch.randn(shape, device=device).to(torch.float16)
     touched = torch.empty(shape, dtype=torch.float16)
     touched.fill_(0)
     pinned = torch.empty(shape, dtype=torch.float16, pin_memory=device.type == "cuda")
-    staging = PinnedStaging()
 
     def into(target: torch.Tensor) -> Callable[[], None]:
         def run() -> None:
@@ -110,7 +74,7 @@ def copy_ways(shape: tuple[int, ...], repeats: int, device: torch.device) -> dic
         pinned_fresh(source)
 
     ways = {"pageable": lambda: source.cpu(), "pageable, touched": into(touched), "pinned": into(pinned),
-            "pinned, then fresh": lambda: staging.copy(source), "pinned, fresh": fresh_pinned}
+            "pinned, then fresh": lambda: host_copy.to_host(source), "pinned, fresh": fresh_pinned}
     return {name: timing.median for name, timing in measure(ways, repeats=repeats).items()}
 
 
@@ -130,7 +94,7 @@ def largest_difference(a, b) -> float:
     return largest
 
 
-def measure_model(handle, picture, repeats: int, min_bytes: int) -> dict:
+def measure_model(handle, picture, repeats: int) -> dict:
     """The copy ways for this model's Q/K array and the pass with each (see the module's docstring)."""
     from vit_inspect.passes.pipeline import analyze_image
 
@@ -139,23 +103,19 @@ def measure_model(handle, picture, repeats: int, min_bytes: int) -> dict:
     shape = (2, handle.depth, handle.num_heads, layout.num_tokens, head_dim)
     out = {"shape": list(shape), "MB": int(np.prod(shape)) * 2 / MB,
            "copy_s": copy_ways(shape, repeats, handle.device)}
-    staging = PinnedStaging()
     held = {}
 
-    def run(name: str, copy: Callable | None) -> Callable[[], None]:
+    def run(name: str, min_bytes: int) -> Callable[[], None]:
         def call() -> None:
             held.pop(name, None)
-            if copy is None:
+            kept, host_copy.MIN_BYTES = host_copy.MIN_BYTES, min_bytes
+            try:
                 held[name] = analyze_image(handle, picture, relevance=False)
-                return
-            if copy is pinned_fresh:
-                empty_host_cache()
-            with large_copies_by(copy, min_bytes, handle.device):
-                held[name] = analyze_image(handle, picture, relevance=False)
+            finally:
+                host_copy.MIN_BYTES = kept
         return call
 
-    passes = {"as it is": run("as it is", None), "pinned, then fresh": run("pinned, then fresh", staging.copy),
-              "pinned, fresh": run("pinned, fresh", pinned_fresh)}
+    passes = {"as it is": run("as it is", host_copy.MIN_BYTES), "through .cpu()": run("through .cpu()", 2 ** 62)}
     out["pass_s"] = {name: timing.median for name, timing in measure(passes, repeats=repeats).items()}
     # two passes on a GPU may differ by its run-to-run rounding; a wrong copy differs by far more
     out["difference"] = {name: largest_difference(held["as it is"], held[name]) for name in passes
@@ -185,14 +145,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["dinov2l_518"], choices=sorted(MODELS))
     parser.add_argument("--device", default="cuda", help="cuda (cpu: a dry run, its times mean nothing)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--min-mb", type=float, default=4.0, help="copies of at least this size take the other way")
     parser.add_argument("--json", type=Path, help="also write the raw results, with this run's context, here")
     args = parser.parse_args()
     torch.manual_seed(0)
     picture = load_image(REPO / "assets" / "chelsea.png")
     per_model_report("The pass's copy of its queries and keys to the host",
                      {key: MODELS[key][3] for key in args.models},
-                     lambda key: measure_model(_handle(key, args.device), picture, args.repeats, int(args.min_mb * MB)),
+                     lambda key: measure_model(_handle(key, args.device), picture, args.repeats),
                      rows_of, HEADERS, args.json)
 
 

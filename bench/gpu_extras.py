@@ -38,7 +38,7 @@ def run_part(part: str, handle, picture, repeats: int) -> dict:
         from .bench_gpu_redraws import measure_model
         return measure_model(handle, picture, repeats, threads=2)
     from .bench_host_copy import measure_model as copy_measure
-    return copy_measure(handle, picture, repeats, min_bytes=4 * 10 ** 6)
+    return copy_measure(handle, picture, repeats)
 
 
 def main() -> None:
