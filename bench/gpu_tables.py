@@ -294,7 +294,8 @@ def main() -> None:
             tables.append(Table("A table that could not be rendered", ("error",), [[f"{type(exc).__name__}: {exc}"]]))
     tables = [t for t in tables if t is not None]
     log = (out / "log.txt").read_text(errors="replace").splitlines() if (out / "log.txt").is_file() else []
-    exits = [line for line in log if re.match(r"== \S+: (exit|skipped)", line)]
+    done = next((i for i, line in enumerate(log) if line.startswith("== all parts done")), len(log))
+    exits = [line for line in log[:done] if re.match(r"== \S+: (exit|skipped)", line)]  # not a summary's copy
     text = "\n\n".join(t.text() for t in tables) + "\n\n" + "\n".join(goals(facts, extras, sections)) \
         + "\n\nParts:\n" + "\n".join(exits) + "\n"
     if args.keep:
