@@ -2,7 +2,7 @@
 
 `Tensor.cpu()` copies into fresh pageable host memory through the CUDA driver's own staging, and for a large array
 the driver's host-side copy into pages touched for the first time bounds it: the pass's float16 queries and keys of
-DINOv2-L/14 at 518 px (135 MB, `layer_stream.LayerStream.store`) came at about 1.6 GB/s on an H100 machine
+DINOv2-L/14 at 518 px (135 MB, `layer_stream.LayerStream.store`) came at 1.4–1.6 GB/s on an H100 machine
 (BENCHMARKS.md, GPU). `to_host` lets the device write into page-locked memory at the link's speed, then copies that
 into fresh memory with torch's threads: the result is ordinary host memory, as `.cpu()`'s is, and the page-locked
 buffer, kept for the process and grown to the largest copy made, serves the next pass.
