@@ -248,6 +248,8 @@ def test_lens_table_has_a_row_per_block(served):
     assert rows[-1][1] == 1 and rows[-1][2] == pytest.approx(float(session.result.probs[final]), abs=1e-4)
     assert rows[-1][3].startswith(handle.labels[final])
     assert f"Final class: {handle.labels[final]} (#{final})" in note
+    settled = next(block for block in range(12) if all(row[1] == 1 for row in rows[block:]))
+    assert f"readout from block {settled} on (blocks 0 to 11)" in note  # a block by its index, never a count
 
 
 def test_overview_draws_from_the_pass_and_clears_another_class(served):

@@ -21,7 +21,7 @@ import gradio as gr
 import numpy as np
 from gradio import utils as gradio_utils
 
-from vit_inspect.analysis.compare import matching_layer, relative_depth
+from vit_inspect.analysis.compare import matching_layer
 from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import parse_size
@@ -29,7 +29,7 @@ from vit_inspect.core.images import load_image
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
-                                            last_layer_heads, same_labels, token_agreement)
+                                            last_layer_heads, layer_words, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
 from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_name, shows_errors
 from vit_inspect.ui.session_store import Slot
@@ -87,10 +87,11 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
 def mapping_note(state: CompareSession, layer: int) -> str:
     a, b = state.comparison.a, state.comparison.b
     other = matching_layer(layer, a.depth, b.depth)
-    return (f"{state.class_note}\n\n" if state.class_note else "") + (f"**Relative depth** (l+1)/L: A's layer {layer} of {a.depth} ({relative_depth(layer, a.depth):.2f}) ↔ "
-            f"B's layer {other} of {b.depth} ({relative_depth(other, b.depth):.2f}). B's layer = "
-            f"ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at or beyond A's relative depth. Agreement is "
-            "measured over the part of the photo both crops cover, both maps resampled bilinearly to the finer grid.")
+    return (f"{state.class_note}\n\n" if state.class_note else "") + (
+            f"**Relative depth** (l+1)/L, layers numbered from 0: A's {layer_words(layer, a.depth)} ↔ "
+            f"B's {layer_words(other, b.depth)}. B's layer = ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at "
+            "or beyond A's relative depth. Agreement is measured over the part of the photo both crops cover, both "
+            "maps resampled bilinearly to the finer grid.")
 
 
 def layer_views(state: CompareSession, layer: int) -> tuple[np.ndarray, list[list[str]], str]:

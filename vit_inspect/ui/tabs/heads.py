@@ -208,10 +208,10 @@ def lens_table(handle, result: ImageAnalysis) -> tuple[list[str], list[list], st
             layer = record[name]["layers"][block]
             row += [layer["rank"], layer["prob"], ", ".join(f"{t['label']} {t['prob']:.2f}" for t in layer["top"])]
         rows.append(row)
-    settled = ", ".join(f"{name} after {record[name]['settled_after_blocks']} blocks" for name in names
-                        if record[name]["settled_after_blocks"] is not None)
+    settled = ", ".join(f"{name} from block {record[name]['settled_at_block']} on" for name in names
+                        if record[name]["settled_at_block"] is not None)
     note = (f"Final class: {record['final_label']} (#{record['final_class']}). "
-            + (f"It is the lens's top class from then on: {settled}." if settled else ""))
+            + (f"It is the lens's top class for good: {settled} (blocks 0 to {result.depth - 1})." if settled else ""))
     return headers, rows, note
 
 
