@@ -18,6 +18,7 @@ from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
 from vit_inspect.passes.result import ROLLOUT_CACHE
 from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots.canvas import COLORBAR_PIXELS
 from vit_inspect.studies.ablation import (  # noqa: E402
     ablation_effect,
     analyze_ablated,
@@ -115,6 +116,8 @@ def test_ablating_a_layer_shows_the_library_effect(served):
     assert rows[0][1] == f"{handle.label(effect.top_before[0][0])} (#{effect.top_before[0][0]})"
     assert rows[0][3] == f"{handle.label(effect.top_after[0][0])} (#{effect.top_after[0][0]})"
     assert len(maps) == 3 and all(m.ndim == 3 and m.shape[2] == 3 for m in maps)
+    # at the crop's own size, as the first view's: three side by side fit the page at 1366 pixels
+    assert {m.shape[1] for m in maps} == {result.layout.input_size[1] + COLORBAR_PIXELS}
 
 
 def test_redraws_come_from_the_cached_ablated_pass(served):

@@ -19,7 +19,7 @@ from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSani
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui import sanity  # noqa: E402
-from vit_inspect.ui.common import FIGURE_PIXELS  # noqa: E402
+from vit_inspect.ui.panels import FIGURE_PIXELS  # noqa: E402
 from vit_inspect.ui.session_store import SessionStore  # noqa: E402
 from vit_inspect.ui.stale import result_key  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import Scored, table_of, with_verdicts  # noqa: E402

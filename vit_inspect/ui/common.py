@@ -33,9 +33,6 @@ log = logging.getLogger("vit_inspect.app")
 MAP_OUT = MappingProxyType(dict(interactive=False, format="png", show_label=False, container=False,
                                 buttons=["download", "fullscreen"]))
 FIGURE_OUT = MAP_OUT
-# The widest picture a section shows at its own size: the sections' column is 1006 pixels wide in a 1366-pixel
-# window (measured in Chromium, tests/ui/browser), so a picture no wider keeps its 12-13 px text legible there.
-FIGURE_PIXELS = 1000
 # How events run. Model passes run one at a time on one queue (hooks are per model); redraws in parallel.
 MODEL_PASS = MappingProxyType(dict(concurrency_id="model_pass", concurrency_limit=1))
 DRAW_CONCURRENCY = 4

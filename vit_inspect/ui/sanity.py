@@ -28,7 +28,8 @@ from vit_inspect.plots.faithfulness import paper_name
 from vit_inspect.plots.sanity import cascading_panel, similarity_panel
 from vit_inspect.studies.robustness import RobustnessSettings
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
-from vit_inspect.ui.common import FIGURE_PIXELS, public_message, public_name
+from vit_inspect.ui.common import public_message, public_name
+from vit_inspect.ui.panels import FIGURE_PIXELS
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import redact_paths

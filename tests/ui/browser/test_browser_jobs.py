@@ -19,8 +19,9 @@ from support.browser import ARTIFACTS, first_view, image_src, open_tab
 from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots.faithfulness import method_colours, paper_name
-from vit_inspect.ui.common import FIGURE_PIXELS, shown_model
+from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.panels import FIGURE_PIXELS
 from vit_inspect.ui.tabs.faithfulness import METHODS
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app

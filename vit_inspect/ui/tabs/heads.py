@@ -381,7 +381,8 @@ class HeadsTab:
         target = (session.target[0], None)  # the ablated pass explains the class alone, never "versus"
         shown = replace(session, slot=Detached({target: state.ablated}), target=target,
                         model_label=f"{session.model_label} · {state.ablated_words}")
-        return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls))
+        # at the crop's own size, as the first view's maps: three fit side by side at 1366 pixels
+        return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls), scale=1)
 
     def redraw(self, session, state: HeadsState | None, **controls):
         """Another layer or head: the ablated maps and the heatmaps' outlined cell, from the cache."""
