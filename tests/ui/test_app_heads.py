@@ -43,6 +43,7 @@ from vit_inspect.ui.tabs.heads import (
     heatmap,
     importance_of_crop,
     lens_table,
+    lens_widths,
     parse_head_spec,
     refusals_warn,
     result_key,
@@ -247,6 +248,7 @@ def test_lens_table_has_a_row_per_block(served):
     headers, rows, note = lens_table(handle, session.result)
     assert len(rows) == 12 and [r[0] for r in rows] == list(range(12))
     assert headers[1:4] == ["readout: rank of final class", "readout: its prob", "readout: top-5"]
+    assert len(lens_widths(headers)) == 4 and sum(float(w[:-1]) for w in lens_widths(headers)) == 100
     final = int(np.argmax(session.result.probs))
     assert rows[-1][1] == 1 and rows[-1][2] == pytest.approx(float(session.result.probs[final]), abs=1e-4)
     assert rows[-1][3].startswith(handle.labels[final])
@@ -343,6 +345,7 @@ def test_distilled_and_headless_lens():
     distilled = tiny_handle("distilled")
     headers, rows, _ = lens_table(distilled, analyze_image(distilled, picture))
     assert len(rows) == 2 and "distillation: rank of final class" in headers and "class: top-5" in headers
+    assert lens_widths(headers) == []  # ten columns at their own widths, scrolled with the first pinned
     from timm.models.vision_transformer import VisionTransformer
 
     from vit_inspect.core.timm_models import handle_from_timm
