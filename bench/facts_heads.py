@@ -1,6 +1,6 @@
 """Not a benchmark: measures the head facts the README quotes for the real DeiT-Ti/16 weights.
 
-1. Logit lens: after how many blocks the final class reaches rank 1 for good (`settled_depth`),
+1. Logit lens: from which 0-based block on the final class has rank 1 for good (`settled_block`),
    averaged over the shared ImageNet samples (every `--every`-th file).
 2. First-order estimate vs real ablation: Spearman's rho over the 36 heads of each image, between
    `HeadPass.first_order` (sum A dy/dA) and `head_importance(mode="zero").logit_drop`.
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import torch
 
-from vit_inspect.analysis.logit_lens import lens_ranks, settled_depth
+from vit_inspect.analysis.logit_lens import lens_ranks, settled_block
 from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images, load_image
@@ -31,14 +31,14 @@ WEIGHTS = SHARED / "models" / "deit_tiny_patch16_224.safetensors"
 SAMPLES = SHARED / "data" / "imagenet_samples"
 
 
-def lens_depths(handle: ViTHandle, files) -> list[int | None]:
-    """`settled_depth` of the final (top) class for each image, from the analysis pass (no gradients)."""
-    depths = []
+def lens_blocks(handle: ViTHandle, files) -> list[int | None]:
+    """`settled_block` of the final (top) class for each image, from the analysis pass (no gradients)."""
+    blocks = []
     for path in files:
         result = analyze_image(handle, path, gradients=False)
         final = int(np.argmax(result.heads.logits))
-        depths.append(settled_depth(lens_ranks(result.heads.lens["readout"], final)))
-    return depths
+        blocks.append(settled_block(lens_ranks(result.heads.lens["readout"], final)))
+    return blocks
 
 
 def layer_vs_head_kl(handle: ViTHandle, path) -> tuple[np.ndarray, np.ndarray]:
@@ -72,12 +72,12 @@ def main() -> None:
     files = find_images([SAMPLES])
     print(f"command: python -m bench.facts_heads {' '.join(sys.argv[1:])}".strip())
     lens_files = files[::args.every]
-    depths = lens_depths(handle, lens_files)
-    settled = [d for d in depths if d is not None]
-    before_last = sum(d < handle.depth for d in settled)
-    print(f"lens: {len(lens_files)} images; final class settles at rank 1 after {np.mean(settled):.2f} blocks on "
-          f"average (median {np.median(settled):.0f}) of {handle.depth}; before the last block on {before_last} "
-          f"({100 * before_last / len(lens_files):.1f}%); histogram {np.bincount(settled, minlength=handle.depth + 1)[1:].tolist()}")
+    settled = [b for b in lens_blocks(handle, lens_files) if b is not None]
+    before_last = sum(b < handle.depth - 1 for b in settled)
+    print(f"lens: {len(lens_files)} images; final class at rank 1 for good from block {np.mean(settled):.2f} on "
+          f"average (median block {np.median(settled):.0f}; blocks 0 to {handle.depth - 1}); before block "
+          f"{handle.depth - 1}, the last, on {before_last} ({100 * before_last / len(lens_files):.1f}%); "
+          f"histogram over blocks 0 to {handle.depth - 1} {np.bincount(settled, minlength=handle.depth).tolist()}")
     head_files = files[::max(1, len(files) // args.images_for_heads)][:args.images_for_heads]
     rhos = [first_order_rho(handle, p) for p in head_files]
     print(f"first-order vs zero ablation, Spearman rho over 36 heads, {len(rhos)} images: mean {np.mean(rhos):.3f}, "

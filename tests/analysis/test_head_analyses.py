@@ -18,7 +18,7 @@ from vit_inspect.analysis.logit_lens import (
     lens_probs,
     lens_ranks,
     lens_topk,
-    settled_depth,
+    settled_block,
 )
 
 
@@ -78,14 +78,14 @@ def test_token_norms_and_high_norm_patches():
     np.testing.assert_allclose(token_norms(torch.from_numpy(wide)), token_norms(wide), rtol=1e-13)
 
 
-def test_lens_ranks_topk_and_settled_depth():
+def test_lens_ranks_topk_and_settled_block():
     logits = np.array([[3.0, 1.0, 2.0], [1.0, 3.0, 2.0], [0.0, 5.0, 1.0]])  # depth 3, 3 classes
     assert lens_ranks(logits, 1).tolist() == [3, 1, 1]
     assert lens_ranks(logits, 0).tolist() == [1, 3, 3]
-    assert settled_depth(lens_ranks(logits, 1)) == 2  # rank 1 from block 2 on
-    assert settled_depth(np.array([1, 2, 1])) == 3  # lost it at block 2: settles at the last
-    assert settled_depth(np.array([1, 1, 1])) == 1
-    assert settled_depth(np.array([1, 1, 2])) is None
+    assert settled_block(lens_ranks(logits, 1)) == 1  # rank 1 from block 1 on
+    assert settled_block(np.array([1, 2, 1])) == 2  # lost it at block 1: settles at block 2, the last
+    assert settled_block(np.array([1, 1, 1])) == 0
+    assert settled_block(np.array([1, 1, 2])) is None
     indices, probs = lens_topk(logits, 2)
     assert indices.tolist() == [[0, 2], [1, 2], [1, 2]]
     e = np.exp([3.0, 1.0, 2.0])

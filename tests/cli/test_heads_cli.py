@@ -32,7 +32,8 @@ def test_heads_everything_on_chelsea(capsys, tmp_path, deit_args):
     last = lens["readout"]["layers"][-1]
     assert last["rank"] == 1 and last["top"][0]["index"] == record["target"] == lens["final_class"]
     assert last["prob"] == pytest.approx(record["topk"][0]["prob"], abs=1e-4)
-    assert 1 <= lens["readout"]["settled_after_blocks"] <= 12
+    ranks, settled = [layer["rank"] for layer in lens["readout"]["layers"]], lens["readout"]["settled_at_block"]
+    assert set(ranks[settled:]) == {1} and (settled == 0 or ranks[settled - 1] != 1)  # a 0-based block
     assert "head importance: 37/37 rows" in err
     figures = {p.name for p in tmp_path.glob("*.png")}
     assert figures == {f"chelsea_{n}.png" for n in ("entropy", "prefix_share", "token_norms", "first_order",

@@ -5,6 +5,7 @@ import sys
 import matplotlib
 import numpy as np
 import pytest
+from PIL import Image
 
 from vit_inspect.plots.canvas import (
     CAPTION_LINE_PIXELS,
@@ -261,11 +262,45 @@ def test_attention_distance_figure():
 
 def test_figure_rendering():
     fig = attention_distance_figure(np.ones((2, 2)))
-    assert figure_to_png(fig).startswith(b"\x89PNG\r\n\x1a\n")
+    png = figure_to_png(fig)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
     rgb = figure_to_rgb(fig)
-    width, height = fig.get_size_inches() * fig.dpi
-    assert rgb.shape == (round(height), round(width), 3) and rgb.dtype == np.uint8
-    assert rgb.min() < 128 < rgb.max()  # dark points and text on a white background
+    with Image.open(io.BytesIO(png)) as picture:
+        np.testing.assert_array_equal(np.asarray(picture.convert("RGB")), rgb)
+    assert rgb.dtype == np.uint8 and rgb.min() < 128 < rgb.max()  # dark points and text on a white background
+
+
+LONG_TITLE = "vit_base_patch16_224.augreg2_in21k_ft_in1k, chelsea.png, class Egyptian cat (#285): " * 2
+
+
+def white_border(rgb: np.ndarray, pixels: int = 2) -> bool:
+    """Nothing drawn within ``pixels`` of the picture's edges: no text or axes runs off it."""
+    return all((edge >= 250).all() for edge in (rgb[:pixels], rgb[-pixels:], rgb[:, :pixels], rgb[:, -pixels:]))
+
+
+@pytest.mark.parametrize("name", ["distance", "heatmap", "lens", "filters", "position", "maps"])
+def test_command_line_figures_are_never_clipped(name):
+    """A title or label wider or taller than its figure grows the saved picture (the command line's `model`
+    figure once lost both ends of its title): every figure the command line writes has a white border."""
+    from vit_inspect.analysis.filters import FilterPCA
+    from vit_inspect.plots import heads, model
+
+    rng = np.random.default_rng(0)
+    rgb = (rng.random((224, 224, 3)) * 255).astype(np.uint8)
+    figures = {
+        "distance": lambda: attention_distance_figure(rng.random((12, 3)) * 100, image_width=224,
+                                                      title=f"mean attention distance: {LONG_TITLE}"),
+        "heatmap": lambda: heads.head_heatmap_figure(rng.normal(size=(12, 3)), f"attention entropy ({LONG_TITLE})",
+                                                     "nats"),
+        "lens": lambda: heads.lens_figure(np.arange(12, 0, -1), np.linspace(0, 1, 12), LONG_TITLE),
+        "filters": lambda: model.filter_pca_figure(FilterPCA(rng.random((28, 16, 16, 3)), np.full(28, 0.01)),
+                                                   model=LONG_TITLE.replace(", ", "_").replace(" ", "_")),
+        "position": lambda: model.pos_similarity_figure(rng.random((14, 14, 14, 14)), title=LONG_TITLE),
+        "maps": lambda: maps_figure(rgb, {"attention": rng.random((14, 14))}, title=LONG_TITLE),
+    }
+    picture = figure_to_rgb(figures[name]())
+    assert white_border(picture)
+    assert (picture[: picture.shape[0] // 3] < 128).any()  # the title is drawn, at the top
 
 
 def test_plotting_does_not_import_pyplot():
@@ -391,8 +426,6 @@ def test_png_bytes_by_hand():
 
 @pytest.mark.parametrize("shape", [(1, 1), (37, 53), (37, 53, 3), (5, 7, 4), (200, 3, 3)])
 def test_png_round_trips_through_pil_exactly(shape):
-    from PIL import Image
-
     from vit_inspect.plots.canvas import encode_png
 
     rng = np.random.default_rng(sum(shape))

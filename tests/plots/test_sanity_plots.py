@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_inspect.plots.canvas import COLORBAR_PIXELS, MOSAIC_GAP
 from vit_inspect.plots.faithfulness import method_styles
 from vit_inspect.plots.maps import overlay
 from vit_inspect.plots.sanity import (CELL_PIXELS, LABEL_PIXELS, cascading_figure, cascading_panel, labelled_steps,
@@ -84,6 +85,41 @@ def test_cascading_panel_draws_every_steps_map_over_the_scaled_crop():
     assert tuple(bar) != (255, 255, 255)
     with pytest.raises(ValueError, match="no maps"):
         cascading_panel(rgb, ImageSanity(0, None, (None,), {}, {}, {}, {}), "t")
+
+
+def test_a_deep_models_strip_is_split_into_bands_that_fit_the_width():
+    """12 blocks: 14 steps, two bands of 7 under 1000 pixels, each opening with the crop; every step's map drawn
+    once, in order, at its own size (so its 12-pixel labels are shown at 12 pixels)."""
+    rgb = np.random.default_rng(2).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    steps = steps_of(12)
+    rng = np.random.default_rng(3)
+    result = ImageSanity(target=1, random_class=2, steps=steps, cascading={}, independent={}, random_logit={},
+                         maps={m: tuple(rng.normal(size=(4, 4)) for _ in steps) for m in ("gradcam", "rollout")})
+    panel = cascading_panel(rgb, result, "a title", max_width=1000)
+    assert panel.shape[1] <= 1000 and cascading_panel(rgb, result, "a title").shape[1] > 1000
+    band_h = 20 + 2 * (CELL_PIXELS + 4)
+    title_band = panel.shape[0] - (2 * band_h + MOSAIC_GAP)
+    crop = np.asarray(Image.fromarray(rgb).resize((CELL_PIXELS, CELL_PIXELS), Image.BILINEAR))
+    for band in range(2):
+        for row, method in enumerate(result.maps):
+            top = title_band + band * (band_h + MOSAIC_GAP) + 20 + row * (CELL_PIXELS + 4)
+            np.testing.assert_array_equal(panel[top:top + CELL_PIXELS, LABEL_PIXELS:LABEL_PIXELS + CELL_PIXELS], crop)
+            for column in range(1, 8):
+                left = LABEL_PIXELS + column * (CELL_PIXELS + 4)
+                np.testing.assert_array_equal(panel[top:top + CELL_PIXELS, left:left + CELL_PIXELS],
+                                              overlay(crop, result.maps[method][band * 7 + column - 1], alpha=0.75))
+    narrow = cascading_panel(rgb, result, "", max_width=LABEL_PIXELS + 2 * (CELL_PIXELS + 4) + COLORBAR_PIXELS)
+    assert narrow.shape[0] == 14 * band_h + 13 * MOSAIC_GAP  # one step a band: still every step
+
+
+def test_similarity_plots_wrap_to_the_width():
+    result = _result()
+    wide = similarity_panel(result, "a title")
+    fitted = similarity_panel(result, "a title", max_width=1000)
+    assert wide.shape[1] > 1000 >= fitted.shape[1] > 900  # two plots to a row, the third below
+    assert fitted.shape[0] > wide.shape[0]
+    one = similarity_panel(result, "a title", max_width=100)  # narrower than a plot: one to a row
+    assert one.shape[1] < fitted.shape[1] and one.shape[0] > fitted.shape[0]
 
 
 def test_similarity_panel_draws_each_method_in_its_colour():

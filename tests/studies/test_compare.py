@@ -28,7 +28,7 @@ from vit_inspect.studies.comparison import (
 
 def test_relative_depth_and_layer_mapping():
     assert relative_depth(5, 12) == 0.5 and relative_depth(11, 24) == 0.5 and relative_depth(11, 12) == 1.0
-    assert matching_layer(5, 12, 24) == 11  # layer 6 of 12 <-> layer 12 of 24 (1-based)
+    assert matching_layer(5, 12, 24) == 11  # relative depth 6/12 <-> 12/24
     assert matching_layer(11, 12, 24) == 23 and matching_layer(0, 12, 24) == 1
     assert matching_layer(11, 24, 12) == 5 and matching_layer(10, 24, 12) == 5 and matching_layer(0, 24, 12) == 0
     assert [matching_layer(i, 12, 12) for i in range(12)] == list(range(12))
@@ -224,7 +224,7 @@ def test_figures_name_both_models_layers_and_carry_colour_bars():
     aligned = aligned_maps(pair, layer_a=0)
     fig = compare_plots.aligned_maps_figure(pair, aligned, "A: tiny", "B: tiny wide")
     texts = [t.get_text() for sub in fig.subfigs for t in [sub._suptitle] + [ax.title for ax in sub.axes]]
-    assert any("A: tiny, layer 0 of 2 (rel. depth 0.50)" in t for t in texts)
+    assert any("A: tiny, layer 0 (relative depth 0.50)" in t for t in texts)
     assert any(t.startswith("raw attention") and "Spearman" in t for t in texts)
     assert sum(ax.get_label() == "<colorbar>" for sub in fig.subfigs for ax in sub.axes) == len(aligned)
     maps, masks = last_layer_heads(pair.a)
@@ -355,18 +355,18 @@ def test_the_apps_aligned_maps_picture_shows_each_models_map_panel_per_kind():
     picture = compare_plots.aligned_maps_panel(pair, aligned, "A: tiny", "B: tiny wide")
     attention = aligned[0]
     assert attention.kind == "attention" and attention.layer_b == 0
-    panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 of 2 (rel. depth 0.50)",  # attention: no class
+    panels = [map_panel(result.rgb, grid_map, f"{name}, layer 0 (relative depth 0.50)",  # attention: no class
                         "map value", *map_range(grid_map, False))
               for result, name, grid_map in ((pair.a, "A: tiny", attention.map_a), (pair.b, "B: tiny wide", attention.map_b))]
     [(row, left)] = _found_at(picture, panels[0])  # model A's, at the left of the first row
     assert left == 0 and row > 0  # under the titles
     assert _found_at(picture, panels[1]) == [(row, panels[0].shape[1] + MOSAIC_GAP)]  # model B's beside it
     gradcam = next(item for item in aligned if item.kind == "gradcam")  # after a ReLU, its own range
-    relu_panel = map_panel(pair.b.rgb, gradcam.map_b, f"B: tiny wide, layer 0 of 2 (rel. depth 0.50), class "
+    relu_panel = map_panel(pair.b.rgb, gradcam.map_b, f"B: tiny wide, layer 0 (relative depth 0.50), class "
                            f"{pair.b.target}", "map value (ReLU)", *map_range(gradcam.map_b, True), relu=True)
     assert len(_found_at(picture, relu_panel)) == 1
     named = compare_plots.aligned_maps_panel(pair, aligned, "A: tiny", "B: tiny wide", classes=("cat (#3)", "cat (#3)"))
-    relu_named = map_panel(pair.b.rgb, gradcam.map_b, "B: tiny wide, layer 0 of 2 (rel. depth 0.50), class cat (#3)",
+    relu_named = map_panel(pair.b.rgb, gradcam.map_b, "B: tiny wide, layer 0 (relative depth 0.50), class cat (#3)",
                            "map value (ReLU)", *map_range(gradcam.map_b, True), relu=True)
     assert len(_found_at(named, relu_named)) == 1  # the class in words where the caller names it
     assert picture.shape[0] > sum(max(p.shape[0] for p in panels) for _ in aligned)  # one row per kind, titled

@@ -9,6 +9,8 @@ import pytest
 from playwright import sync_api
 
 from support import REPO
+from vit_inspect.plots.canvas import SMALL_TEXT
+from vit_inspect.ui.style import PICTURE, PROGRESS_SLOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -68,3 +70,52 @@ def require_browser() -> None:
             pytest.fail(f"VIT_INSPECT_REQUIRE_BROWSER=1 but there is no browser at {CHROMIUM} "
                         "(apt-get install -y chromium)", pytrace=False)
         pytest.skip(f"no browser at {CHROMIUM} (apt-get install -y chromium)")
+
+
+# What the page shows that a reader could not read, as sentences (`illegible`): a picture shown smaller than its
+# smallest text allows, a picture's buttons over the picture, a table header broken inside a word or running
+# out of its cell, a table wider than its box, a progress bar over anything but a picture or a progress slot.
+LEGIBILITY = """([smallest, least, photos, slot, picture]) => {
+  const seen = (e) => e.offsetParent && e.getBoundingClientRect().width > 0;
+  const where = (e) => { const host = e.closest('[id]'); return host ? '#' + host.id : 'the page'; };
+  const overlap = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const problems = [];
+  for (const img of document.querySelectorAll('img')) {
+    const host = img.closest('[id]');
+    if (!seen(img) || !img.naturalWidth || !host || !host.id || host.id.startsWith('component-') || photos.includes(host.id)) continue;
+    const px = smallest * Math.min(1, img.getBoundingClientRect().width / img.naturalWidth);
+    if (px < least) problems.push(`${where(img)}: ${img.naturalWidth} px wide, shown at ${Math.round(img.getBoundingClientRect().width)} px: its ${smallest}-px text at ${px.toFixed(1)} px`);
+    const buttons = host.querySelector('.icon-button-wrapper');
+    if (buttons && seen(buttons) && overlap(buttons.getBoundingClientRect(), img.getBoundingClientRect()))
+      problems.push(`${where(img)}: its buttons sit over the picture`);
+  }
+  for (const span of document.querySelectorAll('th .header')) {
+    if (!seen(span)) continue;
+    const text = span.firstChild && span.firstChild.nodeType === 3 ? span.firstChild : null;
+    for (const match of (text ? text.data.matchAll(/[^\\s-]+-?/g) : [])) {
+      const range = document.createRange();
+      range.setStart(text, match.index);
+      range.setEnd(text, match.index + match[0].length);
+      if (range.getClientRects().length > 1) problems.push(`${where(span)}: header "${text.data}" breaks inside "${match[0]}"`);
+    }
+    if (span.getBoundingClientRect().right > span.closest('th').getBoundingClientRect().right + 1)
+      problems.push(`${where(span)}: header "${span.innerText}" runs out of its cell`);
+  }
+  for (const view of document.querySelectorAll('.virtual-table-viewport')) {
+    if (seen(view) && view.scrollWidth > view.clientWidth + 1) problems.push(`${where(view)}: table ${view.scrollWidth} px wide in ${view.clientWidth} px`);
+  }
+  for (const tracker of document.querySelectorAll('[data-testid="status-tracker"]')) {
+    if (!seen(tracker) || tracker.classList.contains('hide') || tracker.getBoundingClientRect().height < 2) continue;
+    const block = tracker.closest('.block');  // a progress slot, an output picture or the upload (a photo)
+    if (!(block && (block.classList.contains(slot) || block.classList.contains(picture) || block.id === photos[0])))
+      problems.push(`${where(tracker)}: a progress bar over it`);
+  }
+  return problems;
+}"""
+PHOTOS = ["input-image", "crop", "seen-region"]  # photos without text: the upload and its previews fit their boxes
+
+
+def illegible(page) -> list[str]:
+    """What the page shows now that a reader could not read (`LEGIBILITY`); each picture's smallest text is
+    `plots.canvas.SMALL_TEXT` pixels, and at least 11 pixels must reach the screen."""
+    return page.evaluate(LEGIBILITY, [SMALL_TEXT, 11, PHOTOS, PROGRESS_SLOT, PICTURE])

@@ -26,7 +26,7 @@ def test_compare_through_the_api(server, client, tiny_weights):
     outputs = client.predict(handle_file(str(CHELSEA)), "192x192", 0.6, True, 0.5, api_name="/compare_models")
     assert server.forwards == forwards + 1  # model A: one pass
     layer, note, top_a, top_b, maps, table = outputs[:6]
-    assert "A's layer 11 of 12 (1.00) ↔ B's layer 5 of 6 (1.00)" in note
+    assert "A's layer 11, the last (relative depth 1.00) ↔ B's layer 5, the last (relative depth 1.00)" in note
     assert top_a["label"].split(" (#")[0].split(",")[0] in ("Egyptian cat", "tabby", "tiger cat")
     rows = table["data"]
     assert [r[0].split(" (")[0] for r in rows] == ["raw attention", "attention rollout", "Grad-CAM",
@@ -34,7 +34,7 @@ def test_compare_through_the_api(server, client, tiny_weights):
     assert all(-1.0 <= float(r[2]) <= 1.0 and 0.0 <= float(r[3]) <= 1.0 for r in rows)
     assert rows[0][4] == "14×14"  # A's 14x14 grid is the finer one (B: 192 px / 16 = 12)
     relayered = client.predict(0, api_name="/compare_layer")
-    assert "A's layer 0 of 12 (0.08) ↔ B's layer 0 of 6 (0.17)" in relayered[2]
+    assert "A's layer 0 (relative depth 0.08) ↔ B's layer 0 (relative depth 0.17)" in relayered[2]
     assert server.forwards == forwards + 1
     from PIL import Image
 

@@ -18,6 +18,7 @@ from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
 from vit_inspect.passes.result import ROLLOUT_CACHE
 from vit_inspect.plots import distance as distance_plots
+from vit_inspect.plots.canvas import COLORBAR_PIXELS
 from vit_inspect.studies.ablation import (  # noqa: E402
     ablation_effect,
     analyze_ablated,
@@ -42,6 +43,7 @@ from vit_inspect.ui.tabs.heads import (
     heatmap,
     importance_of_crop,
     lens_table,
+    lens_widths,
     parse_head_spec,
     refusals_warn,
     result_key,
@@ -115,6 +117,8 @@ def test_ablating_a_layer_shows_the_library_effect(served):
     assert rows[0][1] == f"{handle.label(effect.top_before[0][0])} (#{effect.top_before[0][0]})"
     assert rows[0][3] == f"{handle.label(effect.top_after[0][0])} (#{effect.top_after[0][0]})"
     assert len(maps) == 3 and all(m.ndim == 3 and m.shape[2] == 3 for m in maps)
+    # at the crop's own size, as the first view's: three side by side fit the page at 1366 pixels
+    assert {m.shape[1] for m in maps} == {result.layout.input_size[1] + COLORBAR_PIXELS}
 
 
 def test_redraws_come_from_the_cached_ablated_pass(served):
@@ -244,10 +248,13 @@ def test_lens_table_has_a_row_per_block(served):
     headers, rows, note = lens_table(handle, session.result)
     assert len(rows) == 12 and [r[0] for r in rows] == list(range(12))
     assert headers[1:4] == ["readout: rank of final class", "readout: its prob", "readout: top-5"]
+    assert len(lens_widths(headers)) == 4 and sum(float(w[:-1]) for w in lens_widths(headers)) == 100
     final = int(np.argmax(session.result.probs))
     assert rows[-1][1] == 1 and rows[-1][2] == pytest.approx(float(session.result.probs[final]), abs=1e-4)
     assert rows[-1][3].startswith(handle.labels[final])
     assert f"Final class: {handle.labels[final]} (#{final})" in note
+    settled = next(block for block in range(12) if all(row[1] == 1 for row in rows[block:]))
+    assert f"readout from block {settled} on (blocks 0 to 11)" in note  # a block by its index, never a count
 
 
 def test_overview_draws_from_the_pass_and_clears_another_class(served):
@@ -338,6 +345,7 @@ def test_distilled_and_headless_lens():
     distilled = tiny_handle("distilled")
     headers, rows, _ = lens_table(distilled, analyze_image(distilled, picture))
     assert len(rows) == 2 and "distillation: rank of final class" in headers and "class: top-5" in headers
+    assert lens_widths(headers) == []  # ten columns at their own widths, scrolled with the first pinned
     from timm.models.vision_transformer import VisionTransformer
 
     from vit_inspect.core.timm_models import handle_from_timm

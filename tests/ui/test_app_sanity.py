@@ -19,6 +19,7 @@ from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSani
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui import sanity  # noqa: E402
+from vit_inspect.ui.panels import FIGURE_PIXELS  # noqa: E402
 from vit_inspect.ui.session_store import SessionStore  # noqa: E402
 from vit_inspect.ui.stale import result_key  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import Scored, table_of, with_verdicts  # noqa: E402
@@ -167,6 +168,9 @@ def test_the_checks_through_the_served_app(client):
     assert {row[-1] for row in table["data"] if row[0] == paper_name("chefer")} == {"not run"}
     strip, curves, rows, note, faithfulness = client.predict(api_name="/sanity_checks")
     assert strip and curves and "Egyptian cat" in note and f"below {PASS_THRESHOLD}" in note
+    for picture in (strip, curves):  # DeiT-Ti's 12 blocks: drawn to be shown at their own size at 1366 pixels
+        with Image.open(picture) as image:
+            assert 900 < image.width <= FIGURE_PIXELS
     verdicts = {row[0]: row[2] for row in rows["data"]}
     assert set(verdicts) == {paper_name(m) for m in SANITY_METHODS}
     assert verdicts[paper_name("gradcam")].startswith("passes")

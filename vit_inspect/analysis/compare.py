@@ -21,8 +21,8 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels 
 def relative_depth(layer: int, depth: int) -> float:
     """Relative depth r = (layer + 1) / depth of 0-based block `layer` in a model of `depth` blocks.
 
-    The last block has r = 1, so layer 5 of 12 (the 6th block) and layer 11 of 24 (the 12th) both
-    have r = 0.5 and are aligned.
+    The last block has r = 1, so layer 5 of a 12-block model and layer 11 of a 24-block model both have
+    r = 0.5 and are aligned.
     """
     if not 0 <= layer < depth:
         raise ValueError(f"layer {layer} out of range: the model has {depth} layers (0..{depth - 1})")

@@ -25,11 +25,11 @@ def lens_topk(logits: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
     return order, np.take_along_axis(probs, order, axis=-1)
 
 
-def settled_depth(ranks: np.ndarray) -> int | None:
-    """The number of blocks d after which the class has rank 1 and keeps it through the last block
-    (ranks[d-1:] all 1); None if it is not rank 1 after the last block. 1 <= d <= depth."""
+def settled_block(ranks: np.ndarray) -> int | None:
+    """The 0-based block b from whose output on the class has rank 1 through the last block (ranks[b:] all 1);
+    None if it is not rank 1 after the last block. 0 <= b <= depth - 1."""
     ranks = np.asarray(ranks)
     if ranks.size == 0 or ranks[-1] != 1:
         return None
     not_top = np.flatnonzero(ranks != 1)
-    return int(not_top[-1]) + 2 if not_top.size else 1
+    return int(not_top[-1]) + 1 if not_top.size else 0

@@ -136,8 +136,9 @@ class AttentionRecorder:
         missing = [i for i, a in enumerate(self._attention) if a is None]
         if missing:
             raise CaptureError(
-                f"No attention map was recorded for layer(s) {missing} of {self.depth}; was a forward pass run "
-                "inside capture_attention, and does this model compute attention in the standard module?")
+                f"No attention map was recorded for layer(s) {missing} (of layers 0 to {self.depth - 1}); was a "
+                "forward pass run inside capture_attention, and does this model compute attention in the standard "
+                "module?")
         return list(self._attention)  # type: ignore[arg-type]
 
     @property

@@ -380,7 +380,8 @@ class LayerStream:
         if self.keep_maps:
             missing = sorted(set(range(self.depth)) - self._kept_layers)
             if missing:
-                raise CaptureError(f"No attention was recorded for layer(s) {missing} of {self.depth}.")
+                raise CaptureError(
+                    f"No attention was recorded for layer(s) {missing} (of layers 0 to {self.depth - 1}).")
             kept, self._kept = to_host(self._kept).numpy(), None
             return AttentionStore("maps", None, None, None, kept, 0.0)
         self._flush()

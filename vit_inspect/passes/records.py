@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_inspect.analysis.logit_lens import lens_ranks, lens_topk, settled_depth
+from vit_inspect.analysis.logit_lens import lens_ranks, lens_topk, settled_block
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.passes.result import ImageAnalysis
@@ -80,7 +80,8 @@ def analysis_arrays(result: ImageAnalysis) -> dict[str, np.ndarray]:
 
 
 def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
-    """Per readout: for every block, the top-k classes and the rank and probability of the final class."""
+    """Per readout: for every block, the top-k classes and the rank and probability of the final class, and the
+    0-based block from which on the final class is the lens's top class (``settled_at_block``, `settled_block`)."""
     heads = result.heads
     if not heads.lens:
         return {"note": heads.lens_note}
@@ -92,7 +93,7 @@ def lens_record(handle: ViTHandle, result: ImageAnalysis, k: int = 5) -> dict:
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         final_prob = shifted[:, final] / shifted.sum(-1)
         record[name] = {
-            "settled_after_blocks": settled_depth(ranks),
+            "settled_at_block": settled_block(ranks),
             "layers": [{"block": layer, "rank": int(ranks[layer]), "prob": round(float(final_prob[layer]), 5),
                         "top": [{"index": int(i), "label": handle.label(int(i)), "prob": round(float(p), 5)}
                                 for i, p in zip(indices[layer], probs[layer])]}

@@ -19,7 +19,6 @@ import matplotlib
 import matplotlib.ticker
 import numpy as np
 from matplotlib import font_manager
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw, ImageFont
 
@@ -324,15 +323,18 @@ def encode_png(picture: np.ndarray) -> bytes:
             + _png_chunk(b"IDAT", zlib.compress(filtered.tobytes(), PNG_LEVEL)) + _png_chunk(b"IEND", b""))
 
 
+FIGURE_PAD_INCHES = 0.05  # white margin around everything a saved figure draws
+
+
 def figure_to_png(fig: Figure) -> bytes:
-    """Render a Figure to PNG bytes with the Agg canvas."""
+    """Render a Figure to PNG bytes with the Agg canvas, cut or grown to the box of everything it draws plus
+    FIGURE_PAD_INCHES (``bbox_inches="tight"``): a title or label wider than the figure is never clipped."""
     buffer = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buffer)
+    fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=FIGURE_PAD_INCHES)
     return buffer.getvalue()
 
 
 def figure_to_rgb(fig: Figure) -> np.ndarray:
-    """Render a Figure to an (H, W, 3) uint8 array with the Agg canvas."""
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    """Render a Figure to an (H, W, 3) uint8 array, as `figure_to_png` does (nothing clipped)."""
+    with Image.open(io.BytesIO(figure_to_png(fig))) as picture:
+        return np.asarray(picture.convert("RGB"))

@@ -13,7 +13,6 @@ from matplotlib.colors import LinearSegmentedColormap, Normalize
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from vit_inspect.analysis.compare import relative_depth
 from vit_inspect.analysis.dino import FeaturePCA
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.result import ImageAnalysis
@@ -21,7 +20,7 @@ from vit_inspect.plots import canvas
 from vit_inspect.plots import model as model_plots
 from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, map_range, normalized, plot_axes, rgb_of, titled
 from vit_inspect.plots.maps import PANEL_INCHES, heads_panel, map_panel, overlay
-from vit_inspect.studies.comparison import MAP_TITLES, AlignedMap, Comparison
+from vit_inspect.studies.comparison import MAP_TITLES, AlignedMap, Comparison, layer_words
 from vit_inspect.studies.model_report import model_report, pos_similarity_at
 
 MODEL_COLORS = ("tab:blue", "tab:orange")  # model A, model B
@@ -51,7 +50,7 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
                                                   (axes[1], b, name_b, item.map_b, item.layer_b)):
             ax.imshow(overlay(result.rgb, grid_map, relu=item.kind == "gradcam"))
             where = ", all layers" if item.kind in ("rollout", "relevance") else (
-                f", layer {layer} of {result.depth} (rel. depth {relative_depth(layer, result.depth):.2f})")
+                f", {layer_words(layer, result.depth)}")
             target = "" if result.target is None else f", class {result.target}"
             ax.set_title(textwrap.fill(f"{name}{where}{target}", TITLE_CHARS), fontsize="small")
             ax.set_axis_off()
@@ -87,7 +86,7 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
         for index, (result, name, grid_map, layer) in enumerate(((a, name_a, item.map_a, item.layer_a),
                                                                   (b, name_b, item.map_b, item.layer_b))):
             where = ", all layers" if item.kind in ("rollout", "relevance") else (
-                f", layer {layer} of {result.depth} (rel. depth {relative_depth(layer, result.depth):.2f})")
+                f", {layer_words(layer, result.depth)}")
             target = "" if result.target is None or item.kind in ("attention", "rollout") else (
                 f", class {classes[index] if classes else result.target}")
             low, high = map_range(grid_map, relu)

@@ -3,13 +3,15 @@ similarity curves, each as a matplotlib figure (the command line's files) and as
 picture (the app). Numbers in (`studies.sanity.ImageSanity`), no torch."""
 from __future__ import annotations
 
+import math
+
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
-from vit_inspect.plots.canvas import (COLORBAR_PIXELS, SMALL_TEXT, add_colorbar, draw_colorbar, font_of, grid_of,
-                                      plot_axes, titled, wrap_to)
+from vit_inspect.plots.canvas import (COLORBAR_PIXELS, MOSAIC_GAP, SMALL_TEXT, add_colorbar, draw_colorbar, font_of,
+                                      grid_of, plot_axes, titled, wrap_to)
 from vit_inspect.plots.faithfulness import LEGEND_LINE_PIXELS, LEGEND_SAMPLE_PIXELS, _line, method_styles, paper_name
 from vit_inspect.plots.maps import overlay
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SIMILARITIES, ImageSanity
@@ -18,6 +20,8 @@ SIMILARITY_TITLES = {"spearman": "Spearman rank correlation", "ssim": "SSIM (nor
                      "top10_overlap": "top-10 % patch overlap"}
 CELL_INCHES = 1.15  # side of one map in the cascading strip
 CELL_PIXELS = 84  # width of one map in the cascading panel
+CELL_GAP = 4  # white pixels between two maps of the cascading panel
+HEAD_PIXELS = 20  # the cascading panel's row of step names
 LABEL_PIXELS = 150  # the cascading panel's column of method names
 SIMILARITY_PLOT_PIXELS = (420, 220)  # (width, height) of one similarity plot's axes
 NORMALISED = "each map min-max normalised"
@@ -49,47 +53,62 @@ def labelled_steps(count: int, every: int) -> list[int]:
     return chosen
 
 
-def cascading_panel(rgb: np.ndarray, result: ImageSanity, title: str) -> np.ndarray:
+def cascading_panel(rgb: np.ndarray, result: ImageSanity, title: str, max_width: int | None = None) -> np.ndarray:
     """`cascading_figure` drawn with PIL, as an (H, W, 3) uint8 picture: one row per method (its paper name
     on the left), one column per cascading step (`short_step_label` above: the trained model, "from b" once
-    every block from the last one down to block b is random, "+ emb." with the patch embedding too), first
-    column the crop; each map min-max normalised to its own range and drawn over the crop scaled to
-    CELL_PIXELS wide; one colour bar (0 = a map's lowest value, 1 its highest) on the right; under `title`."""
+    every block from the last one down to block b is random, "+ emb." with the patch embedding too); each map
+    min-max normalised to its own range and drawn over the crop scaled to CELL_PIXELS wide; under `title`.
+    The steps are split evenly into bands stacked top to bottom, each no wider than ``max_width`` pixels
+    (default: one band), each opening with the crop and closing with a colour bar (0 = a map's lowest value,
+    1 its highest), so that a model of any depth is drawn at its own size on the page."""
     methods = list(result.maps)
     if not methods:
         raise ValueError("no maps to show")
     height, width = rgb.shape[:2]
     cell_h = max(1, round(CELL_PIXELS * height / width))
     crop = np.asarray(Image.fromarray(rgb).resize((CELL_PIXELS, cell_h), Image.BILINEAR))
+    steps = len(result.steps)
+    fits = steps if max_width is None else (max_width - LABEL_PIXELS - COLORBAR_PIXELS) // (CELL_PIXELS + CELL_GAP) - 1
+    per_band = math.ceil(steps / math.ceil(steps / max(1, fits)))  # as even as the bands can be
+    bands = [_cascading_band(crop, result, methods, range(start, min(start + per_band, steps)))
+             for start in range(0, steps, per_band)]
+    return titled(grid_of(bands, 1), title)
+
+
+def _cascading_band(crop: np.ndarray, result: ImageSanity, methods: list[str], steps: range) -> np.ndarray:
+    """One band of `cascading_panel`: the method names, the crop, the maps of the ``steps`` (indices into
+    ``result.steps``) and the colour bar."""
     small = font_of(SMALL_TEXT)
-    gap, head = 4, 20
-    columns = len(result.steps) + 1
-    grid_w = LABEL_PIXELS + columns * (CELL_PIXELS + gap)
-    panel = Image.new("RGB", (grid_w + COLORBAR_PIXELS, head + len(methods) * (cell_h + gap)), (255, 255, 255))
+    cell_h = crop.shape[0]
+    grid_w = LABEL_PIXELS + (len(steps) + 1) * (CELL_PIXELS + CELL_GAP)
+    panel = Image.new("RGB", (grid_w + COLORBAR_PIXELS, HEAD_PIXELS + len(methods) * (cell_h + CELL_GAP)),
+                      (255, 255, 255))
     pen = ImageDraw.Draw(panel)
-    for column, words in enumerate(["input", *[short_step_label(step) for step in result.steps]]):
-        pen.text((LABEL_PIXELS + column * (CELL_PIXELS + gap) + CELL_PIXELS / 2, head / 2), words, fill=(0, 0, 0),
-                 font=small, anchor="mm")
+    for column, words in enumerate(["input", *[short_step_label(result.steps[step]) for step in steps]]):
+        pen.text((LABEL_PIXELS + column * (CELL_PIXELS + CELL_GAP) + CELL_PIXELS / 2, HEAD_PIXELS / 2), words,
+                 fill=(0, 0, 0), font=small, anchor="mm")
     for row, method in enumerate(methods):
-        top = head + row * (cell_h + gap)
+        top = HEAD_PIXELS + row * (cell_h + CELL_GAP)
         lines = wrap_to(paper_name(method), LABEL_PIXELS - 8, small)
         for index, line in enumerate(lines):
             pen.text((LABEL_PIXELS - 6, top + cell_h / 2 + (index - (len(lines) - 1) / 2) * 15), line,
                      fill=(0, 0, 0), font=small, anchor="rm")
         panel.paste(Image.fromarray(crop), (LABEL_PIXELS, top))
-        for column, grid_map in enumerate(result.maps[method], start=1):
-            cell = overlay(crop, np.asarray(grid_map, dtype=np.float64), alpha=0.75)  # normalised, upsampled
-            panel.paste(Image.fromarray(cell), (LABEL_PIXELS + column * (CELL_PIXELS + gap), top))
-    draw_colorbar(panel, pen, grid_w + 8, head, panel.height - gap, 0.0, 1.0, NORMALISED, "inferno")
-    return titled(np.asarray(panel), title)
+        for column, step in enumerate(steps, start=1):
+            grid_map = np.asarray(result.maps[method][step], dtype=np.float64)
+            cell = overlay(crop, grid_map, alpha=0.75)  # normalised, upsampled
+            panel.paste(Image.fromarray(cell), (LABEL_PIXELS + column * (CELL_PIXELS + CELL_GAP), top))
+    draw_colorbar(panel, pen, grid_w + 8, HEAD_PIXELS, panel.height - CELL_GAP, 0.0, 1.0, NORMALISED, "inferno")
+    return np.asarray(panel)
 
 
-def similarity_panel(result: ImageSanity, title: str) -> np.ndarray:
+def similarity_panel(result: ImageSanity, title: str, max_width: int | None = None) -> np.ndarray:
     """`similarity_figure`'s cascading row drawn with PIL, as an (H, W, 3) uint8 picture: one plot per
     similarity (`SIMILARITIES`), x the cascading steps (`short_step_label`) and, right of them, the random
     logit, y from -1 to 1 (the overlap from 0); each method a line in its `method_styles` colour and style
     with a dot per step, its random-logit value a square; on the Spearman plot the pass threshold as a grey
-    line. A legend of paper names under the first plot."""
+    line. A legend of paper names under the first plot. The plots sit side by side, as many to a row as fit
+    in ``max_width`` pixels (default: all)."""
     methods = list(result.cascading)
     if not methods:
         raise ValueError("no similarities to show")
@@ -136,7 +155,9 @@ def similarity_panel(result: ImageSanity, title: str) -> np.ndarray:
                           anchor="lm")
         heading = SIMILARITY_TITLES[name] + (f" (grey: pass threshold {PASS_THRESHOLD})" if name == "spearman" else "")
         plots.append(titled(np.asarray(axes.panel), heading))
-    return titled(grid_of(plots, len(plots)), title)
+    widest = max(plot.shape[1] for plot in plots)
+    columns = len(plots) if max_width is None else (max_width + MOSAIC_GAP) // (widest + MOSAIC_GAP)
+    return titled(grid_of(plots, max(1, columns)), title)
 
 
 def cascading_figure(rgb: np.ndarray, result: ImageSanity, title: str = "") -> Figure:

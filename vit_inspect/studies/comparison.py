@@ -80,6 +80,13 @@ def result_map(result: ImageAnalysis, kind: str, layer: int, query=None) -> np.n
     return result.gradcam[layer] if kind == "gradcam" else result.chefer
 
 
+def layer_words(layer: int, depth: int) -> str:
+    """A layer by its 0-based index and relative depth (`relative_depth`), never beside a count:
+    "layer 5 (relative depth 0.50)", and for the last "layer 11, the last (relative depth 1.00)"."""
+    last = ", the last" if layer == depth - 1 else ""
+    return f"layer {layer}{last} (relative depth {relative_depth(layer, depth):.2f})"
+
+
 @dataclass(frozen=True)
 class AlignedMap:
     """One map kind of both models at aligned depths, with their agreement."""
@@ -90,13 +97,6 @@ class AlignedMap:
     map_a: np.ndarray  # (grid_h, grid_w) raw, model A's grid
     map_b: np.ndarray  # (grid_h, grid_w) raw, model B's grid
     agreement: Agreement
-
-    def depth_note(self, depth_a: int, depth_b: int) -> str:
-        """How the two layers were aligned, for titles and tables."""
-        if self.kind in ("rollout", "relevance"):
-            return "all layers"
-        return (f"layer {self.layer_a} of {depth_a} (relative depth {relative_depth(self.layer_a, depth_a):.2f}) ↔ "
-                f"layer {self.layer_b} of {depth_b} (relative depth {relative_depth(self.layer_b, depth_b):.2f})")
 
 
 def aligned_maps(comparison: Comparison, layer_a: int | None = None, kinds=MAP_KINDS,

@@ -23,6 +23,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import DEFAULT_MAX_BYTES
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots.canvas import encode_png
+from vit_inspect.ui.style import PICTURE, PROGRESS_SLOT
 from vit_inspect.ui.untrusted import client_file, redact_paths
 
 log = logging.getLogger("vit_inspect.app")
@@ -30,8 +31,9 @@ log = logging.getLogger("vit_inspect.app")
 # Options of an output picture: a map over the image (captioned in the picture), and a figure (titled in it).
 # Neither shows Gradio's label, which would sit over the picture's top-left corner.
 # No container either: its border and padding would make the browser shrink a picture drawn at the column's width.
+# Its buttons sit in a row above it (`style.PICTURE`).
 MAP_OUT = MappingProxyType(dict(interactive=False, format="png", show_label=False, container=False,
-                                buttons=["download", "fullscreen"]))
+                                buttons=["download", "fullscreen"], elem_classes=[PICTURE]))
 FIGURE_OUT = MAP_OUT
 # How events run. Model passes run one at a time on one queue (hooks are per model); redraws in parallel.
 MODEL_PASS = MappingProxyType(dict(concurrency_id="model_pass", concurrency_limit=1))
@@ -77,6 +79,13 @@ with _no_stub_files():
                                                             cache_dir=self.GRADIO_CACHE)
                 return ImageData(path=path, orig_name=Path(path).name)
             return super().postprocess(value)
+
+
+def progress_slot(elem_id: str) -> gr.Markdown:
+    """An empty line where an action's progress bar shows while it runs (its event's ``show_progress_on``):
+    Gradio draws the bar over the components it is shown on, and drawn over text it hides what the text says.
+    The slot takes no room while nothing runs (`style.PROGRESS_SLOT`)."""
+    return gr.Markdown("", elem_id=elem_id, elem_classes=[PROGRESS_SLOT])
 
 
 def public_message(exc: VitInspectError) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from vit_inspect.ui import clicks, inputs, sanity, sections
+from vit_inspect.ui import clicks, inputs, sanity, sections, style
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
@@ -57,14 +57,20 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
                     page.gradcam.layer, page.attention.row, page.attention.col]  # fitted to each model
 
         clicks.install(demo)  # the page knows where a click on a map or heatmap landed before the server answers
-        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry], api_name="startup")
+        style.install(demo)  # buttons above pictures, headers wrapped between words, progress never over text
+        # A model pass over the image shows its progress on the image (never over the status line's text); the
+        # page's first model load says so in the status line itself.
+        working = dict(show_progress_on=[given.image])
+        gr.on([demo.load], app.startup, outputs=[status, given.model_box, *geometry], api_name="startup",
+              show_progress="hidden")
         gr.on([given.model_box.expand, page.compare.tab.select], inputs.choices_handler(models, (app.default_label,)),
               outputs=[given.model_name, page.compare.name_b], api_name="model_choices",
               show_progress="hidden")  # when a picker comes into view, not while the first view loads
         loaded = gr.on([given.load_button.click, given.model_name.select], app.load_model,
                        inputs=[given.model_name, given.weights], outputs=[key, status, given.model_box, *geometry],
-                       api_name="load_model", **RAW)
-        loaded.failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name")
+                       api_name="load_model", **working, **RAW)
+        loaded.failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name",
+                       show_progress="hidden")
         analyzed_outputs = [session, given.predictions, page.overview.crop, given.target,
                             *[panel[n] for n in IMAGE_PANELS], page.overview.seen, page.attention.geometry, status,
                             page.attention.query]
@@ -73,12 +79,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
             inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
                                           prompt=given.prompt, versus_prompt=given.versus),
-            outputs=analyzed_outputs, api_name="analyze", **RAW, **MODEL_PASS)
+            outputs=analyzed_outputs, api_name="analyze", **working, **RAW, **MODEL_PASS)
         if config.first_image:  # the page opens on its first view: the image's pass beside loading the model
             gr.on([demo.load], app.analyze_first, inputs=[given.image, key, given.geometry_mode, given.shorter_side],
                   inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
                                                 prompt=given.prompt, versus_prompt=given.versus),
-                  outputs=analyzed_outputs, api_name="analyze_first_image", **RAW, **MODEL_PASS)
+                  outputs=analyzed_outputs, api_name="analyze_first_image", **working, **RAW, **MODEL_PASS)
         sections.record_shown(page, shown_tab)
         analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
                          outputs=[panel[n] for n in LATER_PANELS], api_name="panels_of_new_image",
@@ -115,7 +121,8 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         all_maps.wire(page.all_maps, app, session, controls)
         faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance),
                           sanity.SanityChecks(app.handle, app.store), session, key, controls,
-                          also=[page.overview.score.click], verdicts=list(page.overview.verdicts))
+                          also=[page.overview.score.click], verdicts=list(page.overview.verdicts),
+                          also_progress=[page.overview.progress])
         heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
         heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched, prompted],
                    follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])

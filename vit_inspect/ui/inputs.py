@@ -143,14 +143,17 @@ def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_
     """The class picker's events: a class picked in the list, a versus class typed, or a class searched, each
     switching the session to that class (the page's `Inspector` ``app``) and redrawing ``class_outputs`` (the
     session, the class list, then the panels that depend on the class). Returns both events, for what follows
-    them."""
+    them. Each shows its progress on the image its pass runs over, never over the class list's text."""
+    working = dict(show_progress_on=[view.image])
     retargeted = gr.on([view.target.input, view.versus.submit], app.set_target,
                        inputs=[session, view.target, view.versus], inputs_kwargs=controls, outputs=class_outputs,
-                       api_name="set_target", **RAW, **MODEL_PASS)
+                       api_name="set_target", **working, **RAW, **MODEL_PASS)
     searched = gr.on([view.class_search.submit], app.search_class, inputs=[session, view.class_search, view.versus],
-                     inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **RAW, **MODEL_PASS)
+                     inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **working, **RAW,
+                     **MODEL_PASS)
     prompted = gr.on([view.prompt.submit], app.set_prompt, inputs=[session, view.prompt, view.versus],
-                     inputs_kwargs=controls, outputs=class_outputs, api_name="set_prompt", **RAW, **MODEL_PASS)
+                     inputs_kwargs=controls, outputs=class_outputs, api_name="set_prompt", **working, **RAW,
+                     **MODEL_PASS)
     return retargeted, searched, prompted
 
 

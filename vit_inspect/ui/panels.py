@@ -19,7 +19,10 @@ from vit_inspect.ui.relevance import present, relevance_words
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
 FIRST_VIEW = ("first_attention", "first_rollout", "first_relevance")  # the first view's three maps, fixed settings
 IMAGE_PANELS = (*FIRST_VIEW, "attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")
-PANEL_COLUMNS = 3  # map panels side by side in a mosaic: three at a 224-pixel crop fit the page at 1366 pixels
+# The widest picture a section shows at its own size: the sections' column is 1006 pixels wide in a 1366-pixel
+# window (measured in Chromium, tests/ui/browser), so a picture no wider keeps its 12-13 px text legible there.
+FIGURE_PIXELS = 1000
+PANEL_COLUMNS = 3  # map panels side by side in a mosaic at most: three at a 224-pixel crop fit FIGURE_PIXELS
 MAIN_MAP_PIXELS = 448  # a view's main map is drawn at least this wide (the crop enlarged by a whole factor)
 FIRST_VIEW_WORDS = {  # what each of the first view's maps is, and why it is there
     "first_attention": "what the class token reads in the last layer",
@@ -112,9 +115,17 @@ def heads_figure(session, view) -> np.ndarray:
                                  masks=masks, columns=min(result.num_heads, PANEL_COLUMNS + 1))  # PIL: ≈ 30x a figure
 
 
-def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None]:
+def mosaic_columns(result: ImageAnalysis) -> int:
+    """Map panels side by side in the All maps mosaic: up to PANEL_COLUMNS, as many as fit FIGURE_PIXELS at the
+    crop's own size (one map, its colour bar and a gap each)."""
+    panel = result.rgb.shape[1] + canvas.COLORBAR_PIXELS + canvas.MOSAIC_GAP
+    return max(1, min(PANEL_COLUMNS, (FIGURE_PIXELS + canvas.MOSAIC_GAP) // panel))
+
+
+def draw_panels(names: tuple[str, ...], session, view, scale: int | None = None) -> list[np.ndarray | None]:
     """The images of the named panels, in order; None where the model has nothing to show.
-    Only the maps these panels need are computed, each once."""
+    Only the maps these panels need are computed, each once. A single map is drawn with the crop enlarged
+    ``scale`` times (default `main_scale`: a view's main map; 1 for maps shown three side by side)."""
     result = session.result
     maps = {}
     titles = view.titles()
@@ -144,7 +155,7 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
                 units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "relevance") for k in extra},
-                ranges={titles[k]: r for k, r in ranges.items()}, title=title, columns=PANEL_COLUMNS))
+                ranges={titles[k]: r for k, r in ranges.items()}, title=title, columns=mosaic_columns(result)))
         elif grid_map(name) is None:
             drawn.append(None)
         else:
@@ -152,7 +163,7 @@ def draw_panels(names: tuple[str, ...], session, view) -> list[np.ndarray | None
             drawn.append(map_plots.map_panel(result.rgb, grid_map(name), caption(session, view, name, words),
                                             unit(result, name), vmin=low, vmax=high, relu=name == "gradcam",
                                             marker=view.patch if name == "attention" else None,
-                                            scale=main_scale(result)))
+                                            scale=main_scale(result) if scale is None else scale))
     return drawn
 
 

@@ -29,6 +29,7 @@ from vit_inspect.plots.sanity import cascading_panel, similarity_panel
 from vit_inspect.studies.robustness import RobustnessSettings
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
 from vit_inspect.ui.common import public_message, public_name
+from vit_inspect.ui.panels import FIGURE_PIXELS
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import redact_paths
@@ -153,9 +154,10 @@ class SanityChecks:
         words = (f"{public_name(handle.name)}, {target}" + ("" if prompt is not None else f" (#{result.target})")
                  + (f", {upload}" if upload else ""))
         strip = cascading_panel(result.rgb, checks, f"Cascading randomisation, the last block first — {words}. "
-                                                    "Each map min-max normalised to its own range.")
+                                                    "Each map min-max normalised to its own range.", FIGURE_PIXELS)
         curves = similarity_panel(checks, f"Similarity to the trained model's map — {words}. Random logit: "
-                                          f"{handle.label(checks.random_class)!r} (#{checks.random_class}).")
+                                          f"{handle.label(checks.random_class)!r} (#{checks.random_class}).",
+                                  FIGURE_PIXELS)
         robust = checks.settings.robustness
         passing = [row[0] for row in rows if row[2].startswith("passes")]
         other = ("zero-shot label " if prompt is not None else "class ") + \

@@ -21,6 +21,7 @@ from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots.faithfulness import method_colours, paper_name
 from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
+from vit_inspect.ui.panels import FIGURE_PIXELS
 from vit_inspect.ui.tabs.faithfulness import METHODS
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
@@ -93,7 +94,8 @@ def test_sanity_checks_run_with_progress_cancel_and_a_verdict_column(server, pag
     expect(page.locator("#faithfulness-table")).to_contain_text("passes (ρ")  # beside the scores
     expect(page.locator("#sanity-note")).to_contain_text("below 0.5")
     strip, curves = shown_pixels(page, "sanity-strip"), shown_pixels(page, "sanity-curves")
-    assert strip.shape[1] > 1000 and curves.shape[1] > 900  # every step's column; three plots side by side
+    # every step's column in two bands, two plots to a row: each at its own size in the 1366-px page
+    assert 900 < strip.shape[1] <= FIGURE_PIXELS and 900 < curves.shape[1] <= FIGURE_PIXELS
     colours = {tuple(c) for c in curves.reshape(-1, 3)}
     assert all(colour in colours for colour in method_colours(["attention", "rollout", "chefer"]).values())
     page.locator("#sanity-strip").screenshot(path=str(ARTIFACTS / "jobs_04_sanity_strip.png"))

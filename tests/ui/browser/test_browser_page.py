@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, REPO
-from support.browser import ARTIFACTS, FIRST_VIEW, SECTION_OF, first_view, open_tab
+from support.browser import ARTIFACTS, FIRST_VIEW, PHOTOS, SECTION_OF, first_view, illegible, open_tab
 
 from vit_inspect.plots.canvas import COLORBAR_PIXELS
 from vit_inspect.plots.faithfulness import paper_name
@@ -38,12 +38,14 @@ def visible_text(page) -> str:
 
 
 def check_readable(page, where: str) -> None:
-    """Every picture at its own size (the upload box aside), and no table wider than its box."""
+    """Every picture at its own size (the upload box aside), and no table wider than its box; no picture's
+    text under 11 px, no buttons over a picture, no header broken inside a word (`illegible`)."""
     for elem_id, natural, shown in page.evaluate(SIZES):
-        if elem_id not in ("input-image", "crop", "seen-region"):  # the upload and its previews fit their boxes
+        if elem_id not in PHOTOS:  # the upload and its previews fit their boxes
             assert shown >= natural - 1, f"{where}: #{elem_id} is {natural} px, shown at {shown} px"
     for elem_id, wide, box in page.evaluate(TABLES):
         assert wide <= box + 1, f"{where}: table #{elem_id} is {wide} px wide in a {box} px box"
+    assert illegible(page) == [], where
 
 
 def test_first_view_sections_a_second_image_and_compare(server, page, tiny_weights):

@@ -21,7 +21,7 @@ import gradio as gr
 import numpy as np
 from gradio import utils as gradio_utils
 
-from vit_inspect.analysis.compare import matching_layer, relative_depth
+from vit_inspect.analysis.compare import matching_layer
 from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_pca
 from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import parse_size
@@ -29,9 +29,9 @@ from vit_inspect.core.images import load_image
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
-                                            last_layer_heads, same_labels, token_agreement)
+                                            last_layer_heads, layer_words, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
-from vit_inspect.ui.common import MODEL_PASS, RAW, OutputImage, public_name, shows_errors
+from vit_inspect.ui.common import MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_name, shows_errors
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
@@ -87,10 +87,11 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
 def mapping_note(state: CompareSession, layer: int) -> str:
     a, b = state.comparison.a, state.comparison.b
     other = matching_layer(layer, a.depth, b.depth)
-    return (f"{state.class_note}\n\n" if state.class_note else "") + (f"**Relative depth** (l+1)/L: A's layer {layer} of {a.depth} ({relative_depth(layer, a.depth):.2f}) ↔ "
-            f"B's layer {other} of {b.depth} ({relative_depth(other, b.depth):.2f}). B's layer = "
-            f"ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at or beyond A's relative depth. Agreement is "
-            "measured over the part of the photo both crops cover, both maps resampled bilinearly to the finer grid.")
+    return (f"{state.class_note}\n\n" if state.class_note else "") + (
+            f"**Relative depth** (l+1)/L, layers numbered from 0: A's {layer_words(layer, a.depth)} ↔ "
+            f"B's {layer_words(other, b.depth)}. B's layer = ceil((l+1)·{b.depth}/{a.depth}) − 1, the shallowest at "
+            "or beyond A's relative depth. Agreement is measured over the part of the photo both crops cover, both "
+            "maps resampled bilinearly to the finer grid.")
 
 
 def layer_views(state: CompareSession, layer: int) -> tuple[np.ndarray, list[list[str]], str]:
@@ -288,6 +289,7 @@ class CompareView:
     size_b: gr.Textbox
     load_b: gr.Button
     run: gr.Button
+    progress: gr.Markdown  # where loading model B and comparing show their progress (`common.progress_slot`)
     status_b: gr.Markdown
     top_a: gr.Label
     top_b: gr.Label
@@ -318,8 +320,7 @@ class CompareView:
 def layout(models, session_ttl_s: float) -> CompareView:
     """The tab, its controls and figures, inside the page's sections; ``models`` are the (label, name) choices
     model B's picker offers."""
-    figure_out = dict(interactive=False, format="png", show_label=False, container=False,  # figures title themselves
-                      buttons=["download"])
+    figure_out = MAP_OUT | dict(buttons=["download"])  # figures title themselves
     with gr.Tab("Compare", elem_id="compare-tab") as tab:
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
                     "passes stay in your session, so it holds both (memory is the sum, counted in the server's "
@@ -341,6 +342,7 @@ def layout(models, session_ttl_s: float) -> CompareView:
         with gr.Row():
             load_b = gr.Button("Load model B", elem_id="compare-load")
             run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+        progress = progress_slot("compare-progress")
         status_b = gr.Markdown("No model B yet.", elem_id="compare-status")
         with gr.Row():
             top_a = gr.Label(num_top_classes=5, label="A: top-5", elem_id="compare-top-a")
@@ -371,9 +373,9 @@ def layout(models, session_ttl_s: float) -> CompareView:
         pca_a = OutputImage(label="A: PCA of patch features (Oquab et al. 2023)", elem_id="compare-pca-a",
                             **figure_out)
         pca_b = OutputImage(label="B: PCA of patch features", elem_id="compare-pca-b", **figure_out)
-    return CompareView(tab, key_b, state, made_from, classes, name_b, weights_b, size_b, load_b, run, status_b, top_a, top_b, layer, note,
-                       table, maps, distance, filters, similarity, mass, heads_a, heads_b, remove_background,
-                       threshold, pca_files, pca_button, pca_a, pca_b)
+    return CompareView(tab, key_b, state, made_from, classes, name_b, weights_b, size_b, load_b, run, progress,
+                       status_b, top_a, top_b, layer, note, table, maps, distance, filters, similarity, mass, heads_a,
+                       heads_b, remove_background, threshold, pca_files, pca_button, pca_a, pca_b)
 
 
 def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State, session: gr.State):
@@ -382,11 +384,13 @@ def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State
     more images added to the joint PCA; every handler's library exceptions become one sentence. Returns model
     B's loading, for the page's stale-result check."""
     loaded = gr.on([view.load_b.click], shows_errors(handlers.load_second), inputs=[view.name_b, view.weights_b],
-                   outputs=[view.key_b, view.status_b], api_name="compare_load_model", **RAW)
+                   outputs=[view.key_b, view.status_b], api_name="compare_load_model",
+                   show_progress_on=[view.progress], **RAW)
     gr.on([view.run.click], shows_errors(handlers.run),
           inputs=[image, key, view.key_b, view.size_b, view.mass, view.remove_background, view.threshold, session,
                   view.classes],
-          outputs=[view.made_from, view.state, *view.results], api_name="compare_models", **RAW, **MODEL_PASS)
+          outputs=[view.made_from, view.state, *view.results], api_name="compare_models",
+          show_progress_on=[view.progress], **RAW, **MODEL_PASS)
     gr.on([view.layer.input], shows_errors(handlers.relayer), inputs=[view.state, view.layer],
           outputs=[view.maps, view.table, view.note], api_name="compare_layer", trigger_mode="always_last",
           show_progress="hidden", **RAW)

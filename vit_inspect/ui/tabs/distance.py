@@ -91,5 +91,5 @@ class DistanceTab:
 def wire(view: DistanceView, handlers: DistanceTab, key: gr.State) -> None:
     """The tab's event: its button averages the uploaded images' attention distance with the model of ``key``."""
     gr.on([view.dataset_button.click], handlers.dataset_distance, inputs=[view.dataset_files, key],
-          outputs=[view.made_from, view.dataset_plot, view.dataset_note], api_name="dataset_distance", **RAW,
-          **MODEL_PASS)
+          outputs=[view.made_from, view.dataset_plot, view.dataset_note], api_name="dataset_distance",
+          show_progress_on=[view.dataset_plot], **RAW, **MODEL_PASS)  # on the plot it draws, not over the note

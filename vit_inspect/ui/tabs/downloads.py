@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import RAW
+from vit_inspect.ui.common import RAW, progress_slot
 
 PRESS = "Prepare downloads"
 
@@ -19,6 +19,7 @@ class DownloadsView:
 
     tab: gr.Tab
     button: gr.Button
+    progress: gr.Markdown  # where writing the files shows its progress (`common.progress_slot`)
     files: gr.File
     note: gr.Markdown
     made_from: gr.State
@@ -32,14 +33,16 @@ def layout() -> DownloadsView:
                     "rollout options, class) and NumPy `.npz` (attention, Grad-CAM, relevance, mean "
                     "distance, the maps as shown, and the same settings as `settings_json`).")
         button = gr.Button(PRESS, variant="primary", elem_id="downloads-button")
+        progress = progress_slot("downloads-progress")
         note = gr.Markdown(elem_id="downloads-note")
         files = gr.File(label="Files", file_count="multiple", interactive=False, elem_id="download-files")
         made_from = gr.State(None)
-    return DownloadsView(tab, button, files, note, made_from)
+    return DownloadsView(tab, button, progress, files, note, made_from)
 
 
 def wire(view: DownloadsView, app, session: gr.State, key: gr.State, controls: dict) -> None:
     """The tab's event: its button writes the session's downloads for the controls as they are (the page's
     `Inspector` ``app``: ``downloads``, which draws every panel of the session's image)."""
     gr.on([view.button.click], app.downloads, inputs=[session, key], inputs_kwargs=controls,
-          outputs=[view.made_from, view.files, view.note], api_name="downloads", **RAW)
+          outputs=[view.made_from, view.files, view.note], api_name="downloads", show_progress_on=[view.progress],
+          **RAW)

@@ -32,7 +32,8 @@ from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, paper_name, 
 from vit_inspect.studies.faithfulness import (METHODS, image_permutation, model_scorer, prompt_scorer, score_maps,
                                               standard_maps)
 from vit_inspect.ui import sanity
-from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, public_message, public_name, shows_errors
+from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_message, public_name,
+                                   shows_errors)
 from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 from vit_inspect.ui.view import SWAPPED
@@ -122,12 +123,14 @@ class FaithfulnessView:
 
     tab: gr.Tab
     button: gr.Button
+    progress: gr.Markdown  # where scoring shows its progress (`common.progress_slot`)
     figure: gr.Image
     table: gr.Dataframe
     note: gr.Markdown
     scored: gr.State
     sanity_button: gr.Button
     sanity_cancel: gr.Button
+    sanity_progress: gr.Markdown  # where the sanity checks show their progress
     sanity_strip: gr.Image  # the cascading strip of maps
     sanity_curves: gr.Image  # the similarity curves
     sanity_table: gr.Dataframe
@@ -159,8 +162,8 @@ def layout() -> FaithfulnessView:
                     "backward pass). The verdicts under the **Overview** maps come from the same scores.")
         button = gr.Button("Score the maps (about 30 batched forward passes per map)", variant="primary",
                            elem_id="faithfulness-score")
-        figure = OutputImage(label="Deletion and insertion curves", interactive=False, format="png",
-                             show_label=False, elem_id="faithfulness-curves")
+        progress = progress_slot("faithfulness-progress")
+        figure = OutputImage(label="Deletion and insertion curves", elem_id="faithfulness-curves", **FIGURE_OUT)
         table = gr.Dataframe(headers=HEADERS, label=TABLE_LABEL, interactive=False, wrap=True,
                              column_widths=["26%", *["9%"] * 6, "20%"],
                              elem_id="faithfulness-table")
@@ -177,14 +180,16 @@ def layout() -> FaithfulnessView:
             sanity_button = gr.Button(sanity.press_label(), variant="primary",
                                       elem_id="sanity-run")
             sanity_cancel = gr.Button("Cancel", elem_id="sanity-cancel")
+        sanity_progress = progress_slot("sanity-progress")
         sanity_strip = OutputImage(label="Cascading randomisation", elem_id="sanity-strip", **FIGURE_OUT)
         sanity_curves = OutputImage(label="Similarity to the trained map", elem_id="sanity-curves", **FIGURE_OUT)
         sanity_table = gr.Dataframe(headers=sanity.HEADERS, label="Sanity checks of each map", interactive=False,
-                                    wrap=True, elem_id="sanity-table")
+                                    wrap=True, column_widths=["30%", "12%", "20%", "12%", "14%", "12%"],
+                                    elem_id="sanity-table")  # each header's longest word fits at 1366 pixels
         sanity_note = gr.Markdown(elem_id="sanity-note")
         checked = gr.State(None)
-    return FaithfulnessView(tab, button, figure, table, note, scored, sanity_button, sanity_cancel, sanity_strip,
-                            sanity_curves, sanity_table, sanity_note, checked)
+    return FaithfulnessView(tab, button, progress, figure, table, note, scored, sanity_button, sanity_cancel,
+                            sanity_progress, sanity_strip, sanity_curves, sanity_table, sanity_note, checked)
 
 
 class FaithfulnessTab:
@@ -274,21 +279,23 @@ class FaithfulnessTab:
 
 
 def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.SanityChecks, session: gr.State,
-         key: gr.State, controls: dict, also: list, verdicts: list) -> None:
+         key: gr.State, controls: dict, also: list, verdicts: list, also_progress: list) -> None:
     """The tab's events: its button (and the ``also`` triggers: the first view's Score) scores the session's
     maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``,
-    then the table's label; the sanity checks' button runs ``checks`` on the same queue (they change the
-    model's weights while they run), writing their pictures, table and note and the faithfulness table's
-    verdict column; Cancel stops them before their next pass, off the queue."""
+    then the table's label, its progress shown in the tab's slot and the ``also_progress`` slots (the first
+    view's); the sanity checks' button runs ``checks`` on the same queue (they change the model's weights
+    while they run), writing their pictures, table and note and the faithfulness table's verdict column;
+    Cancel stops them before their next pass, off the queue."""
     scored = gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key, view.checked],
-                   inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness", **RAW,
-                   **MODEL_PASS)
+                   inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness",
+                   show_progress_on=[view.progress, *also_progress], **RAW, **MODEL_PASS)
     scored.success(table_label, inputs=[view.scored], outputs=[view.table], api_name="faithfulness_table_label",
                    show_progress="hidden")
     gr.on([view.sanity_button.click], checks.handler(table_of), inputs=[session, view.checked, view.scored, key],
-          outputs=view.sanity_outputs, api_name="sanity_checks", **RAW, **MODEL_PASS)
+          outputs=view.sanity_outputs, api_name="sanity_checks", show_progress_on=[view.sanity_progress], **RAW,
+          **MODEL_PASS)
     gr.on([view.sanity_cancel.click], shows_errors(checks.cancel), outputs=[view.sanity_note],
-          api_name="cancel_sanity_checks", queue=False, **RAW)
+          api_name="cancel_sanity_checks", show_progress="hidden", queue=False, **RAW)
 
 
 def table_label(scored: Scored | None):

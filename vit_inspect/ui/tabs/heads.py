@@ -40,7 +40,7 @@ from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
-from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, shows_errors
+from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, shows_errors
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
 from vit_inspect.ui.stale import Basis, result_key
@@ -208,11 +208,18 @@ def lens_table(handle, result: ImageAnalysis) -> tuple[list[str], list[list], st
             layer = record[name]["layers"][block]
             row += [layer["rank"], layer["prob"], ", ".join(f"{t['label']} {t['prob']:.2f}" for t in layer["top"])]
         rows.append(row)
-    settled = ", ".join(f"{name} after {record[name]['settled_after_blocks']} blocks" for name in names
-                        if record[name]["settled_after_blocks"] is not None)
+    settled = ", ".join(f"{name} from block {record[name]['settled_at_block']} on" for name in names
+                        if record[name]["settled_at_block"] is not None)
     note = (f"Final class: {record['final_label']} (#{record['final_class']}). "
-            + (f"It is the lens's top class from then on: {settled}." if settled else ""))
+            + (f"It is the lens's top class for good: {settled} (blocks 0 to {result.depth - 1})." if settled else ""))
     return headers, rows, note
+
+
+def lens_widths(headers: list[str]) -> list[str]:
+    """The lens table's column widths: one readout's four columns share the page's width, its top-5 wrapped in
+    the widest; several readouts' columns (distilled DeiT: ten) keep their own widths, the table scrolling
+    sideways with the block column pinned."""
+    return ["10%", "12%", "12%", "66%"] if len(headers) == 4 else []
 
 
 @dataclass(frozen=True)
@@ -225,11 +232,13 @@ class HeadsView:
     mode: gr.Radio
     references: gr.File
     ablate_button: gr.Button
+    ablate_progress: gr.Markdown  # where the ablation shows its progress (`common.progress_slot`)
     effect: gr.Markdown
     top: gr.Dataframe
     maps: tuple[gr.Image, ...]  # the ablated model's ABLATED_PANELS
     importance_button: gr.Button
     cancel_button: gr.Button
+    importance_progress: gr.Markdown  # where head importance shows its progress
     importance: gr.Image
     first_order: gr.Image
     geometry: gr.JSON
@@ -262,6 +271,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
                              file_count="multiple", file_types=["image"], type="filepath", height=100,
                              elem_id="ablate-references")
         ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
+        ablate_progress = progress_slot("ablate-progress")
         effect = gr.Markdown(elem_id="ablate-effect")
         top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
                            wrap=True, elem_id="ablate-top")
@@ -273,6 +283,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
                 "Rank every head (one ablation per head, batched forward passes)", variant="primary",
                 elem_id="importance-button")
             cancel_button = gr.Button("Cancel", elem_id="importance-cancel")
+        importance_progress = progress_slot("importance-progress")
         with gr.Row():
             importance = OutputImage(label="Drop of the class logit, each head ablated alone",
                                      elem_id=HEATMAP_IDS["importance"], **FIGURE_OUT)
@@ -283,10 +294,11 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
         lens_note = gr.Markdown(elem_id="lens-note")
         lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **FIGURE_OUT)
         lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
-                            interactive=False, wrap=True, elem_id="lens-table")
+                            interactive=False, wrap=True, pinned_columns=1, elem_id="lens-table")
         state = gr.State(None, time_to_live=session_ttl_s)
-    return HeadsView(tab, spec, mode, references, ablate_button, effect, top, maps, importance_button, cancel_button,
-                     importance, first_order, geometry, importance_note, lens_note, lens_plot, lens, state)
+    return HeadsView(tab, spec, mode, references, ablate_button, ablate_progress, effect, top, maps, importance_button,
+                     cancel_button, importance_progress, importance, first_order, geometry, importance_note, lens_note,
+                     lens_plot, lens, state)
 
 
 class HeadsTab:
@@ -381,7 +393,8 @@ class HeadsTab:
         target = (session.target[0], None)  # the ablated pass explains the class alone, never "versus"
         shown = replace(session, slot=Detached({target: state.ablated}), target=target,
                         model_label=f"{session.model_label} · {state.ablated_words}")
-        return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls))
+        # at the crop's own size, as the first view's maps: three fit side by side at 1366 pixels
+        return draw_panels(ABLATED_PANELS, shown, self.view_of(state.ablated, **controls), scale=1)
 
     def redraw(self, session, state: HeadsState | None, **controls):
         """Another layer or head: the ablated maps and the heatmaps' outlined cell, from the cache."""
@@ -513,7 +526,7 @@ class HeadsTab:
         stale = state.ablated_slot is None or state.ablated_slot.dropped
         dropped = state.ablated_slot is not None and state.ablated_slot.dropped
         return (state, *images, "" if state.importance is None else gr.skip(), plot,
-                gr.update(value=rows, headers=headers), note,
+                gr.update(value=rows, headers=headers, column_widths=lens_widths(headers)), note,
                 None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
                 cell_geometry(state, (session.result.depth, session.result.num_heads)),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
@@ -558,13 +571,14 @@ def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict,
     gr.on([view.ablate_button.click, view.spec.submit],
           shows_errors(refusals_warn(3 + len(view.maps))(handlers.ablate)),
           inputs=[session, view.state, view.spec, view.mode, view.references], inputs_kwargs=controls,
-          outputs=[view.state, view.effect, view.top, *view.maps], api_name="ablate_heads", **RAW, **MODEL_PASS)
+          outputs=[view.state, view.effect, view.top, *view.maps], api_name="ablate_heads",
+          show_progress_on=[view.ablate_progress], **RAW, **MODEL_PASS)
     gr.on([view.importance_button.click], shows_errors(refusals_warn(5)(handlers.rank)),
           inputs=[session, view.state, view.mode, view.references], inputs_kwargs=controls,
           outputs=[view.state, view.importance, view.first_order, view.importance_note, view.geometry],
-          api_name="head_importance", **RAW, **MODEL_PASS)
+          api_name="head_importance", show_progress_on=[view.importance_progress], **RAW, **MODEL_PASS)
     gr.on([view.cancel_button.click], shows_errors(handlers.cancel), outputs=[view.importance_note],
-          api_name="cancel_head_importance", queue=False, **RAW)
+          api_name="cancel_head_importance", show_progress="hidden", queue=False, **RAW)
     gr.on([layer.input, head.input, mean_heads.input], shows_errors(handlers.redraw_if_shown(view.tab.label)),
           inputs=[session, view.state, shown_tab], inputs_kwargs=controls, outputs=redrawn, api_name="heads_redraw",
           trigger_mode="always_last", show_progress="hidden", **RAW)

@@ -20,8 +20,8 @@ from vit_inspect.core.errors import InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.model_report import pos_similarity_at
-from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, download_folder, public_name,
-                                   shown_model, shows_errors, weights_label)
+from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, download_folder, progress_slot,
+                                   public_name, shown_model, shows_errors, weights_label)
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import finite_int
@@ -120,6 +120,7 @@ class ModelView:
     similarity_button: gr.Button
     similarity_other: gr.Image
     download_button: gr.Button
+    progress: gr.Markdown  # where writing the files shows its progress (`common.progress_slot`)
     files: gr.File
     note: gr.Markdown
     made_from: gr.State  # the `stale.Basis` (the model) of the figures shown
@@ -148,11 +149,12 @@ def layout() -> ModelView:
                                        elem_id="similarity-other", **FIGURE_OUT)
         download_button = gr.Button("Download these figures (PNG) and numbers (npz)",
                                     elem_id="model-downloads-button")
+        progress = progress_slot("model-downloads-progress")
         files = gr.File(label="Model files", file_count="multiple", interactive=False, elem_id="model-files")
         note = gr.Markdown(elem_id="model-note")
         made_from = gr.State(None)
-    return ModelView(tab, pca, similarity, height, width, similarity_button, similarity_other, download_button, files,
-                     note, made_from)
+    return ModelView(tab, pca, similarity, height, width, similarity_button, similarity_other, download_button,
+                     progress, files, note, made_from)
 
 
 def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> None:
@@ -165,4 +167,4 @@ def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> No
     gr.on([view.similarity_button.click], handlers.pos_similarity, inputs=[key, view.height, view.width],
           outputs=[view.similarity_other], api_name="pos_similarity", **RAW, **MODEL_PASS)
     gr.on([view.download_button.click], handlers.model_downloads, inputs=[key, view.height, view.width],
-          outputs=[view.files], api_name="model_downloads", **RAW, **MODEL_PASS)
+          outputs=[view.files], api_name="model_downloads", show_progress_on=[view.progress], **RAW, **MODEL_PASS)

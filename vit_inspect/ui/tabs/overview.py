@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import MAP_OUT, OutputImage
+from vit_inspect.ui.common import MAP_OUT, OutputImage, progress_slot
 from vit_inspect.ui.panels import FIRST_VIEW
 
 NOT_SCORED = "*Faithfulness: not scored yet (press Score faithfulness, below).*"
@@ -32,6 +32,7 @@ class OverviewView:
     maps: tuple[gr.Image, ...]
     verdicts: tuple[gr.Markdown, ...]
     score: gr.Button
+    progress: gr.Markdown  # where scoring shows its progress (`common.progress_slot`), not over the verdicts
     crop: gr.Image
     seen: gr.Image
 
@@ -43,13 +44,11 @@ def layout() -> OverviewView:
         with gr.Row(equal_height=False):
             for name in FIRST_VIEW:
                 with gr.Column(min_width=280):
-                    # a download button only: Gradio's button bar sits over the picture's top right corner, and
-                    # two buttons there cover the colour bar's top label of a map this narrow
-                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"),
-                                            **(MAP_OUT | dict(buttons=["download"]))))
+                    maps.append(OutputImage(label=name, elem_id=name.replace("_", "-"), **MAP_OUT))
                     verdicts.append(gr.Markdown(NOT_SCORED, elem_id=f"verdict-{name.removeprefix('first_')}",
                                                 elem_classes=["verdict"]))
         score = gr.Button(SCORE_LABEL, elem_id="overview-score", size="md")
+        progress = progress_slot("overview-progress")
         with gr.Row():
             with gr.Column(min_width=240):
                 gr.Markdown("**What the model sees** (its input)")
@@ -57,4 +56,4 @@ def layout() -> OverviewView:
             with gr.Column(min_width=240):
                 gr.Markdown("**Your upload**: the outlined region is what the model saw")
                 seen = OutputImage(elem_id="seen-region", height=240, **MAP_OUT)
-    return OverviewView(tab, tuple(maps), tuple(verdicts), score, crop, seen)
+    return OverviewView(tab, tuple(maps), tuple(verdicts), score, progress, crop, seen)
