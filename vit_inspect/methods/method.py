@@ -63,7 +63,7 @@ class Method:
     backwards: int = 0  # backward passes of its own per map
     signed: bool = False  # the map has meaningful negative values (drawn on a diverging scale)
     relu: bool = False  # drawn after a ReLU (only the positive part shown)
-    cmap: str = "jet"  # matplotlib colour map for display
+    cmap: str = "inferno"  # matplotlib colour map for display
     faithfulness: bool = True  # scored by the faithfulness study (and `evaluate`)
     sanity: bool = True  # checked by the sanity study (and `sanity`)
     record: bool = True  # its default map is a key of the `analyze` JSON record
