@@ -56,3 +56,13 @@ def plugins(monkeypatch):
 @pytest.fixture
 def fake_entry_point():
     return FakeEntryPoint
+
+
+@pytest.fixture(scope="module")
+def deit_weights_args():
+    """--model, --weights and --device for the real DeiT-Ti/16 (skipped only when the weights are absent)."""
+    from support import DEIT_WEIGHTS
+
+    if not DEIT_WEIGHTS.is_file():
+        pytest.skip(f"real weights not found at {DEIT_WEIGHTS}")
+    return ["--model", "deit_tiny_patch16_224", "--weights", str(DEIT_WEIGHTS), "--device", "cpu"]
