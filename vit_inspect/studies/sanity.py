@@ -44,11 +44,11 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.core.open_clip_models import prompt_view
 from vit_inspect.core.prompts import Prompt
+from vit_inspect.methods import MethodFailure, get
+from vit_inspect.methods import methods as registered_methods
 from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.passes.randomise import EMBEDDING, Layer, cascade_order, fresh_weights, randomised
 from vit_inspect.passes.result import ImageAnalysis
-from vit_inspect.methods import MethodFailure, get
-from vit_inspect.methods import methods as registered_methods
 from vit_inspect.studies.faithfulness import FLOOR, image_permutation, pixel_digest, scored_maps
 from vit_inspect.studies.robustness import RobustnessSettings, infidelity, max_sensitivity
 
@@ -193,8 +193,8 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     the trained model's prediction; or a text prompt of a CLIP-style model), at the model's own crop; or on a model input given as it is, a (1, 3, H, W)
     tensor normalised with the model's mean and std (`analyze_pixels`: the app passes the crop its pass saw).
     ``methods`` default `sanity_methods()`; a method that fails on any pass (`methods.compute_map`) is left
-    out of every test, its first reason in ``failures``. Passes: 1 (trained) + depth + 1 (cascading) + depth (independent) + 1 (random logit) + the noisy inputs
-    of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
+    out of every test, its first reason in ``failures``. Passes: 1 (trained) + depth + 1 (cascading) + depth
+    (independent) + 1 (random logit) + the noisy inputs of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
     afterwards, also after an exception or `Cancelled` (raised before the next pass once `cancelled()` is
     true)."""
     if not handle.has_head:
