@@ -10,9 +10,11 @@ import pytest
 from safetensors.torch import save_file
 from support import IMAGENET, PHOTOS, REPO, make_tiny_timm, run_cli
 
+from vit_inspect.methods import methods
+
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "score", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
-                "legrad", "attnlrp"}
+                "legrad", "attnlrp"} | {name for name, m in methods().items() if m.record}  # and installed plugins'
 
 
 def test_analyze_chelsea_json_and_figures(capsys, tmp_path, deit_args):

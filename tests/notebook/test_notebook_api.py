@@ -14,6 +14,7 @@ from PIL import Image
 from support import DEIT_WEIGHTS, PHOTOS, tiny_handle
 
 import vit_inspect as vi
+from vit_inspect.methods import method_record
 from vit_inspect.notebook import api
 from vit_inspect.notebook.result import legible
 from vit_inspect.passes.records import analysis_record
@@ -141,7 +142,9 @@ def test_a_prompt_is_named_in_every_title_and_relevance_is_in_cosine_units(pictu
 
 def test_record_and_npz_are_the_command_lines_record(tiny, tmp_path):
     record = tiny.record()
-    assert record == analysis_record(tiny.handle, tiny.result, tiny.image)
+    pass_record = analysis_record(tiny.handle, tiny.result, tiny.image)
+    assert record == method_record(tiny.handle, tiny.result, tiny.image)
+    assert {k: record[k] for k in pass_record} == pass_record  # the registry's maps equal the pass's own keys
     path = tiny.to_npz(tmp_path / "r.npz")
     with np.load(path, allow_pickle=False) as saved:
         assert json.loads(str(saved["record"])) == json.loads(json.dumps(record))

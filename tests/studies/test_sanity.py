@@ -135,9 +135,9 @@ def test_max_sensitivity_is_its_definition_and_shares_the_passes():
 
     def maps_of(row):
         passes.append(1)
-        return method_maps(analyze_pixels(handle, row, target=1, relevance=False), methods)
+        return method_maps(analyze_pixels(handle, row, target=1, relevance=False), methods)[0]
 
-    clean = method_maps(analyze_pixels(handle, pixels, target=1, relevance=False), methods)
+    clean = method_maps(analyze_pixels(handle, pixels, target=1, relevance=False), methods)[0]
     result = max_sensitivity(handle, pixels, clean, maps_of, settings)
     assert len(passes) == 5  # one pass per noisy input, for both methods
     generator = torch.Generator().manual_seed(4)

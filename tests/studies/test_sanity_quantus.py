@@ -79,7 +79,7 @@ def _grid_maps(model, pixels: torch.Tensor, target: int, method: str) -> np.ndar
     handle = handle_from_timm(model, name="deit_tiny_patch16_224", device="cpu")
     analysis = analyze_pixels(handle, pixels, target=target, relevance=False)
     return method_maps(analysis, (method,) if method != "edges" else (), {"edges": edges} if method == "edges"
-                       else None)[method]
+                       else None)[0][method]
 
 
 def _explain(method: str):

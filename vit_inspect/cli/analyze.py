@@ -12,8 +12,9 @@ from vit_inspect.core.geometry import GEOMETRY_MODES, InputGeometry, parse_size
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
+from vit_inspect.methods import method_record
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.passes.records import analysis_record, target_text
+from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> None:
         result = analyze_image(handle, path, target=target, input_size=parse_size(args.input_size),
                                autocast=args.half, geometry=geometry, contrast=contrast,
                                relevance=not args.no_relevance)
-        print(json.dumps(analysis_record(handle, result, str(path))), flush=True)
+        print(json.dumps(method_record(handle, result, str(path))), flush=True)
         if out:
             write_image_figures(handle, result, out, stems[done - 1])
         if len(files) > 1:

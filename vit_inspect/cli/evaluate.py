@@ -33,8 +33,8 @@ from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.jobs.evaluate import format_table, gather_curves, read_labels, select_files
 from vit_inspect.jobs.run import run_job
-from vit_inspect.studies.faithfulness import DEFAULT_BATCH_SIZE, METHODS
-from vit_inspect.studies.sanity import SANITY_METHODS
+from vit_inspect.studies.faithfulness import DEFAULT_BATCH_SIZE, faithfulness_methods
+from vit_inspect.studies.sanity import sanity_methods
 
 
 def add_parser(sub) -> None:
@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
     evaluate.add_argument("folder", metavar="FOLDER")
     evaluate.add_argument("--labels", help="CSV with 'filename' and 'class_index' columns (needed for "
                                             "faithfulness; with --sanity it only selects the files)")
-    evaluate.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} (default: all)")
+    evaluate.add_argument("--methods", help="comma-separated subset of 'random' and the methods `vit-inspect "
+                                            "methods` lists as scored (default: all of them)")
     evaluate.add_argument("--limit", type=int, help="at most N images")
     evaluate.add_argument("--every", type=int, default=1, help="every K-th labelled file of the sorted folder")
     evaluate.add_argument("--removal", choices=("mean", "blur"), default="mean",
@@ -71,10 +72,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> None:
     from vit_inspect.jobs.evaluate import EvaluateJob, EvaluateWorker
 
-    methods = tuple(args.methods.split(",")) if args.methods else tuple(SANITY_METHODS if args.sanity else METHODS)
-    unknown = [m for m in methods if m not in METHODS]
+    known = faithfulness_methods()
+    methods = tuple(args.methods.split(",")) if args.methods else (sanity_methods() if args.sanity else tuple(known))
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
+        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}.")
     if args.batch_size < 1 or args.images_per_batch < 1:
         raise VitInspectError("--batch-size and --images-per-batch must be at least 1.")
     if args.labels is None and not args.sanity:
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"skipped {name}: {reason}", file=sys.stderr)
     accumulator = result.accumulator
     table = accumulator.table()
-    print(format_table(table, accumulator.images, accumulator.correct), flush=True)
+    print(format_table(table, accumulator.images, accumulator.correct, accumulator.left_out), flush=True)
     if out:
         curves, rows = gather_curves(curves_dir, files, {name for name, _ in result.skipped})
         np.savez_compressed(out / "curves.npz", **curves)
@@ -115,7 +117,8 @@ def run(args: argparse.Namespace) -> None:
                   "target": None if prompt is None else {"prompt": prompt},
                   "contrast": None if versus is None else {"prompt": versus},
                   "score": "probability" if prompt is None else "cosine",
-                  "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()}}
+                  "methods": {m: {c: {"mean": v[0], "se": v[1]} for c, v in t.items()} for m, t in table.items()},
+                  "left_out": accumulator.left_out}
         (out / "table.json").write_text(json.dumps(record, indent=1))
         with (out / "table.csv").open("w", newline="") as handle_csv:
             writer = csv.writer(handle_csv)

@@ -2,7 +2,7 @@
 
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
 prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
-likewise print JSON; `sanity` prints a table per image, or with `--json` one JSON object per line. Progress
+likewise print JSON; `methods` lists the registered methods; `sanity` prints a table per image, or with `--json` one JSON object per line. Progress
 goes to stderr; an error is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vit_inspect.cli import analyze, compare, evaluate, heads, model, sanity
+from vit_inspect.cli import analyze, compare, evaluate, heads, methods, model, sanity
 from vit_inspect.core.errors import VitInspectError
 
-COMMANDS = (analyze, model, heads, evaluate, compare, sanity)  # each adds its subcommand with `add_parser(sub)`
+COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods)  # each adds its subcommand with `add_parser(sub)`
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,8 @@ Without `--json` a table per image; with it one JSON object per line: `image`, `
 (`{index, label}`, or `{prompt}`) and `random_class` (`{index, label}`), `settings`, and
 `methods.<name>` with `cascading` (a list of `{randomised_from_block, spearman, ssim, top10_overlap}` that
 starts with nothing randomised), `independent` (one `{block, ...}` per block), `random_logit`,
-`max_sensitivity`, `infidelity` and `passes_randomisation`. With `--out`, `<image>_cascading.png` (the maps
+`max_sensitivity`, `infidelity` and `passes_randomisation`; `left_out`: method -> the sentence saying why it
+failed and was left out of every test (empty when none did). With `--out`, `<image>_cascading.png` (the maps
 at each step, Adebayo et al. Fig. 2) and `<image>_similarity.png` (the similarity curves).
 """
 from __future__ import annotations
@@ -24,16 +25,16 @@ from vit_inspect.core.load import load_model
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.passes.records import class_record, target_record
 from vit_inspect.plots import sanity as sanity_plots
-from vit_inspect.studies.faithfulness import METHODS
-from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
+from vit_inspect.studies.faithfulness import faithfulness_methods
+from vit_inspect.studies.sanity import PASS_THRESHOLD, ImageSanity, SanitySettings, sanity_check, sanity_methods
 
 
 def add_parser(sub) -> None:
     sanity = sub.add_parser("sanity", help="sanity checks of every map: model randomisation, random logit, "
                                            "max-sensitivity and infidelity")
     sanity.add_argument("images", nargs="+", metavar="IMAGE")
-    sanity.add_argument("--methods", help=f"comma-separated subset of {','.join(METHODS)} "
-                                          f"(default: {','.join(SANITY_METHODS)})")
+    sanity.add_argument("--methods", help="comma-separated subset of 'random' and the methods `vit-inspect methods` "
+                                          "lists (default: every one it lists as checked by sanity)")
     sanity.add_argument("--json", action="store_true", help="one JSON object per image per line instead of a table")
     sanity.add_argument("--target", type=int, help="class to explain (default: the top prediction)")
     sanity.add_argument("--random-class", type=int, help="the other class of the random-logit test (default: "
@@ -74,10 +75,11 @@ def summary(result: ImageSanity) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
-    methods = tuple(args.methods.split(",")) if args.methods else SANITY_METHODS
-    unknown = [m for m in methods if m not in METHODS]
+    known = faithfulness_methods()
+    methods = tuple(args.methods.split(",")) if args.methods else sanity_methods()
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
+        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}.")
     settings = settings_of(args)
     target, versus = targets(args)  # the prompt, or the class index of --target; checked against each other
     if versus is not None:
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> None:
         named = (f"prompt {result.prompt!r}" if result.prompt is not None
                  else f"{handle.label(result.target)} (class {result.target})")
         if args.json:
-            print(json.dumps({**head, "methods": result.record()["methods"]}), flush=True)
+            record = result.record()
+            print(json.dumps({**head, "methods": record["methods"], "left_out": record["left_out"]}), flush=True)
         else:
             other = head["random_class"]
             print(f"{path.name}: {named}"

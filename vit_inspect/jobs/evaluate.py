@@ -60,6 +60,8 @@ class EvaluateWorker:
                                     target=self.job.prompt, contrast=self.job.versus,
                                     settings=self.job.settings, batch_size=self.job.batch_size)
             accumulator.add(result)
+            for failure in result.failures.values():
+                print(f"{name}: {failure.name} left out of the scores: {failure}", file=sys.stderr)
             if self.job.curves_dir is not None:
                 write_image_curves(self.job.curves_dir, name, result)
         return Sums(*accumulator.state())
@@ -75,7 +77,7 @@ class FolderFaithfulness:
 
 @dataclass(frozen=True)
 class EvaluateJob:
-    """Faithfulness of `methods` (see `vit_inspect.studies.faithfulness.METHODS`) over a labelled folder: the
+    """Faithfulness of `methods` (see `vit_inspect.studies.faithfulness.faithfulness_methods`) over a labelled folder: the
     per-image protocol of `evaluate_image` (pos/neg perturbation AUC in %, deletion/insertion AUC of the
     predicted class's probability), summed per method and curve; `finalize` gives mean ± s.e."""
 
@@ -167,8 +169,10 @@ def evaluate_folder(handle: ViTHandle, files: list[Path], labels: dict[str, int]
     return accumulator
 
 
-def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, correct: int) -> str:
-    """A Markdown table: mean ± s.e. per method and curve, best method (by deletion AUC) first."""
+def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, correct: int,
+                 left_out: dict[str, int] | None = None) -> str:
+    """A Markdown table: mean ± s.e. per method and curve, best method (by deletion AUC) first; below it, a
+    line per method left out of the scores on some images (`FaithfulnessAccumulator.left_out`)."""
     arrows = {c: "↓" if LOWER_IS_BETTER[c] else "↑" for c in CURVES}
     lines = [f"{images} image{'' if images == 1 else 's'}, clean top-1 {100.0 * correct / max(images, 1):.1f} %",
              "| method | " + " | ".join(f"{c} {arrows[c]}" for c in CURVES) + " |",
@@ -179,6 +183,9 @@ def format_table(table: dict[str, dict[str, tuple[float, float]]], images: int, 
     for name in sorted(table, key=lambda m: table[m]["del"][0]):
         cells = [cell(*table[name][c], 1 if c in ("pos", "neg") else 3) for c in CURVES]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, n in (left_out or {}).items():
+        lines.append(f"{name}: left out of the scores on {n} of {images} image{'' if images == 1 else 's'} "
+                     "(the method failed; the reason is on stderr)")
     return "\n".join(lines)
 
 

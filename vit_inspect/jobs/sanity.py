@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -35,9 +36,12 @@ class SanityWorker:
         """`SanityAccumulator.state()` of the batch, as `Sums`: `sanity_check` of each image for its
         predicted class, or for the job's prompt."""
         accumulator = SanityAccumulator()
-        for rgb in images:
-            accumulator.add(sanity_check(self.handle, Image.fromarray(rgb), self.job.methods, target=self.job.prompt,
-                                         settings=self.job.settings))
+        for rgb, name in zip(images, names or [""] * len(images), strict=True):
+            result = sanity_check(self.handle, Image.fromarray(rgb), self.job.methods, target=self.job.prompt,
+                                  settings=self.job.settings)
+            accumulator.add(result)
+            for failure in result.failures.values():
+                print(f"{name}: {failure.name} left out of the checks: {failure}", file=sys.stderr)
         return Sums(*accumulator.state())
 
 
@@ -52,7 +56,7 @@ class FolderSanity:
 
 @dataclass(frozen=True)
 class SanityJob:
-    """Sanity checks of `methods` (see `studies.sanity.SANITY_METHODS`) over a folder, each image for the
+    """Sanity checks of `methods` (see `studies.sanity.sanity_methods`) over a folder, each image for the
     class its trained model predicts, or for one text prompt of a CLIP-style model (``prompt``, with the model's
     zero-shot list, from which each image's random logit is drawn); `finalize` gives mean ± s.e. per method,
     test and step."""
@@ -101,7 +105,8 @@ def table_record(result: FolderSanity) -> dict:
     """The folder table as JSON: per method, ``cascading`` (one entry per step with ``randomised_from_block``
     and ``{mean, se, n}`` of each similarity), ``independent`` (per block), ``random_logit``,
     ``max_sensitivity`` and ``infidelity`` (when run) and ``passes_randomisation`` (the share of images whose
-    map passes, Spearman below `PASS_THRESHOLD` once every layer is random)."""
+    map passes, Spearman below `PASS_THRESHOLD` once every layer is random); ``left_out``: method -> the
+    images on which it failed and was left out."""
     table = result.accumulator.table()
     steps = steps_of(result.depth)
     methods: dict[str, dict] = {}
@@ -121,7 +126,9 @@ def table_record(result: FolderSanity) -> dict:
                 mean_k, se_k, n_k = table[kind][method]
                 entry["passes_randomisation" if kind == "passes" else kind] = _cell(mean_k[0], se_k[0], n_k[0])
         methods[method] = entry
-    return {"images": result.accumulator.images, "pass_threshold": PASS_THRESHOLD, "methods": methods}
+    left_out = {method: int(n[0]) for method, (_, _, n) in table.get("left_out", {}).items()}
+    return {"images": result.accumulator.images, "pass_threshold": PASS_THRESHOLD, "methods": methods,
+            "left_out": left_out}
 
 
 def _mean_se(value: dict | None, digits: int = 2) -> str:

@@ -11,16 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
+                                 method_record, methods)
 from vit_inspect.notebook.display import preview_tag, topk_table
-from vit_inspect.passes.records import analysis_arrays, analysis_record, target_text
+from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
-
-# The names `Analysis.map` and `Analysis.show` take: the maps of `plots.maps.PASS_MAPS`, and gradient rollout.
-MAP_NAMES = ("attention", "rollout", "gradcam", "chefer", "legrad", "attnlrp", "gradient_rollout")
-UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
-         "gradient_rollout": "rollout weight (fraction)", "gradcam": "activation × gradient",
-         "chefer": "relevance ({score} units)", "legrad": "relevance ({score} units)",
-         "attnlrp": "relevance ({score} units)"}  # {score}: what the gradient maps explain, logit or cosine
 
 LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
 
@@ -51,7 +46,8 @@ class Analysis:
         return self.handle.top_labels(self.result.probs, k) if self.result.probs.size else []
 
     def map(self, name: str, **options) -> np.ndarray:
-        """One (grid_h, grid_w) raw map, unnormalised, over the patch grid of the crop the model saw.
+        """One (grid_h, grid_w) raw map, unnormalised, over the patch grid of the crop the model saw: any
+        registered method (`vit-inspect methods`; `vit_inspect.methods`), with the options its compute takes.
 
         - ``"attention"``: one layer's attention probabilities from a query token (`ImageAnalysis.attention_map`;
           options ``layer`` (default the last), ``head`` (default: the mean of heads), ``query`` (default the
@@ -63,32 +59,22 @@ class Analysis:
           last), signed (activation × gradient).
         - ``"chefer"``: gradient-weighted attention, Chefer et al. 2021. ``"legrad"``: LeGrad, Bousselham et al.
           2025. ``"attnlrp"``: AttnLRP, Achtibat et al. 2024 (relevance in logit units; for a text prompt in
-          units of its cosine similarity).
+          units of its cosine similarity). ``"gradcam_relu"``: Grad-CAM after the ReLU.
 
-        Raises ValueError for an unknown name or options the map does not take, and for a map this model or
-        pass does not have (gradient maps without a head; LeGrad and AttnLRP with ``relevance=False``)."""
-        result = self.result
-        if name not in MAP_NAMES:
-            raise ValueError(f"unknown map {name!r}; choose one of {', '.join(MAP_NAMES)}")
-        if name == "attention":
-            layer = options.pop("layer", result.depth - 1)
-            values = result.attention_map(layer, options.pop("head", None), options.pop("query", None))
-        elif name == "rollout":
-            values = result.rollout(**options)
-            options = {}
-        elif name == "gradient_rollout":
-            values = result.gradient_rollout(**options)
-            options = {}
-        elif name == "gradcam":
-            layer = options.pop("layer", -1)
-            values = None if result.gradcam is None else result.gradcam[layer]
-        else:
-            values = getattr(result, name)
-        if options:
-            raise ValueError(f"the {name} map takes no option {', '.join(sorted(options))}")
+        Raises ValueError for an unknown name or options the map does not take, for a map this model or
+        pass does not have (gradient maps without a head; LeGrad and AttnLRP with ``relevance=False``), and
+        with the method's sentence for a method that failed (`methods.MethodFailure`)."""
+        try:
+            method = get(name)
+        except ValueError:
+            raise ValueError(f"unknown map {name!r}; choose one of {', '.join(methods())}") from None
+        check_options(method, options)
+        values = compute_map(method, MethodContext(self.result, self.handle), **options)
+        if isinstance(values, MethodFailure):
+            raise ValueError(values.public)
         if values is None:
-            why = ("it has no classification head" if result.target is None else
-                   "LeGrad and AttnLRP need analyze(..., relevance=True) and a timm or Hugging Face model")
+            why = ("it has no classification head" if self.result.target is None else
+                   f"{name} needs analyze(..., relevance=True) and a timm or Hugging Face model")
             raise ValueError(f"{self.handle.name} has no {name} map in this result: {why}")
         return values
 
@@ -111,13 +97,15 @@ class Analysis:
 
     def show(self, name: str = "rollout", **options):
         """One map over the crop the model saw, with its colour bar and unit, as a matplotlib Figure
-        (`plots.maps.maps_figure`); takes the names and options of `map`. Grad-CAM is drawn after a ReLU."""
+        (`plots.maps.maps_figure`); takes the names and options of `map`. A method drawn after a ReLU
+        (`Method.relu`, Grad-CAM) is."""
         from vit_inspect.plots.maps import maps_figure
 
         values = self.map(name, **options)
+        method = get(name)
         label = name if not options else f"{name} ({', '.join(f'{k}={v}' for k, v in options.items())})"
-        return maps_figure(self.result.rgb, {label: values}, relu_names=(label,) if name == "gradcam" else (),
-                           units={label: UNITS[name].format(score=self.result.score)}, title=self.title())
+        return maps_figure(self.result.rgb, {label: values}, relu_names=(label,) if method.relu else (),
+                           units={label: method.unit.format(score=self.result.score)}, title=self.title())
 
     def show_all(self):
         """Every map of the pass side by side at its default options (`maps`), as a matplotlib Figure."""
@@ -135,17 +123,20 @@ class Analysis:
                                          title=f"mean attention distance: {self.title()}")
 
     def record(self) -> dict:
-        """The JSON object `vit-inspect analyze` prints for this image (`passes.records.analysis_record`):
-        model, weights, classes, geometry, top-5, mean attention distance and the maps, rounded for JSON."""
-        return analysis_record(self.handle, self.result, self.image)
+        """The JSON object `vit-inspect analyze` prints for this image (`methods.method_record`): model,
+        weights, classes, geometry, top-5, mean attention distance and every recorded method's map, rounded
+        for JSON."""
+        return method_record(self.handle, self.result, self.image)
 
     def to_npz(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the pass's arrays at full precision (`passes.records.analysis_arrays`) and ``record``, the
+        """Write the pass's arrays and the recorded methods' maps at full precision (`methods.method_arrays`)
+        and ``record``, the
         `record` as a JSON string, to a compressed ``.npz`` file (default: ``<image stem>.npz`` in the current
         folder); returns its path. Read it back with ``np.load(path)`` and ``json.loads(str(f["record"]))``."""
         path = Path(path) if path is not None else Path(f"{Path(self.image).stem or 'image'}.npz")
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, record=np.array(json.dumps(self.record())), **analysis_arrays(self.result))
+        np.savez_compressed(buffer, record=np.array(json.dumps(self.record())),
+                            **method_arrays(self.handle, self.result))
         path.write_bytes(buffer.getvalue())
         return path
 

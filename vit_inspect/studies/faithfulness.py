@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import numpy as np
@@ -25,6 +25,8 @@ from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.core.open_clip_models import prompt_view, score_factor
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
+from vit_inspect.methods import MethodContext, MethodFailure, compute_maps
+from vit_inspect.methods import methods as registered_methods
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -33,17 +35,18 @@ ScoreFn = Callable[[torch.Tensor], torch.Tensor]
 Progress = Callable[[int, int], None]  # (inputs scored, inputs in all)
 
 DEFAULT_BATCH_SIZE = 64
-# name -> (what it is); every name `standard_maps` knows, in table order
-METHODS = {
-    "random": "random map (the floor)",
-    "attention": "raw attention, last layer, mean of heads",
-    "rollout": "attention rollout, defaults",
-    "gradcam": "Grad-CAM last block, signed",
-    "gradcam_relu": "Grad-CAM last block, ReLU'd (as drawn)",
-    "chefer": "gradient-weighted attention (Chefer et al. 2021)",
-    "legrad": "LeGrad (Bousselham et al. 2025)",
-    "attnlrp": "AttnLRP (Achtibat et al. 2024)",
-}
+FLOOR = {"random": "random map (the floor)"}  # the baseline every method is compared with: not a method
+
+
+def faithfulness_methods() -> dict[str, str]:
+    """name -> what it is: the floor, then every registered method the faithfulness study scores, in table order."""
+    return FLOOR | {name: m.title for name, m in registered_methods().items() if m.faithfulness}
+
+
+def __getattr__(name: str):
+    if name == "METHODS":  # read from the registry on each access: plugins load on the first read
+        return faithfulness_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def model_scorer(handle: ViTHandle) -> ScoreFn:
@@ -116,27 +119,36 @@ def score_maps(score_fn: ScoreFn, pixels: torch.Tensor, layout: TokenLayout, map
     return curves_from_probs(plan, scores, label, target)
 
 
-def standard_maps(analysis: ImageAnalysis, methods: tuple[str, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """The (grid_h, grid_w) map of each named method (`METHODS`) from one cached pass.
-
-    Methods the pass could not compute (gradient methods on a model without a head) are left out.
-    """
-    unknown = [m for m in methods if m not in METHODS]
+def scored_maps(analysis: ImageAnalysis, names: tuple[str, ...], rng: np.random.Generator,
+                handle: ViTHandle | None = None, pixels: torch.Tensor | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[str, MethodFailure]]:
+    """(name -> (grid_h, grid_w) float64 map, name -> why it has none) of each named method
+    (`faithfulness_methods`: the random floor drawn from `rng`, and registered methods computed from the
+    pass, `methods.compute_map`), in the order of `names`. A map the pass cannot have (gradient methods on a
+    model without a head) is in neither; a method with passes of its own needs ``handle`` (and reads
+    ``pixels``, default the pass's crop)."""
+    known = faithfulness_methods()
+    unknown = [m for m in names if m not in known]
     if unknown:
-        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}.")
+        raise VitInspectError(f"Unknown method(s) {', '.join(unknown)}; choose from {', '.join(known)}.")
     layout = analysis.layout
-    available = {
-        "random": lambda: rng.random((layout.grid_h, layout.grid_w)),
-        "attention": lambda: analysis.attention_map(analysis.depth - 1),
-        "rollout": lambda: analysis.rollout(),
-        "gradcam": lambda: None if analysis.gradcam is None else analysis.gradcam[-1],
-        "gradcam_relu": lambda: None if analysis.gradcam is None else np.maximum(analysis.gradcam[-1], 0.0),
-        "chefer": lambda: analysis.chefer,
-        "legrad": lambda: getattr(analysis, "legrad", None),
-        "attnlrp": lambda: getattr(analysis, "attnlrp", None),
-    }
-    maps = {name: available[name]() for name in methods}
-    return {name: np.asarray(m, dtype=np.float64) for name, m in maps.items() if m is not None}
+    context = MethodContext(analysis, handle, pixels)
+    maps: dict[str, np.ndarray] = {}
+    failures: dict[str, MethodFailure] = {}
+    for name in names:
+        if name in FLOOR:
+            maps[name] = rng.random((layout.grid_h, layout.grid_w))
+            continue
+        found, failed = compute_maps(context, (name,))
+        maps |= found
+        failures |= failed
+    return maps, failures
+
+
+def standard_maps(analysis: ImageAnalysis, methods: tuple[str, ...], rng: np.random.Generator,
+                  handle: ViTHandle | None = None, pixels: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    """The maps of `scored_maps`, without the failures."""
+    return scored_maps(analysis, methods, rng, handle, pixels)[0]
 
 
 @dataclass(frozen=True)
@@ -147,18 +159,21 @@ class ImageFaithfulness:
     target: int  # class explained and whose probability del/ins record
     correct: bool  # the clean image's top-1 is `label`
     curves: dict[str, Curves]  # method -> its four curves
+    failures: dict[str, MethodFailure] = field(default_factory=dict)  # method -> why it was left out of the scores
 
     def aucs(self) -> dict[str, dict[str, float]]:
         return {name: c.aucs() for name, c in self.curves.items()}
 
 
 def evaluate_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, label: int,
-                   methods: tuple[str, ...] = tuple(METHODS), target: int | str | Prompt | None = None,
+                   methods: tuple[str, ...] | None = None, target: int | str | Prompt | None = None,
                    settings: PerturbationSettings = PerturbationSettings(), batch_size: int = DEFAULT_BATCH_SIZE,
                    seed: int = 0, limits: ImageLimits = ImageLimits(),
                    contrast: str | Prompt | None = None) -> ImageFaithfulness:
     """Score `methods` on one image: one analysis pass (maps for `target`, default the prediction),
-    then the perturbation curves of every map (`score_maps`). Pure in the sense a folder engine needs:
+    then the perturbation curves of every map (`score_maps`); ``methods`` default every one of
+    `faithfulness_methods`, and one that fails is left out of the curves, its reason in ``failures``. Pure
+    in the sense a folder engine needs:
     the result depends only on the arguments (ties and the random map are seeded from the pixels).
 
     A prompt ``target`` (and ``contrast``) of a CLIP-style model scores every curve on the prompt's
@@ -172,16 +187,19 @@ def evaluate_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
     num_patches = analysis.layout.num_patches
     rng = image_permutation(analysis.rgb, num_patches, seed)
     permutation = rng.permutation(num_patches)
-    maps = standard_maps(analysis, methods, rng)
+    explained = handle  # the model whose column `analysis.target` is: a prompt's view for a text target
     if analysis.prompt is not None or analysis.versus is not None:
-        view, column, other, _, _ = prompt_view(handle, target, contrast)
-        scorer = prompt_scorer(view, column, other, analysis.score)
+        explained, column, other, _, _ = prompt_view(handle, target, contrast)
+        scorer = prompt_scorer(explained, column, other, analysis.score)
     else:
         scorer = model_scorer(handle)
+    maps, failures = scored_maps(analysis, tuple(faithfulness_methods()) if methods is None else methods, rng,
+                                 explained, pixels)
     curves = score_maps(scorer, pixels.to(handle.device), analysis.layout, maps, label,
                         analysis.target, permutation, settings, batch_size)
     return ImageFaithfulness(label=int(label), target=analysis.target,
-                             correct=bool(np.argmax(analysis.probs) == label), curves=curves)
+                             correct=bool(np.argmax(analysis.probs) == label), curves=curves,
+                             failures=failures)
 
 
 class FaithfulnessAccumulator:
@@ -194,6 +212,7 @@ class FaithfulnessAccumulator:
         self._sum_sq: dict[str, np.ndarray] = {}  # method -> (4,) sum of squared AUCs
         self.correct = 0  # images whose clean top-1 was right
         self.images = 0
+        self.left_out: dict[str, int] = {}  # method -> images on which it failed (`ImageFaithfulness.failures`)
 
     def add(self, result: ImageFaithfulness) -> None:
         self.images += 1
@@ -203,6 +222,8 @@ class FaithfulnessAccumulator:
             self.count[name] = self.count.get(name, 0) + 1
             self._sum[name] = self._sum.get(name, 0.0) + values
             self._sum_sq[name] = self._sum_sq.get(name, 0.0) + values ** 2
+        for name in result.failures:
+            self.left_out[name] = self.left_out.get(name, 0) + 1
 
     def merge(self, other: "FaithfulnessAccumulator") -> "FaithfulnessAccumulator":
         merged = FaithfulnessAccumulator()
@@ -213,17 +234,21 @@ class FaithfulnessAccumulator:
                 merged.count[name] = merged.count.get(name, 0) + acc.count[name]
                 merged._sum[name] = merged._sum.get(name, 0.0) + acc._sum[name]
                 merged._sum_sq[name] = merged._sum_sq.get(name, 0.0) + acc._sum_sq[name]
+            for name, n in acc.left_out.items():
+                merged.left_out[name] = merged.left_out.get(name, 0) + n
         return merged
 
     def state(self) -> tuple[dict[str, np.ndarray], int]:
         """(running sums, images): float64 "correct" (), and per method "count/M" (), "sum/M" and
-        "sum_sq/M" (4,) in CURVES order. Adding two states name by name equals `merge` of the two
+        "sum_sq/M" (4,) in CURVES order, and "left_out/M" () for a method that failed on some images. Adding two states name by name equals `merge` of the two
         accumulators, so a folder engine can add them (as `jobs.engine.Sums`) in any order."""
         arrays = {"correct": np.float64(self.correct)}
         for name, n in self.count.items():
             arrays[f"count/{name}"] = np.float64(n)
             arrays[f"sum/{name}"] = np.asarray(self._sum[name], np.float64)
             arrays[f"sum_sq/{name}"] = np.asarray(self._sum_sq[name], np.float64)
+        for name, n in self.left_out.items():
+            arrays[f"left_out/{name}"] = np.float64(n)
         return arrays, self.images
 
     @classmethod
@@ -238,6 +263,8 @@ class FaithfulnessAccumulator:
                 accumulator.count[name] = int(round(float(value)))
                 accumulator._sum[name] = np.asarray(arrays[f"sum/{name}"], np.float64)
                 accumulator._sum_sq[name] = np.asarray(arrays[f"sum_sq/{name}"], np.float64)
+            elif key.startswith("left_out/"):
+                accumulator.left_out[key[len("left_out/"):]] = int(round(float(value)))
         return accumulator
 
     def table(self) -> dict[str, dict[str, tuple[float, float]]]:

@@ -44,18 +44,35 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.core.open_clip_models import prompt_view
 from vit_inspect.core.prompts import Prompt
+from vit_inspect.methods import MethodFailure, get
+from vit_inspect.methods import methods as registered_methods
 from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.passes.randomise import EMBEDDING, Layer, cascade_order, fresh_weights, randomised
 from vit_inspect.passes.result import ImageAnalysis
-from vit_inspect.studies.faithfulness import METHODS, image_permutation, pixel_digest, standard_maps
+from vit_inspect.studies.faithfulness import FLOOR, image_permutation, pixel_digest, scored_maps
 from vit_inspect.studies.robustness import RobustnessSettings, infidelity, max_sensitivity
 
-SANITY_METHODS = tuple(m for m in METHODS if m != "random")  # the random map is model-free by definition
 SIMILARITIES = ("spearman", "ssim", "top10_overlap")
-RELEVANCE_METHODS = ("legrad", "attnlrp")  # need `analyze_pixels(relevance=True)`
 PASS_THRESHOLD = 0.5  # a map passes the randomisation test when its Spearman, fully randomised, is below this
 MapFn = Callable[[ImageAnalysis], np.ndarray]  # a map of one's own from a pass: (grid_h, grid_w)
 Progress = Callable[[int, int], None]  # (passes done, passes in all)
+
+
+def sanity_methods() -> tuple[str, ...]:
+    """Every registered method the sanity study checks, in registration order (the random floor of the
+    faithfulness study is model-free by definition, so never checked by default)."""
+    return tuple(name for name, m in registered_methods().items() if m.sanity)
+
+
+def needs_relevance(methods: tuple[str, ...]) -> bool:
+    """Whether any of `methods` reads the pass's LeGrad and AttnLRP records (`analyze_pixels(relevance=True)`)."""
+    return any(get(m).reads == "relevance" for m in methods if m not in FLOOR)
+
+
+def __getattr__(name: str):
+    if name == "SANITY_METHODS":  # read from the registry on each access: plugins load on the first read
+        return sanity_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -106,13 +123,15 @@ class ImageSanity:
     infidelity: dict[str, float] = field(default_factory=dict)  # method -> logit^2, lower = better
     settings: SanitySettings = SanitySettings()
     prompt: str | None = None  # the text prompt explained instead of a class (then `target` is its column)
+    failures: dict[str, MethodFailure] = field(default_factory=dict)  # method -> why it was left out (its first)
 
     def record(self) -> dict:
         """The JSON record of the CLI (without the image and model fields): per method, ``cascading`` (one
         ``{randomised_from_block, spearman, ssim, top10_overlap}`` per step, the first with nothing randomised,
         ``randomised_from_block`` null, then the block from which on all are random, then "embedding"),
         ``independent`` (one ``{block, ...}`` per block), ``random_logit``, ``max_sensitivity``, ``infidelity``
-        (null when not run) and ``passes_randomisation``; NaN is null; ``prompt`` the text explained, or null."""
+        (null when not run) and ``passes_randomisation``; NaN is null; ``prompt`` the text explained, or null;
+        ``left_out``: method -> why it was left out of every test."""
         def number(values: dict[str, float], method: str) -> float | None:
             value = values.get(method)
             return None if value is None or not math.isfinite(value) else round(float(value), 6)
@@ -127,7 +146,8 @@ class ImageSanity:
                 "max_sensitivity": number(self.max_sensitivity, method),
                 "infidelity": number(self.infidelity, method),
                 "passes_randomisation": verdict[method]}
-        return {"target": self.target, "prompt": self.prompt, "random_class": self.random_class, "methods": methods}
+        return {"target": self.target, "prompt": self.prompt, "random_class": self.random_class, "methods": methods,
+                "left_out": {m: failure.public for m, failure in self.failures.items()}}
 
     def passes_randomisation(self, threshold: float = PASS_THRESHOLD) -> dict[str, bool | None]:
         """method -> whether its map, with every layer random, has a Spearman below `threshold` with the
@@ -152,26 +172,29 @@ def steps_of(depth: int) -> tuple[Layer | None, ...]:
 
 
 def method_maps(analysis: ImageAnalysis, methods: tuple[str, ...], extra: Mapping[str, MapFn] | None = None,
-                seed: int = 0) -> dict[str, np.ndarray]:
-    """method -> (grid_h, grid_w) float64 map from one pass: `standard_maps` (the random map seeded from the
-    pixels, so the same for the same image) and any `extra` map functions."""
+                seed: int = 0, handle: ViTHandle | None = None, pixels: torch.Tensor | None = None
+                ) -> tuple[dict[str, np.ndarray], dict[str, MethodFailure]]:
+    """(method -> (grid_h, grid_w) float64 map, method -> why it has none) from one pass: `scored_maps` (the
+    random map seeded from the pixels, so the same for the same image; methods with passes of their own run
+    on ``handle`` with ``pixels``) and any `extra` map functions."""
     rng = image_permutation(analysis.rgb, analysis.layout.num_patches, seed)
-    maps = standard_maps(analysis, methods, rng)
+    maps, failures = scored_maps(analysis, methods, rng, handle, pixels)
     for name, fn in (extra or {}).items():
         maps[name] = np.asarray(fn(analysis), dtype=np.float64)
-    return maps
+    return maps, failures
 
 
 def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes | torch.Tensor,
-                 methods: tuple[str, ...] = SANITY_METHODS, target: int | str | Prompt | None = None,
+                 methods: tuple[str, ...] | None = None, target: int | str | Prompt | None = None,
                  settings: SanitySettings = SanitySettings(), extra: Mapping[str, MapFn] | None = None,
                  progress: Progress | None = None, cancelled: Callable[[], bool] | None = None,
                  limits: ImageLimits = ImageLimits()) -> ImageSanity:
     """Every sanity check of `methods` (and `extra` map functions) on one image, for `target` (a class, default
     the trained model's prediction; or a text prompt of a CLIP-style model), at the model's own crop; or on a model input given as it is, a (1, 3, H, W)
     tensor normalised with the model's mean and std (`analyze_pixels`: the app passes the crop its pass saw).
-    Passes: 1 (trained) + depth + 1 (cascading) + depth (independent) + 1 (random logit) + the noisy inputs
-    of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
+    ``methods`` default `sanity_methods()`; a method that fails on any pass (`methods.compute_map`) is left
+    out of every test, its first reason in ``failures``. Passes: 1 (trained) + depth + 1 (cascading) + depth
+    (independent) + 1 (random logit) + the noisy inputs of max-sensitivity; infidelity adds only forwards. The model's weights are the trained ones again
     afterwards, also after an exception or `Cancelled` (raised before the next pass once `cancelled()` is
     true)."""
     if not handle.has_head:
@@ -183,7 +206,9 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     else:
         picture = image if isinstance(image, Image.Image) else load_image(image, limits)
         pixels, _ = handle.preprocess.apply(picture)  # (1, 3, H, W)
-    relevance = any(m in RELEVANCE_METHODS for m in methods)
+    methods = sanity_methods() if methods is None else methods
+    relevance = needs_relevance(methods)
+    failed: dict[str, MethodFailure] = {}  # method -> its first failure
     robust = settings.robustness
     steps = steps_of(handle.depth)
     total = (len(steps) + (handle.depth if settings.independent else 0) + int(settings.random_logit)
@@ -191,15 +216,19 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     done = [0]
 
     def run(target_class: int | None, inputs: torch.Tensor | None = None) -> tuple[ImageAnalysis, dict]:
-        """One pass (of `pixels`, or of `inputs`) and its maps."""
+        """One pass (of `pixels`, or of `inputs`) and its maps; a failed method's map is NaN (left out below)."""
         if cancelled is not None and cancelled():
             raise Cancelled(f"The sanity checks were cancelled after {done[0]} of {total} passes.")
-        analysis = analyze_pixels(handle, pixels if inputs is None else inputs, target=target_class,
-                                  relevance=relevance)
+        seen = pixels if inputs is None else inputs
+        analysis = analyze_pixels(handle, seen, target=target_class, relevance=relevance)
         done[0] += 1
         if progress is not None:
             progress(done[0], total)
-        return analysis, method_maps(analysis, methods, extra, settings.seed)
+        maps, failures = method_maps(analysis, methods, extra, settings.seed, handle, seen)
+        for name, failure in failures.items():
+            failed.setdefault(name, failure)
+            maps[name] = np.full((analysis.layout.grid_h, analysis.layout.grid_w), np.nan)
+        return analysis, maps
 
     analysis, trained = run(target)
     explained = int(analysis.target)
@@ -233,12 +262,16 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     fidelity: dict[str, float] = {}
     if robust is not None:
         sensitivity = max_sensitivity(handle, pixels, trained, lambda row: run(explained, row)[1], robust)
-        fidelity = infidelity(handle, pixels, explained, trained, analysis.layout, robust)
+        fidelity = infidelity(handle, pixels, explained, {m: v for m, v in trained.items() if m not in failed},
+                              analysis.layout, robust)
+    kept = [m for m in trained if m not in failed]
+    cascading, independent, random_logit, sensitivity = (
+        {m: v for m, v in values.items() if m in kept} for values in (cascading, independent, random_logit, sensitivity))
     return ImageSanity(target=explained, random_class=other, steps=steps, cascading=cascading,
                        independent=independent, random_logit=random_logit,
-                       maps={m: tuple(s[m] for s in step_maps) for m in trained},
+                       maps={m: tuple(s[m] for s in step_maps) for m in kept},
                        max_sensitivity=sensitivity, infidelity=fidelity, settings=settings,
-                       prompt=None if prompt is None else prompt.text)
+                       prompt=None if prompt is None else prompt.text, failures=failed)
 
 
 class SanityAccumulator:
@@ -246,7 +279,7 @@ class SanityAccumulator:
     value counted only where it is finite (a constant map's Spearman is NaN); `state` / `from_state` make
     them engine `Sums`, `table` gives mean ± standard error and the count behind each."""
 
-    KINDS = ("cascading", "independent", "random_logit", "max_sensitivity", "infidelity", "passes")
+    KINDS = ("cascading", "independent", "random_logit", "max_sensitivity", "infidelity", "passes", "left_out")
 
     def __init__(self) -> None:
         self.images = 0
@@ -275,6 +308,8 @@ class SanityAccumulator:
                 if method in numbers:
                     self._add(f"{kind}/{method}", [numbers[method]])  # (1,)
             self._add(f"passes/{method}", [np.nan if verdict[method] is None else float(verdict[method])])
+        for method in result.failures:
+            self._add(f"left_out/{method}", [1.0])  # (1,): images on which the method failed
 
     def state(self) -> tuple[dict[str, np.ndarray], int]:
         """(arrays, images): "sum/K", "sum_sq/K" and "n/K" for each key K = "<kind>/<method>". Adding two
@@ -316,4 +351,5 @@ class SanityAccumulator:
 
 
 __all__ = ["EMBEDDING", "ImageSanity", "PASS_THRESHOLD", "SANITY_METHODS", "SIMILARITIES", "SanityAccumulator",
-           "SanitySettings", "Similarity", "method_maps", "random_class", "sanity_check", "similarity", "steps_of"]
+           "SanitySettings", "Similarity", "method_maps", "needs_relevance", "random_class", "sanity_check",
+           "sanity_methods", "similarity", "steps_of"]
