@@ -112,7 +112,9 @@ def test_the_true_contribution_map_wins_on_a_known_model():
     again = score_maps(score, pixels, layout, maps, target, target, np.random.default_rng(0).permutation(16),
                        PerturbationSettings(insertion_start="mean"), batch_size=1000)
     assert again["random"].aucs() != aucs["truth"]
-    np.testing.assert_allclose(again["truth"].deletion, curves["truth"].deletion, rtol=1e-6)
+    # to float32 rounding: a matrix product's kernel may change with the batch's size, and a softmax of logits
+    # near -25 turns its last-bit differences into a few 1e-6 of a probability near 1e-11
+    np.testing.assert_allclose(again["truth"].deletion, curves["truth"].deletion, rtol=2e-5)
 
 
 def test_accumulator_mean_se_and_merge():
