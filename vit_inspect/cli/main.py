@@ -3,7 +3,8 @@
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
 prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
 likewise print JSON; `sanity` prints a table per image, or with `--json` one JSON object per line. Progress
-goes to stderr; an error is one line on stderr and a non-zero exit.
+goes to stderr (one line rewritten on a terminal, a line per update elsewhere); an error is one line on
+stderr and a non-zero exit.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import sys
 
 from vit_inspect.cli import analyze, compare, evaluate, heads, model, sanity
+from vit_inspect.cli.common import end_progress_line
 from vit_inspect.core.errors import VitInspectError
 
 COMMANDS = (analyze, model, heads, evaluate, compare, sanity)  # each adds its subcommand with `add_parser(sub)`
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except (VitInspectError, ValueError, OSError) as exc:
+        end_progress_line()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
