@@ -98,6 +98,21 @@ def test_install_commands_name_only_what_a_clone_has():
     assert not found, found
 
 
+def test_requirements_txt_is_the_apps_dependencies_and_what_a_space_installs():
+    """Every dependency of the package and of its `app` extra (captum for the sanity checks included) pinned at the
+    version tested, and no line that installs the package itself: a Space installs this file before it copies the
+    repository (the README's install adds the package with `-e .`)."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {re.match(r"[\w.-]+", d).group(0).lower() for d in
+              project["dependencies"] + project["optional-dependencies"]["app"]}
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    lines = [line for line in lines if line]
+    assert not [line for line in lines if line in (".", "-e .") or line.startswith(("-e", "file:", "./"))]
+    assert {re.match(r"[\w.-]+", line).group(0).lower() for line in lines} == wanted
+    assert "captum" in wanted and "gradio" in wanted
+
+
 def test_the_history_search_finds_what_it_looks_for():
     for line in ("as stated in issue 13", "the machine was shared by eight developers", "against afcd7f7",
                  "cp ../shared/models/x .", "the eighteenth session took", "two rounds of work",

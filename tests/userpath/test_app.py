@@ -51,9 +51,24 @@ def page(served):
 
 def done(page, step: str) -> None:
     """After a step: no "Error" badge or error toast anywhere in the page, no traceback; a screenshot."""
-    sync_api.expect(page.locator(FAILED)).to_have_count(0)
-    assert "Traceback" not in page.locator("body").inner_text(), step
     page.screenshot(path=str(ARTIFACTS / f"userpath_{step}.png"), full_page=True)
+    failures = page.locator(FAILED).all_inner_texts()
+    assert not failures, f"{step}: {failures}"
+    assert "Traceback" not in page.locator("body").inner_text(), step
+
+
+def answered(page, answer, step: str) -> None:
+    """Wait for a long action's ``answer`` (a locator) or a failure, whichever shows first; then `done`."""
+    sync_api.expect(answer.or_(page.locator(FAILED)).first).to_be_visible(timeout=SLOW_MS)
+    done(page, step)
+
+
+def column(page, elem_id: str, header: str) -> list[str]:
+    """The cells under ``header`` of the table in ``elem_id``, row by row, as the page shows them."""
+    table = page.locator(f"#{elem_id}")
+    at = next(i for i, text in enumerate(table.get_by_role("columnheader").all_inner_texts()) if header in text)
+    rows = [row.get_by_role("gridcell").all_inner_texts() for row in table.get_by_role("row").all()]
+    return [cells[at] for cells in rows if cells]
 
 
 def names_this_image(page, elem_id: str, *names: str) -> None:
@@ -79,20 +94,21 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
 
     open_tab(page, "Overview")
     page.locator("#overview-score").click()
-    for name in ("attention", "rollout", "relevance"):
-        expect(page.locator(f"#verdict-{name}")).to_contain_text(re.compile(r"Faithfulness: \d+\w\w of \d+ maps"),
-                                                                 timeout=SLOW_MS)
+    verdict = re.compile(r"Faithfulness: \d+\w\w of \d+ maps")
+    answered(page, page.locator("#verdict-relevance").filter(has_text=verdict), "03_scored")
+    for name in ("attention", "rollout"):
+        expect(page.locator(f"#verdict-{name}")).to_contain_text(verdict)
     open_tab(page, "Faithfulness")
     names_this_image(page, "faithfulness-note", "coffee.png", "espresso")
     expect(page.locator("#faithfulness-curves img")).to_be_visible()
-    done(page, "03_faithfulness")
+    done(page, "04_faithfulness")
 
     page.locator("#sanity-run").click()
-    expect(page.locator("#sanity-table")).to_contain_text("passes (ρ", timeout=SLOW_MS)
+    answered(page, page.locator("#sanity-table").filter(has_text="passes (ρ"), "05_sanity")
     names_this_image(page, "sanity-note", "coffee.png", "espresso")
-    header = page.locator("#sanity-table").inner_text()
-    assert "max-sensitivity" in header and "infidelity" in header  # captum's metrics, computed
-    done(page, "04_sanity")
+    for metric in ("max-sensitivity", "infidelity"):  # captum's metrics, a number for every map
+        cells = column(page, "sanity-table", metric)
+        assert cells and all(re.fullmatch(r"\d+(\.\d+)?(e-?\d+)?", cell) for cell in cells), (metric, cells)
 
     open_tab(page, "All heads")
     expect(page.locator("#heads-grid img")).to_be_visible()
@@ -104,7 +120,7 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     expect(page.locator("#ablated-gradcam img")).to_be_visible()
     page.locator("#importance-button").click()
     names_this_image(page, "importance-note", "Spearman", THIS)
-    done(page, "05_heads")
+    done(page, "06_heads")
 
     open_tab(page, "Filters & positions")
     expect(page.locator("#filters img")).to_be_visible()
@@ -112,7 +128,7 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     expect(page.locator("#model-files")).to_contain_text(re.compile(r"deit_tiny_patch16_224_model\s*\.npz"))
     open_tab(page, "Attention distance")
     expect(page.locator("#distance-plot img")).to_be_visible()
-    done(page, "06_how_it_sees")
+    done(page, "07_how_it_sees")
 
     open_tab(page, "Compare")
     page.locator("#compare-model input").fill("test_vit")
@@ -122,7 +138,7 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     page.locator("#compare-run").click()
     names_this_image(page, "compare-note", "A: espresso (#967)")
     expect(page.locator("#compare-maps-ab img")).to_be_visible()
-    done(page, "07_compare")
+    done(page, "08_compare")
 
     open_tab(page, "Downloads")
     page.locator("#downloads-button").click()
@@ -130,5 +146,5 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     record = page.locator("#download-files tr", has_text=re.compile(r"coffee\s*\.json")).locator("a")
     saved = json.loads(page.request.get(record.get_attribute("href")).body())
     assert saved["image"] == "coffee.png" and saved["topk"][0]["index"] == 967
-    done(page, "08_downloads")
+    done(page, "09_downloads")
     assert "Traceback" not in served[1].read_text()
