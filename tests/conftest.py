@@ -19,6 +19,10 @@ atexit.register(shutil.rmtree, GRADIO_FOLDER, ignore_errors=True)
 
 from support import DEIT_WEIGHTS, TINY_TIMM  # noqa: E402  (after the environment above)
 
+# The user-path tests run alone, with the environment the README's install makes (.ci/run's first stage:
+# `python -m pytest tests/userpath`); the full suite leaves them out, so that CI does not run them twice.
+collect_ignore = ["userpath"]
+
 
 @pytest.fixture(params=sorted(TINY_TIMM))
 def tiny_kind(request) -> str:
@@ -33,5 +37,19 @@ def deit():
     from vit_inspect.core.load import load_model
 
     return load_model("deit_tiny_patch16_224", weights=DEIT_WEIGHTS, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_weights(tmp_path_factory):
+    """Random weights of timm's `test_vit` (6 layers, 2 heads, 160-pixel input) in a .safetensors file: a
+    second model for Compare."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("weights") / "tiny_random_test_vit.safetensors"
+    save_file(timm.create_model("test_vit", pretrained=False).state_dict(), str(path))
+    return path
 
 

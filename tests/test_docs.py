@@ -1,14 +1,15 @@
-"""The project's text: a README that sells and orients and whose library quick start runs as written, notebooks
-committed with their outputs, benchmarks that quote their CSV files, and no history in what users read.
+"""The project's text: a README that sells and orients, notebooks committed with their outputs, benchmarks that
+quote their CSV files, and no history in what users read.
 
-CI also builds the site (`mkdocs build --strict`) and executes the notebooks (`pytest --nbmake docs/notebooks`)."""
+CI also builds the site (`mkdocs build --strict`), executes the notebooks (`pytest --nbmake docs/notebooks`) and, in
+its first stage, runs every command and code block of the README and of docs/getting-started.md in the
+environment the README's install makes (tests/userpath)."""
 from __future__ import annotations
 
 import json
 import re
 import subprocess
 
-import numpy as np
 import pytest
 from PIL import Image
 from support import REPO
@@ -17,13 +18,6 @@ README = REPO / "README.md"
 NOTEBOOKS = sorted((REPO / "docs" / "notebooks").glob("*.ipynb"))
 MAX_README_LINES = 300
 FIRST_SCREEN_LINES = 30  # the picture must be this close to the top
-
-
-def quick_start() -> str:
-    """The README's library quick start: the python block after its marker comment."""
-    text = README.read_text()
-    marker = text.index("<!-- quick start:")
-    return re.search(r"```python\n(.*?)```", text[marker:], re.S).group(1)
 
 
 def test_the_readme_is_short_and_shows_the_app_first():
@@ -41,24 +35,6 @@ def test_the_readme_is_short_and_shows_the_app_first():
 def test_every_relative_link_of_the_readme_exists():
     for target in re.findall(r"\]\((?!https?://|#)([^)#]+)", README.read_text()):
         assert (REPO / target).exists(), target
-
-
-def test_the_library_quick_start_runs_as_written(tmp_path, monkeypatch):
-    """Run in a fresh folder beside the repository's assets, with the weights where the app finds them."""
-    if not (REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors").is_file():
-        pytest.skip("no checkpoints/deit_tiny_patch16_224.safetensors (CI copies it there)")
-    (tmp_path / "assets").symlink_to(REPO / "assets")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("VIT_INSPECT_CHECKPOINTS", raising=False)
-    namespace: dict = {}
-    exec(compile(quick_start(), "README.md", "exec"), namespace)
-    r = namespace["r"]
-    assert [row["label"] for row in r.top(3)] == ["Egyptian cat", "tabby, tabby cat", "tiger cat"]
-    assert namespace["record"] == r.record() and namespace["record"]["topk"][0]["index"] == 285
-    for name in ("chelsea_rollout.png", "chelsea_maps.png"):
-        with Image.open(tmp_path / name) as image:
-            assert image.format == "PNG" and image.width > 200
-    np.testing.assert_array_equal(r.map("rollout", discard_ratio=0.9), r.result.rollout(discard_ratio=0.9))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -112,6 +88,29 @@ def test_the_projects_text_speaks_of_the_project():
                 if HISTORY.search(line):
                     found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()[:120]}")
     assert not found, "\n".join(found)
+
+
+def test_install_commands_name_only_what_a_clone_has():
+    """An install command in the project's text names a requirements file or the clone itself, never
+    `vit_inspect[extra]`: the package is on no index."""
+    found = [f"{path.relative_to(REPO)}:{number}" for pattern in PROJECT_TEXT for path in sorted(REPO.glob(pattern))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if "vit_inspect[" in line]
+    assert not found, found
+
+
+def test_requirements_txt_is_the_apps_dependencies_and_what_a_space_installs():
+    """Every dependency of the package and of its `app` extra (captum for the sanity checks included) pinned at the
+    version tested, and no line that installs the package itself: a Space installs this file before it copies the
+    repository (the README's install adds the package with `-e .`)."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11's TOML reader")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {re.match(r"[\w.-]+", d).group(0).lower() for d in
+              project["dependencies"] + project["optional-dependencies"]["app"]}
+    lines = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    lines = [line for line in lines if line]
+    assert not [line for line in lines if line in (".", "-e .") or line.startswith(("-e", "file:", "./"))]
+    assert {re.match(r"[\w.-]+", line).group(0).lower() for line in lines} == wanted
+    assert "captum" in wanted and "gradio" in wanted
 
 
 def test_the_history_search_finds_what_it_looks_for():

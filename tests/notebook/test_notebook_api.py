@@ -156,6 +156,12 @@ def test_record_and_npz_are_the_command_lines_record(tiny, tmp_path):
         assert {"legrad", "attnlrp", "chefer", "mean_distance", "rgb"} <= set(saved.files)
 
 
+def test_npz_makes_the_folder_it_is_written_into(tiny, tmp_path):
+    path = tiny.to_npz(tmp_path / "out" / "runs" / "noise.npz")
+    with np.load(path, allow_pickle=False) as saved:
+        np.testing.assert_array_equal(saved["probs"], tiny.result.probs)
+
+
 def test_npz_defaults_to_the_images_stem_in_the_current_folder(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert tiny.to_npz() == tmp_path.joinpath("noise.npz").relative_to(tmp_path)

@@ -3,6 +3,8 @@ step's maps are the one-pass maps of the randomised model; the weights come back
 max-sensitivity and infidelity equal their definitions computed by hand from the same draws."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,13 @@ from vit_inspect.core.errors import Cancelled, VitInspectError
 from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.passes.randomise import EMBEDDING, cascade_order, fresh_weights, randomised
 from vit_inspect.studies.faithfulness import standard_maps
-from vit_inspect.studies.robustness import RobustnessSettings, infidelity, max_sensitivity, removal_draws
+from vit_inspect.studies.robustness import (
+    RobustnessSettings,
+    captum_metric,
+    infidelity,
+    max_sensitivity,
+    removal_draws,
+)
 from vit_inspect.studies.sanity import (
     SanitySettings,
     method_maps,
@@ -147,6 +155,15 @@ def test_max_sensitivity_is_its_definition_and_shares_the_passes():
     for name in methods:
         norms = [np.linalg.norm(maps_of(n)[name].astype(np.float32) - clean[name].astype(np.float32)) for n in noisy]
         assert result[name] == pytest.approx(max(norms) / np.linalg.norm(clean[name].astype(np.float32)), rel=1e-5)
+
+
+def test_without_captum_the_robustness_metrics_name_an_install_that_works_from_a_clone(monkeypatch):
+    monkeypatch.setitem(sys.modules, "captum", None)  # `import captum.metrics` raises ImportError
+    monkeypatch.setitem(sys.modules, "captum.metrics", None)
+    with pytest.raises(VitInspectError) as info:
+        captum_metric("infidelity")
+    assert str(info.value) == ("Max-sensitivity and infidelity need captum, which is not installed: "
+                               "pip install -r requirements.txt (or leave the robustness metrics out).")
 
 
 def test_infidelity_is_its_definition_with_the_optimal_scale():

@@ -38,15 +38,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def app_process(port: int, env: dict) -> subprocess.Popen:
+def app_process(port: int, env: dict, log: Path | None = None) -> subprocess.Popen:
     """`python app.py --port PORT --device cpu` in a process of its own with ``env``, returned once its port
-    answers (stdout and stderr together in ``.stdout``); waits against a deadline, not a timing claim."""
+    answers (stdout and stderr together in ``.stdout``, or in the file ``log`` when one is given, for a server
+    that runs long enough to fill a pipe); waits against a deadline, not a timing claim."""
+    output = subprocess.PIPE if log is None else log.open("w")
     server = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--device", "cpu"], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=output, stderr=subprocess.STDOUT, text=True)
+    if log is not None:
+        output.close()  # the server writes through its own copy
     deadline = time.monotonic() + 120
     while True:
         if server.poll() is not None:
-            pytest.fail(f"the server stopped: {server.stdout.read()[-3000:]}")
+            said = server.stdout.read() if log is None else log.read_text()
+            pytest.fail(f"the server stopped: {said[-3000:]}")
         try:
             httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
             return server

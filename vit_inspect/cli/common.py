@@ -129,12 +129,29 @@ def figure_stems(files: list[Path]) -> list[str]:
     return stems
 
 
+class _ProgressLine:
+    open = False  # a progress line on a terminal is being rewritten and has not been ended yet
+
+
 def progress_line(template: str = "{done}/{total} images"):
-    """A progress callback (done, total) that rewrites one line on stderr, ending it when done == total."""
+    """A progress callback (done, total) on stderr. On a terminal it rewrites one line, ending it when
+    done == total; anywhere else (a log file, a pipe, CI) each update is a line of its own."""
     def progress(done: int, total: int) -> None:
-        print("\r" + template.format(done=done, total=total), end="" if done < total else "\n", file=sys.stderr,
-              flush=True)
+        text = template.format(done=done, total=total)
+        if not sys.stderr.isatty():
+            print(text, file=sys.stderr, flush=True)
+            return
+        _ProgressLine.open = done < total
+        print("\r" + text, end="" if done < total else "\n", file=sys.stderr, flush=True)
     return progress
+
+
+def end_progress_line() -> None:
+    """End a terminal's progress line left open (a command that failed half-way), so that what is printed
+    next starts a line of its own."""
+    if _ProgressLine.open:
+        print(file=sys.stderr, flush=True)
+        _ProgressLine.open = False
 
 
 progress = progress_line()  # "3/10 images"

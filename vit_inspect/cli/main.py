@@ -2,8 +2,9 @@
 
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
 prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
-likewise print JSON; `methods` lists the registered methods; `sanity` prints a table per image, or with `--json` one JSON object per line. Progress
-goes to stderr; an error is one line on stderr and a non-zero exit.
+likewise print JSON; `methods` lists the registered methods; `sanity` prints a table per image, or with
+`--json` one JSON object per line. Progress goes to stderr (one line rewritten on a terminal, a line per update
+elsewhere); an error is one line on stderr and a non-zero exit.
 """
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import argparse
 import sys
 
 from vit_inspect.cli import analyze, compare, evaluate, heads, methods, model, sanity
+from vit_inspect.cli.common import end_progress_line
 from vit_inspect.core.errors import VitInspectError
 
-COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods)  # each adds its subcommand with `add_parser(sub)`
+# each adds its subcommand with `add_parser(sub)`
+COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except (VitInspectError, ValueError, OSError) as exc:
+        end_progress_line()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -28,7 +28,7 @@ from vit_inspect.core.errors import VitInspectError
 from vit_inspect.jobs.engine import (EngineOptions, FolderJob, Progress, Shard, ShardResult, ShardStore, Sums,
                                      byte_bounded_runs, decode, item_name)
 
-RAY_INSTALL = 'pip install "vit_inspect[ray]" (or pip install -r requirements-ray.txt)'
+RAY_INSTALL = "pip install -r requirements-ray.txt"
 
 
 def import_ray():

@@ -132,8 +132,10 @@ class Analysis:
         """Write the pass's arrays and the recorded methods' maps at full precision (`methods.method_arrays`)
         and ``record``, the
         `record` as a JSON string, to a compressed ``.npz`` file (default: ``<image stem>.npz`` in the current
-        folder); returns its path. Read it back with ``np.load(path)`` and ``json.loads(str(f["record"]))``."""
+        folder; a folder the path names is made); returns its path. Read it back with ``np.load(path)`` and
+        ``json.loads(str(f["record"]))``."""
         path = Path(path) if path is not None else Path(f"{Path(self.image).stem or 'image'}.npz")
+        path.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, record=np.array(json.dumps(self.record())),
                             **method_arrays(self.handle, self.result))

@@ -18,8 +18,8 @@
   patch's pixels and channels; I the removal indicator). Units: logit²; lower is better. Only forwards:
   the perturbed inputs are scored once, in batches, for all methods.
 
-captum is imported inside the functions: the library imports without it (``pip install "vit_inspect[sanity]"``
-or requirements-dev.txt brings it).
+captum is imported inside the functions: the library imports without it (requirements.txt brings it, and
+so does the ``sanity`` extra).
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def captum_metric(name: str) -> Callable:
     try:
         import captum.metrics
     except ImportError:
-        raise VitInspectError("Max-sensitivity and infidelity need captum: pip install \"vit_inspect[sanity]\" "
-                              "(or leave the robustness metrics out).") from None
+        raise VitInspectError("Max-sensitivity and infidelity need captum, which is not installed: "
+                              "pip install -r requirements.txt (or leave the robustness metrics out).") from None
     return getattr(captum.metrics, name)
 
 
