@@ -173,6 +173,18 @@ def test_real_uploads_examples_and_data_urls_are_accepted(server):
     assert "deit_tiny_patch16_224.safetensors" in uploaded and folder not in uploaded
 
 
+def test_invisible_characters_in_an_uploads_name_never_reach_a_download(server):
+    """A right-to-left override makes "cat\u202egnp.exe" show as "catexe.png"; it and the zero-width and
+    other invisible characters of an upload's name are dropped before the name is used for the downloads."""
+    client = Client(server.url, verbose=False)
+    data = base64.b64encode(CHELSEA.read_bytes()).decode()
+    name = "\u2066cat\u202egnp.exe\u200b\u2069.png"
+    assert "cat" in client.predict({"url": f"data:image/png;base64,{data}", "orig_name": name},
+                                   api_name="/analyze")[0]["label"]
+    files = [Path(f).name for f in client.predict(api_name="/downloads")[0]]
+    assert "catgnp.exe.json" in files and all(name.startswith("catgnp.exe") for name in files), files
+
+
 # -------------------------------------------------------------------------------- every endpoint
 
 HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "negative": -7,
