@@ -96,6 +96,19 @@ def test_an_app_without_model_file_refuses_python_files_and_loads_nothing(marker
     assert CacheKey.of("deit_tiny_patch16_224") == inspector.default_key  # the default is untouched
 
 
+@pytest.mark.parametrize("name, sentence", [
+    ("open_clip:ViT-B-32:openai", "This app loads OpenCLIP models only when its operator starts it with --model "
+                                  "open_clip:NAME."),
+    ("deit_tiny_patch16_224:latest", "'deit_tiny_patch16_224:latest' is not a valid model name."),
+])
+def test_a_name_with_a_colon_gets_the_sentence_that_fits_it(name, sentence):
+    """Every name with a colon was answered as a Python file; only a '.py' name is one."""
+    inspector = Inspector(AppConfig(device="cpu"), ModelCache())
+    with pytest.raises(gr.Error) as refused:
+        inspector.load_model(name, None)
+    assert sentence in refused.value.message and REFUSED not in refused.value.message
+
+
 def test_bad_model_file_flag_is_a_command_line_error(capsys):
     with pytest.raises(SystemExit):
         app.parse_args(["--model-file", "examples/toy_vit.txt"])

@@ -146,8 +146,10 @@ def public_name(name: str) -> str:
 
 
 def names_python_file(name: str) -> bool:
-    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
-    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused. Other
+    names with a colon go to the library, which answers each with the sentence that fits it (an OpenCLIP name:
+    loaded by the operator only; anything else: not a valid model name)."""
+    return any(part.strip().lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz")) for part in name.split(":"))
 
 
 def weights_label(handle: ViTHandle) -> str:
