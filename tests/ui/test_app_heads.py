@@ -23,7 +23,7 @@ from vit_inspect.studies.ablation import (  # noqa: E402
     analyze_ablated,
     head_importance,
 )
-from vit_inspect.ui.common import shown_model, shows_errors, upload_folders
+from vit_inspect.ui.common import says_refusals, shown_model, shows_errors, upload_folders
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import (
@@ -43,7 +43,6 @@ from vit_inspect.ui.tabs.heads import (
     importance_of_crop,
     lens_table,
     parse_head_spec,
-    refusals_warn,
     result_key,
 )
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
@@ -140,20 +139,18 @@ def test_redraws_come_from_the_cached_ablated_pass(served):
                                          (float("nan"), "could not read"), ("", "No heads given"),
                                          (["3:1"], "must be text"), ("3:1\x00", "printable")])
 def test_bad_head_specs_are_sentences(served, spec, words):
-    """As wired: a warning with the sentence, and every panel of the tab left as it was."""
+    """As wired: the sentence in the ablation's line, and every other output of the tab left as it was."""
     inspector, handle, session, tab = served
-    with pytest.warns(UserWarning, match=words) as caught:
-        outputs = shows_errors(refusals_warn(6)(tab.ablate))(session, None, spec, "zero", None,
-                                                                  progress=Progress(), **CONTROLS)
-    assert outputs == (gr.skip(),) * 6
-    assert all("Traceback" not in str(w.message) for w in caught)
+    outputs = says_refusals(tab.ablate, "effect")(session, None, spec, "zero", None, progress=Progress(), **CONTROLS)
+    assert list(outputs) == ["effect"] and outputs["effect"].startswith("⚠️ ") and words in outputs["effect"]
+    assert "Traceback" not in outputs["effect"]
 
 
 @pytest.mark.parametrize("mode", ["bogus", None, 3, float("inf")])
 def test_bad_modes_are_sentences(served, mode):
     inspector, handle, session, tab = served
-    with pytest.warns(UserWarning, match="ablation mode must be one of zero, mean, uniform"):
-        refusals_warn(6)(tab.ablate)(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    refused = says_refusals(tab.ablate, "effect")(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    assert "ablation mode must be one of zero, mean, uniform" in refused["effect"]
     with pytest.raises(VitInspectError, match="ablation mode must be one of"):
         tab.rank(session, None, mode, None, Request("s0"), progress=Progress(), **CONTROLS)
 

@@ -31,6 +31,7 @@ from vit_inspect.ui.untrusted import (
     data_url_bytes,
     finite_float,
     finite_int,
+    plain_markdown,
     redact_paths,
     safe_name,
     text,
@@ -112,6 +113,12 @@ def test_client_file_names_are_plain_base_names():
     assert safe_name("a\x85b\x9bc.png") == "a_b_c.png"  # C1 controls, as the C0 ones
     assert safe_name("\u202e\u200b.png") == "png" and safe_name("\u202e\u200b") == "image"
     assert safe_name("café 猫.png") == "café 猫.png"  # letters of any script stay
+
+
+def test_a_clients_name_shows_as_it_is_in_markdown():
+    assert plain_markdown("[x](javascript:y)<img src=z>*b*_i_.png") == (
+        "\\[x\\]\\(javascript:y\\)\\<img src=z\\>\\*b\\*\\_i\\_.png")
+    assert plain_markdown("chelsea.png") == "chelsea.png"
 
 
 @pytest.mark.parametrize("value, expected", [

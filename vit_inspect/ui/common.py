@@ -105,6 +105,35 @@ def shows_errors(fn):
     return wrapper
 
 
+REFUSED = "⚠️ "  # how a refusal or failure starts where the page shows it (`says_refusals`)
+
+
+def says_refusals(fn, note, *, appended=None, also=None):
+    """``fn``, a handler, whose refusal or failure becomes one sentence in the Markdown ``note`` (one of the
+    event's outputs), every other output left as it was. An event whose handler raises gets Gradio's "Error"
+    badge over every one of its outputs (maps, top-5, status line) and its sentence in a toast that vanishes:
+    this way the sentence stays where the user looks, and every panel keeps its last result.
+
+    Without ``appended`` the handler writes ``note`` itself when it succeeds. With it, ``note`` follows the
+    handler's own outputs (whose values it returns as a tuple, or as one value), and a success writes ``appended``
+    there ("" clears an earlier refusal, ``gr.skip()`` leaves the note as it is); a tuple gives the values of
+    ``note`` and of the outputs after it. ``also(*args, **kwargs)`` gives such outputs' values on a refusal (the
+    model picker put back to the model in use). `shows_errors` words the sentence."""
+    guarded = shows_errors(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            result = guarded(*args, **kwargs)
+        except gr.Error as exc:
+            return {note: REFUSED + exc.message} | (also(*args, **kwargs) if also is not None else {})
+        if appended is None:
+            return result
+        extra = appended if isinstance(appended, tuple) else (appended,)
+        return (*result, *extra) if isinstance(result, tuple) else (result, *extra)  # a list is one File's value
+    return wrapper
+
+
 def upload_folders() -> list[str]:
     """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
     Gradio puts uploads and its copies of the example images."""

@@ -243,6 +243,15 @@ def prompt_text(value: object, what: str = "prompt", optional: bool = False) -> 
 
 # ----------------------------------------------------------------------------------------- messages
 
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#!|~])")
+
+
+def plain_markdown(value: str) -> str:
+    """``value`` (a client's file name) with every character Markdown or HTML would read as markup escaped, so that
+    a page's Markdown shows it as it is: "[x](y)" is no link, "<b>" no tag."""
+    return _MARKDOWN.sub(r"\\\1", value)
+
+
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~])(?:~|[A-Za-z]:)?/(?:[^\s'\"`()<>,;/]+/)+([^\s'\"`()<>,;/]*)")
 
 

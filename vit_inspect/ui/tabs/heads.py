@@ -20,10 +20,9 @@ dropped to make room (the session is then told so, and the means are averaged ag
 """
 from __future__ import annotations
 
-import functools
 import json
 import threading
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -40,11 +39,11 @@ from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
-from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, shows_errors
+from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shows_errors
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
-from vit_inspect.ui.stale import Basis, result_key
-from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
+from vit_inspect.ui.stale import Basis, Tracked, cleared_sentence, result_key
+from vit_inspect.ui.untrusted import client_files, finite_float, text
 from vit_inspect.ui.zerogpu import gpu_pass
 
 MAX_REFERENCE_IMAGES = 32  # uploaded images one mean ablation averages over
@@ -98,19 +97,16 @@ class HeadsState:
         return None if self.means_slot is None else (self.means_key, self.means_slot.get())
 
 
-def refusals_warn(outputs: int):
-    """A refused request (a library error: bad heads, no image yet, a file it may not read) becomes a
-    warning and leaves all `outputs` as they were, rather than marking every panel of the tab as failed."""
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except VitInspectError as exc:
-                gr.Warning(redact_paths(exc.public))
-                return (gr.skip(),) * outputs
-        return wrapper
-    return decorate
+@contextmanager
+def still_showing(words: str):
+    """A refusal (`InputError` and the library's other errors) raised inside gets ``words`` after its sentence, as
+    "(... still ...)": what the outputs its line describes still show, since the page leaves them as they were."""
+    try:
+        yield
+    except VitInspectError as exc:
+        if not words:
+            raise
+        raise InputError(f"{exc} ({words}.)", public=f"{exc.public} ({words}.)") from None
 
 
 def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
@@ -328,7 +324,14 @@ class HeadsTab:
 
     def ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object,
                progress=gr.Progress(), **controls):
-        """Ablate the typed heads: new top-5, the class's change, the ablated model's maps."""
+        """Ablate the typed heads: new top-5, the class's change, the ablated model's maps. A refusal's sentence
+        (which replaces the ablation's line) says which ablation the table and maps still show."""
+        shown = state.ablated_words if state is not None and state.ablated_slot is not None else ""
+        with still_showing(f"the table and maps below still show {shown}" if shown else ""):
+            return self._ablate(session, state, spec, mode, files, progress, controls)
+
+    def _ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object, progress,
+                controls: dict):
         handle = self._handle_with_head(session, "the ablation runs on it",
                                         "Ablation effects are measured on the prediction: this model has no classification head.")
         pairs = parse_head_spec(spec, handle.depth, handle.num_heads)
@@ -401,7 +404,14 @@ class HeadsTab:
 
     def rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request,
              progress=gr.Progress(), **controls):
-        """Head importance for this image and class, stoppable with Cancel between batches."""
+        """Head importance for this image and class, stoppable with Cancel between batches; a refusal's sentence
+        says which ranking the heatmap still shows, as `ablate`'s does."""
+        shown = state.importance_words if state is not None and state.importance is not None else ""
+        with still_showing(f"the heatmap below still shows the earlier ranking, {shown}" if shown else ""):
+            return self._rank(session, state, mode, files, request, progress, controls)
+
+    def _rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request, progress,
+              controls: dict):
         handle = self._handle_with_head(session, "head importance is measured on it",
                                         "Head importance needs a classification head: this model has none.")
         mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
@@ -526,6 +536,8 @@ class HeadsTab:
             if shown == tab or session is None:
                 return self.overview(session, state, **controls)
             skip = gr.skip()
+            if state is not None and state.key == result_key(session):
+                return (skip,) * outputs  # the same pass (a refused upload, the image shown already): nothing changed
             return skip, skip, None, skip, None, None, "", skip, skip, None, *[skip] * (outputs - 10)
         return handler
 
@@ -555,11 +567,10 @@ def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict,
                                inputs=[session, view.state, shown_tab])
     for index, dependency in enumerate(refreshed):
         dependency.success(api_name=f"heads_overview_{index}", **if_shown)
-    gr.on([view.ablate_button.click, view.spec.submit],
-          shows_errors(refusals_warn(3 + len(view.maps))(handlers.ablate)),
+    gr.on([view.ablate_button.click, view.spec.submit], says_refusals(handlers.ablate, view.effect),
           inputs=[session, view.state, view.spec, view.mode, view.references], inputs_kwargs=controls,
           outputs=[view.state, view.effect, view.top, *view.maps], api_name="ablate_heads", **RAW, **MODEL_PASS)
-    gr.on([view.importance_button.click], shows_errors(refusals_warn(5)(handlers.rank)),
+    gr.on([view.importance_button.click], says_refusals(handlers.rank, view.importance_note),
           inputs=[session, view.state, view.mode, view.references], inputs_kwargs=controls,
           outputs=[view.state, view.importance, view.first_order, view.importance_note, view.geometry],
           api_name="head_importance", **RAW, **MODEL_PASS)
