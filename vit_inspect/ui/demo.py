@@ -170,7 +170,7 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
                 extra=page.compare.key_b),
         Tracked("heads", page.heads.state,
                 (page.heads.effect, page.heads.top, *page.heads.maps, page.heads.importance, page.heads.importance_note),
-                (NOTE, None, *[None] * len(page.heads.maps), None, ""), "class",
+                (heads.cleared_ablation, None, *[None] * len(page.heads.maps), None, heads.cleared_ranking), "class",
                 "**Ablate these heads** or **Rank every head**", reset=heads_tab.reset),
         Tracked("model", page.model.made_from, tuple(page.model.figure_outputs), (None, None, None, None, NOTE),
                 "model", "nothing: they are drawn again when this tab opens", tab=page.model.tab.label,

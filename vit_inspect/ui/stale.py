@@ -99,7 +99,8 @@ class Tracked:
     name: str  # for the api_name and messages
     made_from: gr.State  # its Basis, or a value with a ``basis`` (None: nothing shown)
     outputs: tuple  # the components showing it
-    cleared: tuple  # the value of each output once cleared: None, "", KEEP, or NOTE (where the sentence goes)
+    cleared: tuple  # the value of each output once cleared: None, "", KEEP, NOTE (where the sentence goes), or a
+    #                 function (this Tracked, made_from, old basis, now) -> that output's own sentence
     level: str  # what it depends on: "model", "image", "class" or "options" (LEVELS)
     press: str  # what to press to compute it again, in Markdown: "**Score the maps**"
     tab: str | None = None  # the tab showing it, where `recompute` may run
@@ -149,7 +150,8 @@ def refresh(tracked: tuple[Tracked, ...]):
             else:
                 sentence = cleared_sentence(item, old, now)
                 kept = item.reset(made_from, session) if item.reset is not None else None
-                updates += [kept, *[sentence if value is NOTE else gr.skip() if value is KEEP else value
+                updates += [kept, *[sentence if value is NOTE else gr.skip() if value is KEEP
+                                    else value(item, made_from, old, now) if callable(value) else value
                                     for value in item.cleared]]
         return updates
     return handler

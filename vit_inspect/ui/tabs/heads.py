@@ -118,7 +118,8 @@ def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
 
 def fresh(state: HeadsState | None, session) -> HeadsState:
     """The session's state if it belongs to this model, image and class; else an empty one (keeping the
-    reference means, which depend only on the model and input size)."""
+    reference means, which depend only on the model and input size, and the basis of the results it drops,
+    so that the page's stale-result check still says what was cleared: `HeadsTab.reset` lets it go)."""
     key = result_key(session)
     if state is not None and state.key == key:
         return state
@@ -126,7 +127,27 @@ def fresh(state: HeadsState | None, session) -> HeadsState:
         return HeadsState(key=key)
     if state.ablated_slot is not None:  # another image or class: the old ablated pass is of no use
         state.ablated_slot.release()
-    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot)
+    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot, basis=state.basis)
+
+
+NOT_ABLATED = ("*Not ablated yet: type heads above (layer:head) and press **Ablate these heads** for the new top-5 "
+               "and the ablated model's maps.*")
+NOT_RANKED = "*Not ranked yet: press **Rank every head** for each head's drop of the class logit.*"
+
+
+def cleared_ablation(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
+    """The ablation's line once the page's stale-result check cleared this tab (`stale.Tracked.cleared`): what
+    changed and what to press, or that nothing was ablated."""
+    if state is None or state.ablated_slot is None:
+        return NOT_ABLATED
+    return cleared_sentence(replace(item, press="**Ablate these heads**"), old, now)
+
+
+def cleared_ranking(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
+    """The importance note's line once the page's stale-result check cleared this tab, as `cleared_ablation`."""
+    if state is None or state.importance is None:
+        return NOT_RANKED
+    return cleared_sentence(replace(item, press="**Rank every head**"), old, now)
 
 
 def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[int, int], ...]:
@@ -258,7 +279,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
                              file_count="multiple", file_types=["image"], type="filepath", height=100,
                              elem_id="ablate-references")
         ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
-        effect = gr.Markdown(elem_id="ablate-effect")
+        effect = gr.Markdown(NOT_ABLATED, elem_id="ablate-effect")
         top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
                            wrap=True, elem_id="ablate-top")
         with gr.Row():
@@ -275,7 +296,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
             first_order = OutputImage(label="First-order estimate (attention × gradient)",
                                       elem_id=HEATMAP_IDS["first_order"], **FIGURE_OUT)
         geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
-        importance_note = gr.Markdown(elem_id="importance-note")
+        importance_note = gr.Markdown(NOT_RANKED, elem_id="importance-note")
         lens_note = gr.Markdown(elem_id="lens-note")
         lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **FIGURE_OUT)
         lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
@@ -507,9 +528,11 @@ class HeadsTab:
         return handler
 
     def overview(self, session, state: HeadsState | None, **controls):
-        """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared."""
+        """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared, their lines
+        left to the page's stale-result check (`cleared_ablation`, `cleared_ranking`), which says what changed."""
+        skip = gr.skip()
         if session is None:
-            return None, None, None, "", None, None, "", None, "", None, *[None] * len(ABLATED_PANELS)
+            return None, None, None, skip, None, None, "", None, skip, None, *[None] * len(ABLATED_PANELS)
         state = fresh(state, session)
         handle = self.app.handle(session.model)
         images, state = self.heatmaps(session, state, self.selected(controls))
@@ -522,9 +545,8 @@ class HeadsTab:
                                        f"{session.model_label}: logit lens, final class {handle.label(final)}")
         stale = state.ablated_slot is None or state.ablated_slot.dropped
         dropped = state.ablated_slot is not None and state.ablated_slot.dropped
-        return (state, *images, "" if state.importance is None else gr.skip(), plot,
-                gr.update(value=rows, headers=headers), note,
-                None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
+        return (state, *images, skip, plot, gr.update(value=rows, headers=headers), note,
+                None if stale else skip, DROPPED if dropped else skip,
                 cell_geometry(state, (session.result.depth, session.result.num_heads)),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
@@ -543,8 +565,9 @@ class HeadsTab:
 
     @staticmethod
     def reset(state: HeadsState | None, session) -> HeadsState | None:
-        """The state once the stale-result check cleared its results: the reference means kept (`fresh`)."""
-        return None if session is None else fresh(state, session)
+        """The state once the stale-result check cleared its results: the reference means kept (`fresh`), the
+        basis of what was cleared let go."""
+        return None if session is None else replace(fresh(state, session), basis=None)
 
 
 def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
