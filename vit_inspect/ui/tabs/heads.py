@@ -73,9 +73,9 @@ class HeadsState:
     key: tuple  # (model key, crop digest, class) the results belong to
     ablated_slot: Slot | None = None  # the latest ablated pass, in the app's byte-bounded store
     ablated_heads: tuple[tuple[int, int], ...] = ()  # its (layer, head) pairs
-    ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption
+    ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption ("": none shown)
     importance: HeadImportance | None = None  # the latest importance grid
-    importance_words: str = ""  # its mode and reference set
+    importance_words: str = ""  # its mode and reference set ("": no importance shown)
     means_key: tuple | None = None  # the reference set of the last mean ablation
     means_slot: Slot | None = None  # its head means, in the app's byte-bounded store
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
@@ -118,8 +118,8 @@ def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
 
 def fresh(state: HeadsState | None, session) -> HeadsState:
     """The session's state if it belongs to this model, image and class; else an empty one (keeping the
-    reference means, which depend only on the model and input size, and the basis of the results it drops,
-    so that the page's stale-result check still says what was cleared: `HeadsTab.reset` lets it go)."""
+    reference means, which depend only on the model and input size, and the basis and words of the results it
+    drops, so that the page's stale-result check still says what was cleared: `HeadsTab.reset` lets them go)."""
     key = result_key(session)
     if state is not None and state.key == key:
         return state
@@ -127,7 +127,8 @@ def fresh(state: HeadsState | None, session) -> HeadsState:
         return HeadsState(key=key)
     if state.ablated_slot is not None:  # another image or class: the old ablated pass is of no use
         state.ablated_slot.release()
-    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot, basis=state.basis)
+    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot, basis=state.basis,
+                      ablated_words=state.ablated_words, importance_words=state.importance_words)
 
 
 NOT_ABLATED = ("*Not ablated yet: type heads above (layer:head) and press **Ablate these heads** for the new top-5 "
@@ -138,14 +139,14 @@ NOT_RANKED = "*Not ranked yet: press **Rank every head** for each head's drop of
 def cleared_ablation(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
     """The ablation's line once the page's stale-result check cleared this tab (`stale.Tracked.cleared`): what
     changed and what to press, or that nothing was ablated."""
-    if state is None or state.ablated_slot is None:
+    if state is None or not state.ablated_words:
         return NOT_ABLATED
     return cleared_sentence(replace(item, press="**Ablate these heads**"), old, now)
 
 
 def cleared_ranking(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
     """The importance note's line once the page's stale-result check cleared this tab, as `cleared_ablation`."""
-    if state is None or state.importance is None:
+    if state is None or not state.importance_words:
         return NOT_RANKED
     return cleared_sentence(replace(item, press="**Rank every head**"), old, now)
 
@@ -365,7 +366,8 @@ class HeadsTab:
                                   relevance=False)  # its panels show attention, rollout and Grad-CAM only
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
-                        ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None))
+                        ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None),
+                        importance_words=state.importance_words if state.importance is not None else "")
         effect = ablation_effect(result, ablated)
         return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
                 *self.ablated_maps(session, state, controls))
@@ -449,7 +451,8 @@ class HeadsTab:
             if self.running.get(session_id) is stop:
                 del self.running[session_id]
         words = f"mode {mode}" + (f", {reference}" if reference else "")
-        state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None))
+        state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None),
+                        ablated_words=state.ablated_words if state.ablated_slot is not None else "")
         images, state = self.heatmaps(session, state, self.selected(controls))
         return (state, *images, self.importance_text(session, state, handle.label),
                 cell_geometry(state, (result.depth, result.num_heads)))
@@ -567,7 +570,8 @@ class HeadsTab:
     def reset(state: HeadsState | None, session) -> HeadsState | None:
         """The state once the stale-result check cleared its results: the reference means kept (`fresh`), the
         basis of what was cleared let go."""
-        return None if session is None else replace(fresh(state, session), basis=None)
+        return None if session is None else replace(fresh(state, session), basis=None, ablated_words="",
+                                                    importance_words="")
 
 
 def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
