@@ -95,6 +95,8 @@ def test_the_heads_sections_cleared_results_say_what_changed_and_what_to_press(s
     expect(page.locator("#lens-note")).to_contain_text("espresso")
     effect.scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "errors_03_heads_after_a_new_image.png"))
+    ranking.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "errors_04_heads_ranking_after_a_new_image.png"))
 
     page.locator("#ablate-button").click()  # ablated again, not ranked; then the image changes out of view
     expect(effect).to_contain_text("ablated: heads 3:0, 3:1, mode zero")
