@@ -18,7 +18,7 @@ from gradio import processing_utils
 from gradio import utils as gradio_utils
 from gradio.data_classes import ImageData
 
-from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import DEFAULT_MAX_BYTES
 from vit_inspect.passes.result import ImageAnalysis
@@ -132,6 +132,18 @@ def says_refusals(fn, note, *, appended=None, also=None):
         extra = appended if isinstance(appended, tuple) else (appended,)
         return (*result, *extra) if isinstance(result, tuple) else (result, *extra)  # a list is one File's value
     return wrapper
+
+
+@contextmanager
+def still_showing(words: str):
+    """A refusal (a library error) raised inside gets ``words`` after its sentence, "(... still ...)": what the
+    outputs its note describes still show, since the page leaves them as they were (`says_refusals`)."""
+    try:
+        yield
+    except VitInspectError as exc:
+        if not words:
+            raise
+        raise InputError(f"{exc} ({words}.)", public=f"{exc.public} ({words}.)") from None
 
 
 def upload_folders() -> list[str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import gradio as gr
@@ -125,6 +125,17 @@ def cleared_sentence(tracked: Tracked, old: Basis, now: Basis) -> str:
     target = now.words(tracked.level)
     for_now = f" for {target}" if now.image is not None or tracked.level == "model" else " once an image is analysed"
     return f"*Cleared: {change}{were}. Press {tracked.press} to compute them{for_now}.*"
+
+
+def own_sentence(press: str, shown: str, nothing: str) -> Callable:
+    """A `Tracked.cleared` entry for one of a result's outputs with a button of its own (the Heads tab's ablation
+    and ranking): the cleared sentence naming ``press``, or ``nothing`` when the ``made_from`` value's attribute
+    ``shown`` (the words of what that output showed) is empty, since there was nothing to clear."""
+    def sentence(tracked: Tracked, made_from, old: Basis, now: Basis) -> str:
+        if not getattr(made_from, shown, ""):
+            return nothing
+        return cleared_sentence(replace(tracked, press=press), old, now)
+    return sentence
 
 
 def refresh(tracked: tuple[Tracked, ...]):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import threading
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -32,17 +32,18 @@ import numpy as np
 
 from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
 from vit_inspect.analysis.rank_correlation import spearman
-from vit_inspect.core.errors import Cancelled, InputError, VitInspectError
+from vit_inspect.core.errors import Cancelled, InputError
 from vit_inspect.passes.interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
 from vit_inspect.passes.records import lens_record
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
-from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shows_errors
+from vit_inspect.ui.common import (FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shows_errors,
+                                   still_showing)
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
-from vit_inspect.ui.stale import Basis, Tracked, cleared_sentence, result_key
+from vit_inspect.ui.stale import Basis, own_sentence, result_key
 from vit_inspect.ui.untrusted import client_files, finite_float, text
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -97,18 +98,6 @@ class HeadsState:
         return None if self.means_slot is None else (self.means_key, self.means_slot.get())
 
 
-@contextmanager
-def still_showing(words: str):
-    """A refusal (`InputError` and the library's other errors) raised inside gets ``words`` after its sentence, as
-    "(... still ...)": what the outputs its line describes still show, since the page leaves them as they were."""
-    try:
-        yield
-    except VitInspectError as exc:
-        if not words:
-            raise
-        raise InputError(f"{exc} ({words}.)", public=f"{exc.public} ({words}.)") from None
-
-
 def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
     """`ablation.head_importance` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that
     `zerogpu.gpu_pass` can run it on a lent GPU: it returns numpy arrays only)."""
@@ -136,19 +125,9 @@ NOT_ABLATED = ("*Not ablated yet: type heads above (layer:head) and press **Abla
 NOT_RANKED = "*Not ranked yet: press **Rank every head** for each head's drop of the class logit.*"
 
 
-def cleared_ablation(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
-    """The ablation's line once the page's stale-result check cleared this tab (`stale.Tracked.cleared`): what
-    changed and what to press, or that nothing was ablated."""
-    if state is None or not state.ablated_words:
-        return NOT_ABLATED
-    return cleared_sentence(replace(item, press="**Ablate these heads**"), old, now)
-
-
-def cleared_ranking(item: Tracked, state: HeadsState | None, old: Basis, now: Basis) -> str:
-    """The importance note's line once the page's stale-result check cleared this tab, as `cleared_ablation`."""
-    if state is None or not state.importance_words:
-        return NOT_RANKED
-    return cleared_sentence(replace(item, press="**Rank every head**"), old, now)
+# The ablation's and the importance note's lines once the page's stale-result check cleared this tab
+cleared_ablation = own_sentence("**Ablate these heads**", "ablated_words", NOT_ABLATED)
+cleared_ranking = own_sentence("**Rank every head**", "importance_words", NOT_RANKED)
 
 
 def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[int, int], ...]:
