@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from PIL import Image
 from safetensors.torch import save_file
 from support import IMAGENET, PHOTOS, REPO, make_tiny_timm, run_cli
 
@@ -121,6 +122,20 @@ def test_bad_image_is_one_line(capsys, tmp_path, deit_args):
     bad.write_text("<html></html>")
     code, out, err = run_cli(capsys, "analyze", str(bad), *deit_args)
     assert code == 1 and "not an image format" in err and err.count("\n") == 1
+
+
+def test_a_tiny_image_is_analysed_with_one_warning_line(capsys, tmp_path, deit_args):
+    """5x5 pixels against DeiT's 16-pixel patches: analysed (a JSON line), and one "warning:" line on stderr for
+    each such image (the same sentence twice: every one is said), and none for the large one."""
+    Image.new("RGB", (5, 5), (200, 30, 30)).save(tmp_path / "tiny.png")
+    Image.new("RGB", (5, 5), (30, 200, 30)).save(tmp_path / "tiny2.png")
+    code, out, err = run_cli(capsys, "analyze", str(tmp_path / "tiny.png"), str(tmp_path / "tiny2.png"),
+                             str(PHOTOS / "chelsea.png"), *deit_args)
+    assert code == 0 and len(out.splitlines()) == 3
+    assert err.count("warning: ") == 2 and err.count(
+        "warning: This image is 5×5 pixels, under 4 of the model's 16×16-pixel patches on a side (64 pixels): the "
+        "model sees it enlarged, as a blur, so its predictions and maps say little about the picture. Use a larger "
+        "image where you have one.\n") == 2
 
 
 def test_python_dash_m_entry_point():

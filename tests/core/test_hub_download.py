@@ -249,8 +249,7 @@ def test_the_served_page_refuses_an_oversized_hub_repository_with_a_sentence(tmp
     a 6 GiB weights file for a 96 kB config (the default --memory-budget is 4 GiB) answers a sentence and
     fetches only its config files; the real small repository then loads and analyses a photo."""
     from gradio_client import Client
-    from gradio_client.exceptions import AppError
-    from support.app import analyze, app_process, free_port
+    from support.app import analyze, app_process, free_port, refused
 
     repos, _, _ = _repos()
     fake = FakeHub({"org/small": repos["org/small"], "org/huge": repos["org/small"]},
@@ -261,10 +260,9 @@ def test_the_served_page_refuses_an_oversized_hub_repository_with_a_sentence(tmp
     server = app_process(port, env)
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        with pytest.raises(AppError) as refused:
-            client.predict("org/huge", None, api_name="/load_model")
-        assert str(refused.value) == ("'org/huge' keeps 6.0 GiB of weights (model.safetensors), more than the "
-                                      "4.0 GiB this server allows one model; refusing to download them.")
+        assert refused(client, "org/huge", None, api_name="/load_model") == (
+            "'org/huge' keeps 6.0 GiB of weights (model.safetensors), more than the 4.0 GiB this server allows one "
+            "model; refusing to download them.")
         assert fake.downloaded("org/huge") == ["config.json", "preprocessor_config.json"]
         client.predict("org/small", None, api_name="/load_model")
         predictions = analyze(client)["predictions"]  # the three classes of the loaded model, top first

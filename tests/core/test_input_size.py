@@ -2,6 +2,8 @@
 something are honoured with every geometry that takes a size (crop, squash)."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -69,3 +71,28 @@ def test_the_pass_refuses_before_running_and_honours_sizes_with_every_geometry()
     with pytest.raises(VitInspectError, match="cannot be combined with the 'keep' geometry"):
         model_input(handle, picture, (32, 48), InputGeometry("keep"))
     assert analyze_image(handle, picture, input_size=(16, 64), relevance=False).layout.input_size == (16, 64)
+
+
+def test_an_image_under_four_patches_on_a_side_is_analysed_with_a_warning():
+    """The threshold comes from the model's patch size: 4 patches of 8 pixels is 32 pixels for the tiny model
+    (64 for DeiT's 16-pixel patches); below it the pass runs and warns, and the result carries the sentence."""
+    from vit_inspect.core.errors import SmallImageWarning
+    from vit_inspect.core.geometry import MIN_PATCHES, enlarged_blur
+
+    assert MIN_PATCHES == 4
+    assert enlarged_blur((64, 64), (16, 16)) is None and enlarged_blur((31, 400), (8, 8)) is not None
+    assert enlarged_blur((63, 500), (16, 16)) == (
+        "This image is 63×500 pixels, under 4 of the model's 16×16-pixel patches on a side (64 pixels): the model "
+        "sees it enlarged, as a blur, so its predictions and maps say little about the picture. Use a larger "
+        "image where you have one.")
+    assert "(56 pixels)" in enlarged_blur((40, 40), (8, 14)) and enlarged_blur((56, 56), (8, 14)) is None
+    handle = tiny_handle("cls")  # 8x8 patches
+    rng = np.random.default_rng(0)
+    small = Image.fromarray(rng.integers(0, 256, (31, 80, 3), dtype=np.uint8))
+    with pytest.warns(SmallImageWarning, match="This image is 80×31 pixels, under 4 of the model's 8×8-pixel"):
+        result = analyze_image(handle, small)
+    assert result.enlarged_blur.startswith("This image is 80×31 pixels") and result.rgb.shape == (32, 32, 3)
+    large = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallImageWarning)
+        assert analyze_image(handle, large).enlarged_blur is None

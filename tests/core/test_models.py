@@ -290,6 +290,29 @@ def test_a_non_vit_is_named_as_such_before_its_weights_are_looked_for(tmp_path):
         load_model("resnet50", device="cpu", checkpoint_dir=tmp_path, allow_local_dirs=False)
 
 
+@pytest.mark.parametrize("offline, endpoint", [(True, None), (False, "http://127.0.0.1:9")])
+def test_windowed_attention_is_refused_before_any_weights_are_looked_for(monkeypatch, tmp_path, offline, endpoint):
+    """A Swin is refused as windowed attention from its meta build, offline (HF_HUB_OFFLINE=1) or with a hub
+    that does not answer (HF_ENDPOINT=http://127.0.0.1:9): neither the checkpoint folder, a weights file nor
+    the hub is asked for anything."""
+    from huggingface_hub import constants
+
+    from vit_inspect.core import hub, timm_models
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    if endpoint is not None:
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    asked = []
+    monkeypatch.setattr(hub, "hub_access", lambda name: asked.append(("hub", name)))
+    monkeypatch.setattr(timm_models, "read_state_dict", lambda path: asked.append(("file", path)))
+    (tmp_path / "swin_tiny_patch4_window7_224.safetensors").write_bytes(b"not read")
+    for weights in (None, tmp_path / "swin_tiny_patch4_window7_224.safetensors"):
+        with pytest.raises(UnsupportedModelError, match="'swin_tiny_patch4_window7_224' uses windowed attention"):
+            load_model("swin_tiny_patch4_window7_224", weights, device="cpu", checkpoint_dir=tmp_path,
+                       allow_local_dirs=False)
+    assert asked == []
+
+
 def test_unreachable_hub_id_is_a_clear_error():
     with pytest.raises(ModelNotFoundError, match="Hugging Face model config"):
         load_model("someone/not-a-cached-model", device="cpu")

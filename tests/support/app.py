@@ -15,6 +15,7 @@ from gradio_client import Client, handle_file
 from PIL import Image
 
 from support import REPO
+from vit_inspect.ui.common import REFUSED
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import LATER_PANELS
@@ -24,7 +25,8 @@ from vit_inspect.ui.panels import IMAGE_PANELS
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
 CATS = ("Egyptian cat", "tabby", "tiger cat")
-ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry", "status", "query")
+ANALYZE_OUTPUTS = ("predictions", "crop", "target", *IMAGE_PANELS, "seen", "geometry", "status", "query", "notice")
+KEPT = {"__type__": "update"}  # an output an answer leaves as it was (Gradio's update with nothing in it)
 APP_MARKS = [  # each served-app test module: pytestmark = APP_MARKS
     pytest.mark.skipif(not WEIGHTS.is_file(), reason=f"real DeiT-Ti weights not found at {WEIGHTS} "
                                                      "(bash .ci/run copies them from ../shared/models)"),
@@ -97,6 +99,27 @@ def analyze(client: Client, path: Path = CHELSEA) -> dict:
         drawn = dict(zip(LATER_PANELS, client.predict(tab, api_name="/panels_of_new_image"), strict=True))
         answer |= {name: drawn[name] for name, shown in LATER_PANELS.items() if shown == tab}
     return answer
+
+
+def refusal(answer) -> str | None:
+    """The sentence a refused request answers with, in the note its page shows (`common.says_refusals`: the one
+    output starting with a warning sign), without the sign; None for an answer that is no refusal."""
+    notes = [value for value in answer if isinstance(value, str) and value.startswith(REFUSED)]
+    assert len(notes) <= 1, notes
+    return notes[0][len(REFUSED):] if notes else None
+
+
+def refused(client: Client, *args, api_name: str, **kwargs) -> str:
+    """`client.predict(...)` of a request that must be refused: its sentence, every output but the note left as
+    it was (the model picker aside, which a refused model load puts back)."""
+    answer = client.predict(*args, api_name=api_name, **kwargs)
+    answer = answer if isinstance(answer, tuple) else (answer,)
+    sentence = refusal(answer)
+    assert sentence is not None, answer
+    others = [value for value in answer if not (isinstance(value, str) and value.startswith(REFUSED))]
+    kept = others[:-1] if api_name == "/load_model" else others  # a refused load puts the picker back: its last
+    assert all(value == KEPT for value in kept), answer
+    return sentence
 
 
 def pixels(path: str) -> np.ndarray:

@@ -26,7 +26,7 @@ gradio_client = pytest.importorskip("gradio_client")
 from gradio import utils as gradio_utils  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
-from support.app import dependency, queue_call
+from support.app import dependency, queue_call, refusal, refused
 
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
@@ -81,7 +81,7 @@ def defaults(client: Client, api_name: str) -> list:
 
 def call_route(client: Client, api_name: str, data: list) -> tuple[bool, object]:
     """One event through the plain HTTP API, POST /gradio_api/call/<api_name> then its event stream:
-    (success, data or error)."""
+    (refused, its sentence) as `outcome` gives them."""
     base = client.src.rstrip("/") + "/gradio_api/call/" + api_name
     posted = httpx.post(base, content=json.dumps({"data": data}), headers={"content-type": "application/json"},
                         timeout=30)
@@ -94,14 +94,23 @@ def call_route(client: Client, api_name: str, data: list) -> tuple[bool, object]
                 event = line[6:].strip()
             elif line.startswith("data:") and event in ("complete", "error"):
                 result = json.loads(line[5:])
-                if event == "error" and isinstance(result, dict):
-                    result = result.get("error")
-                return event == "complete", result
+                if event == "error":
+                    return True, result.get("error") if isinstance(result, dict) else result
+                return refusal(result) is not None, refusal(result)
     raise AssertionError("no completion")
 
 
 def error_of(message: dict) -> object:
     return (message.get("output") or {}).get("error")
+
+
+def outcome(message: dict) -> tuple[bool, object]:
+    """(refused, its sentence) of a queue completion: Gradio's error (``success`` false; None where Gradio refused
+    before any app code), or the sentence the event wrote into its note (`common.says_refusals`)."""
+    if not message["success"]:
+        return True, error_of(message)
+    sentence = refusal(message["output"]["data"])
+    return sentence is not None, sentence
 
 
 FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
@@ -125,17 +134,24 @@ def test_no_file_outside_the_upload_folder_is_ever_read(server, planted, api_nam
     cases = [("planted", s, p) for s, p in shapes(planted["planted"]).items()]
     cases += [(t, s, shapes(planted[t])[s]) for t in ("symlink", "passwd", "dotdot") for s in ("meta", "no_meta", "bare")]
     for target, shape, payload in cases:
-        answers = []
-        message = queue_call(client, api_name, file_call_data(client, api_name, payload))
-        answers.append((message["success"], error_of(message)))
-        answers.append(call_route(client, api_name, file_call_data(client, api_name, payload)))
+        answers = [outcome(queue_call(client, api_name, file_call_data(client, api_name, payload))),
+                   call_route(client, api_name, file_call_data(client, api_name, payload))]
         if target == "planted":
             missing = shapes(planted["missing"])[shape]
             answers.append(call_route(client, api_name, file_call_data(client, api_name, missing)))
             assert answers[1] == answers[2], f"{api_name} {shape}: a client can tell {target} from a missing file"
-        for success, error in answers:
-            assert success is False, (api_name, target, shape)
-            assert error in (NOT_AVAILABLE, GRADIO_REFUSAL), (api_name, target, shape, error)
+        for was_refused, sentence in answers:
+            assert was_refused, (api_name, target, shape)
+            assert sentence is GRADIO_REFUSAL or NOT_AVAILABLE in sentence, (api_name, target, shape, sentence)
+
+
+def refused_here(client: Client, *args, api_name: str) -> str:
+    """The sentence of a refused request: ours (`refused`), or the one gradio_client gives when Gradio refused
+    the payload before any app code ran."""
+    try:
+        return refused(client, *args, api_name=api_name)
+    except AppError as error:
+        return str(error)
 
 
 def test_the_planted_image_is_refused_through_gradio_client(server, planted):
@@ -143,14 +159,10 @@ def test_the_planted_image_is_refused_through_gradio_client(server, planted):
     client = Client(server.url, verbose=False)
     for payload in ({"path": planted["planted"]}, {"path": planted["planted"], "orig_name": "x.png"},
                     {"path": planted["symlink"]}, {"url": "http://127.0.0.1:9/x.png"}):
-        with pytest.raises(AppError) as error:
-            client.predict(payload, api_name="/analyze")
-        assert str(error.value) == NOT_AVAILABLE
-        with pytest.raises(AppError) as error:
-            client.predict([payload], api_name="/dataset_distance")
-        assert str(error.value) in (NOT_AVAILABLE, GRADIO_CLIENT_REFUSAL)  # ours, or Gradio's before the handler
-        with pytest.raises(AppError):
-            client.predict("deit_tiny_patch16_224", payload, api_name="/load_model")
+        assert refused(client, payload, api_name="/analyze") == f"The image was not analysed: {NOT_AVAILABLE}"
+        assert refused_here(client, [payload], api_name="/dataset_distance") in (NOT_AVAILABLE, GRADIO_CLIENT_REFUSAL)
+        assert refused_here(client, "deit_tiny_patch16_224", payload, api_name="/load_model") in (
+            NOT_AVAILABLE, GRADIO_CLIENT_REFUSAL)
     assert analyze(client)["predictions"]["confidences"]  # a real upload still works
 
 
@@ -159,11 +171,10 @@ def test_real_uploads_examples_and_data_urls_are_accepted(server):
     data = base64.b64encode(CHELSEA.read_bytes()).decode()
     result = client.predict({"url": f"data:image/png;base64,{data}", "orig_name": "cat.png"}, api_name="/analyze")
     assert "cat" in result[0]["label"]
-    with pytest.raises(AppError, match="not valid base64"):
-        client.predict({"url": "data:image/png;base64,%%%%", "orig_name": "cat.png"}, api_name="/analyze")
-    with pytest.raises(AppError, match="larger than the limit of 30 MiB"):
-        client.predict({"url": "data:image/png;base64," + "A" * (41 * 2**20), "orig_name": "x.png"},
-                       api_name="/analyze")
+    assert "not valid base64" in refused(client, {"url": "data:image/png;base64,%%%%", "orig_name": "cat.png"},
+                                         api_name="/analyze")
+    assert "larger than the limit of 30 MiB" in refused(
+        client, {"url": "data:image/png;base64," + "A" * (41 * 2**20), "orig_name": "x.png"}, api_name="/analyze")
     # Gradio copies the example photos into its upload folder and the page sends those copies
     example = next(c for c in client.config["components"] if c.get("type") == "dataset")["props"]["samples"][0][0]
     folder = os.path.realpath(gradio_utils.get_upload_folder())
@@ -173,6 +184,18 @@ def test_real_uploads_examples_and_data_urls_are_accepted(server):
     assert "deit_tiny_patch16_224.safetensors" in uploaded and folder not in uploaded
 
 
+def test_invisible_characters_in_an_uploads_name_never_reach_a_download(server):
+    """A right-to-left override makes "cat\u202egnp.exe" show as "catexe.png"; it and the zero-width and
+    other invisible characters of an upload's name are dropped before the name is used for the downloads."""
+    client = Client(server.url, verbose=False)
+    data = base64.b64encode(CHELSEA.read_bytes()).decode()
+    name = "\u2066cat\u202egnp.exe\u200b\u2069.png"
+    assert "cat" in client.predict({"url": f"data:image/png;base64,{data}", "orig_name": name},
+                                   api_name="/analyze")[0]["label"]
+    files = [Path(f).name for f in client.predict(api_name="/downloads")[0]]
+    assert "catgnp.exe.json" in files and all(name.startswith("catgnp.exe") for name in files), files
+
+
 # -------------------------------------------------------------------------------- every endpoint
 
 HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "negative": -7,
@@ -180,9 +203,9 @@ HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "
 
 
 def assert_sentence(api_name: str, what: str, message: dict, component: str) -> None:
-    if message["success"]:
+    refused, error = outcome(message)
+    if not refused:
         return
-    error = error_of(message)
     if error is GRADIO_REFUSAL and component in ("image", "file", "dataset"):
         return  # Gradio refuses a non-file value for a file input (or its own examples' index) before any app code
     assert isinstance(error, str) and len(error.split()) >= 3, (api_name, what, error)
@@ -259,14 +282,14 @@ def handle_file_payload(client: Client) -> dict:
     ("pos_similarity", [None, math.nan, 64], "must be a number, not NaN"),
     ("pos_similarity", [None, "tall", 64], "must be a number, not 'tall'"),
     ("pos_similarity", [None, 8, 64], "between 16 and 100000, not 8"),
-    ("load_model", ["deit_tiny_patch16_224.no_such_tag", None], "has no pretrained tag 'no_such_tag'"),
-    ("load_model", ["deit_tiny\x00", None], "printable characters"),
-    ("load_model", [["deit"], None], "must be text"),
+    ("load_model", ["deit_tiny_patch16_224.no_such_tag", None, None], "has no pretrained tag 'no_such_tag'"),
+    ("load_model", ["deit_tiny\x00", None, None], "printable characters"),  # the last: the state of the model in use
+    ("load_model", [["deit"], None, None], "must be text"),
 ])
 def test_the_reported_inputs_get_sentences(server, api_name, data, message):
     client = Client(server.url, verbose=False)
-    answer = queue_call(client, api_name, data)
-    assert answer["success"] is False and message in error_of(answer), error_of(answer)
+    was_refused, sentence = outcome(queue_call(client, api_name, data))
+    assert was_refused and message in sentence, sentence
 
 
 def test_the_sanity_checks_answer_a_session_without_an_image_and_forged_values(server):
@@ -275,8 +298,8 @@ def test_the_sanity_checks_answer_a_session_without_an_image_and_forged_values(s
     client = Client(server.url, verbose=False)  # a session that analysed nothing (the first view's pass aside)
     for data in ([None] * len(dependency(client, "sanity_checks")["inputs"]),
                  [value for _, value in list(HOSTILE.items())[:len(dependency(client, "sanity_checks")["inputs"])]]):
-        answer = queue_call(client, "sanity_checks", data)
-        assert answer["success"] is False and error_of(answer).startswith("Analyse an image first"), error_of(answer)
+        was_refused, sentence = outcome(queue_call(client, "sanity_checks", data))
+        assert was_refused and sentence.startswith("Analyse an image first"), sentence
     cancelled = queue_call(client, "cancel_sanity_checks", [])
     assert cancelled["success"] and cancelled["output"]["data"] == ["Nothing to cancel: no sanity checks are running "
                                                                     "for you."]
@@ -320,9 +343,8 @@ def test_no_server_path_in_the_page_or_messages_with_a_model_folder(tmp_path):
         # a client who knows the folder gets only the operator's own model, still named by its base name
         again = client.predict(str(folder), None, api_name="/load_model")[0]
         assert "`my_vit`" in again and str(tmp_path) not in again
-        with pytest.raises(AppError) as error:
-            client.predict(str(tmp_path), None, api_name="/load_model")  # any other folder is not a model name
-        assert str(tmp_path) not in str(error.value)
+        sentence = refused(client, str(tmp_path), None, api_name="/load_model")  # any other folder: no model name
+        assert "not a valid model name" in sentence and str(tmp_path) not in sentence
     finally:
         demo.close()
 
@@ -369,7 +391,7 @@ def test_no_server_path_in_any_figure_download_or_caption_with_a_model_folder(tm
 
     returned = [s for value in outputs.values() for s in strings(value)]
     files = [Path(s) for s in returned if s.startswith(gradio_utils.get_upload_folder()) and Path(s).is_file()]
-    downloads = {Path(p).name for p in outputs["/downloads"][0] + outputs["/model_downloads"]}  # files, then a note
+    downloads = {Path(p).name for p in outputs["/downloads"][0] + outputs["/model_downloads"][0]}  # files, a note
     assert {"chelsea.json", "chelsea.npz", "my_vit_filters.png", "my_vit_model.npz"} <= downloads
     record = json.loads(next(f for f in files if f.name == "chelsea.json").read_text())
     assert record["model"] == record["settings"]["model"] == "my_vit"
@@ -390,10 +412,9 @@ def test_missing_weights_of_a_curated_model_say_so_without_a_path(server, monkey
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     client = Client(server.url, verbose=False)
     for name in ("deit_small_patch16_224", "vit_base_patch16_224"):
-        with pytest.raises(AppError) as error:
-            client.predict(name, None, api_name="/load_model")
-        assert str(error.value) == (f"Weights for {name!r} are not available on this server (no network access "
-                                    "to the Hugging Face hub and no local copy).")
+        assert refused(client, name, None, api_name="/load_model") == (
+            f"Weights for {name!r} are not available on this server (no network access to the Hugging Face hub "
+            "and no local copy).")
 
 
 def queue_messages(client: Client, api_name: str, data: list) -> list[dict]:
@@ -429,17 +450,18 @@ def prompt_data(client: Client, prompt: object, versus: object = "") -> list:
 ], ids=["escape-and-null", "right-to-left-override", "empty", "blank", "10-kB"])
 def test_a_hostile_prompt_to_an_openclip_app_gets_a_sentence(clip_server, prompt, says):
     """Through the queue, as a browser or script sends it: the prompt (and the same text as the versus prompt)
-    is refused with one warning sentence, the event completes, and the page keeps its maps."""
+    is refused with one sentence in the page's notice line (no toast), the event completes, and the page keeps
+    its maps."""
     client = Client(clip_server.url, verbose=False)
     shown = analyze(client)["first_relevance"]
     cases = [(prompt, "", "The prompt")] + ([("a photo of a cat", prompt, "The versus prompt")]
                                             if prompt.strip() else [])  # an empty versus box is no versus prompt
     for typed, versus, what in cases:
         messages = queue_messages(client, "set_prompt", prompt_data(client, typed, versus))
-        warnings = [m["log"] for m in messages if m.get("msg") == "log" and m.get("level") == "warning"]
-        assert messages[-1]["success"] and len(warnings) == 1, messages
-        assert says.replace("The prompt", what) in warnings[0]
-        assert not any(raw in warnings[0] for raw in RAW_PYTHON) and len(warnings[0]) < 200
+        assert messages[-1]["success"] and not [m for m in messages if m.get("msg") == "log"], messages
+        was_refused, sentence = outcome(messages[-1])
+        assert was_refused and says.replace("The prompt", what) in sentence
+        assert not any(raw in sentence for raw in RAW_PYTHON) and len(sentence) < 200
     assert analyze(client, CHELSEA.with_name("coffee.png"))["first_relevance"] != shown  # still serving
 
 
@@ -461,8 +483,8 @@ def test_the_sanity_checks_of_a_prompt_through_the_served_app(clip_server):
     inputs = [None] * len(dependency(client, "sanity_checks")["inputs"])
     assert queue_messages(client, "set_prompt", prompt_data(client, "a photo of a cat", "a photo of a dog"))[-1][
         "success"]
-    refused = queue_call(client, "sanity_checks", inputs)
-    assert refused["success"] is False and error_of(refused).startswith("The sanity checks explain one prompt")
+    was_refused, sentence = outcome(queue_call(client, "sanity_checks", inputs))
+    assert was_refused and sentence.startswith("The sanity checks explain one prompt"), sentence
     assert queue_messages(client, "set_prompt", prompt_data(client, "a photo of a cat"))[-1]["success"]
     answer = queue_call(client, "sanity_checks", inputs)
     assert answer["success"], error_of(answer)

@@ -10,7 +10,7 @@ from support import REPO, tiny_handle
 
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.plots.faithfulness import SORTED_BY, WORSE, paper_name, ranked_rows, verdict
+from vit_inspect.plots.faithfulness import SORTED_BY, paper_name, ranked_rows, verdict
 from vit_inspect.studies.faithfulness import METHODS
 
 gr = pytest.importorskip("gradio")
@@ -26,10 +26,13 @@ def test_ranked_rows_best_first_by_mean_rank_with_paper_names_and_marks():
     rows = ranked_rows({"random": constant(0.6, 0.6, 0.4, 0.45), "chefer": constant(0.2, 0.8, 0.1, 0.6),
                         "bad": constant(0.7, 0.4, 0.5, 0.5)})
     assert [r[0] for r in rows] == ["gradient-weighted attention (Chefer et al.)", "random map (the floor)", "bad"]
-    assert rows[0][1:] == ["1.00", "18.0", "72.0", "0.100", "0.600", ""]  # best on all four; pos/neg AUC 90·c
+    assert rows[0][1:] == ["1.00", "18.0", "72.0", "0.100", "0.600", "better on 4 of 4"]  # pos/neg AUC 90·c
     assert rows[1][1] == "2.25" and rows[1][-1] == "the floor"  # 2nd, 2nd, 2nd, 3rd
-    assert rows[2][1:] == ["2.75", "63.0 ⚠", "36.0 ⚠", "0.500 ⚠", "0.500", WORSE]  # ins .5 > .45 beats random
+    assert rows[2][1:] == ["2.75", "63.0 ⚠", "36.0 ⚠", "0.500 ⚠", "0.500", "⚠ better on 1 of 4"]  # ins .5 > .45
     assert "mean rank" in SORTED_BY
+    tied = ranked_rows({"random": constant(0.6, 0.6, 0.4, 0.45), "even": constant(0.6, 0.6, 0.3, 0.45)})
+    assert dict((row[0], row[-1]) for row in tied)["even"] == "better on 1 of 4"  # a tie is no win
+    assert ranked_rows({"chefer": constant(0.2, 0.8, 0.1, 0.6)})[0][-1] == "random map not scored"
 
 
 def test_one_line_verdicts_name_the_place_and_the_random_floor():

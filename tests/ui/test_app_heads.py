@@ -24,7 +24,7 @@ from vit_inspect.studies.ablation import (  # noqa: E402
     analyze_ablated,
     head_importance,
 )
-from vit_inspect.ui.common import shown_model, shows_errors, upload_folders
+from vit_inspect.ui.common import says_refusals, shown_model, shows_errors, upload_folders
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import (
@@ -45,7 +45,6 @@ from vit_inspect.ui.tabs.heads import (
     lens_table,
     lens_widths,
     parse_head_spec,
-    refusals_warn,
     result_key,
 )
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
@@ -144,20 +143,18 @@ def test_redraws_come_from_the_cached_ablated_pass(served):
                                          (float("nan"), "could not read"), ("", "No heads given"),
                                          (["3:1"], "must be text"), ("3:1\x00", "printable")])
 def test_bad_head_specs_are_sentences(served, spec, words):
-    """As wired: a warning with the sentence, and every panel of the tab left as it was."""
+    """As wired: the sentence in the ablation's line, and every other output of the tab left as it was."""
     inspector, handle, session, tab = served
-    with pytest.warns(UserWarning, match=words) as caught:
-        outputs = shows_errors(refusals_warn(6)(tab.ablate))(session, None, spec, "zero", None,
-                                                                  progress=Progress(), **CONTROLS)
-    assert outputs == (gr.skip(),) * 6
-    assert all("Traceback" not in str(w.message) for w in caught)
+    outputs = says_refusals(tab.ablate, "effect")(session, None, spec, "zero", None, progress=Progress(), **CONTROLS)
+    assert list(outputs) == ["effect"] and outputs["effect"].startswith("⚠️ ") and words in outputs["effect"]
+    assert "Traceback" not in outputs["effect"]
 
 
 @pytest.mark.parametrize("mode", ["bogus", None, 3, float("inf")])
 def test_bad_modes_are_sentences(served, mode):
     inspector, handle, session, tab = served
-    with pytest.warns(UserWarning, match="ablation mode must be one of zero, mean, uniform"):
-        refusals_warn(6)(tab.ablate)(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    refused = says_refusals(tab.ablate, "effect")(session, None, "3:1", mode, None, progress=Progress(), **CONTROLS)
+    assert "ablation mode must be one of zero, mean, uniform" in refused["effect"]
     with pytest.raises(VitInspectError, match="ablation mode must be one of"):
         tab.rank(session, None, mode, None, Request("s0"), progress=Progress(), **CONTROLS)
 
@@ -264,7 +261,9 @@ def test_overview_draws_from_the_pass_and_clears_another_class(served):
     assert outputs[0].ablated is state.ablated and outputs[2].ndim == 3 and outputs[4].ndim == 3
     other = replace(session, target=(5, None), slot=Detached({(5, None): session.result}))
     cleared = tab.overview(other, state, **CONTROLS)
-    assert cleared[0].ablated is None and cleared[1] is None and cleared[8] == "" and cleared[-1] is None
+    assert cleared[0].ablated is None and cleared[1] is None and cleared[-1] is None
+    # the lines are the stale-result check's to write (what changed, what to press): kept, and so is the basis
+    assert cleared[3] == cleared[8] == gr.skip() and cleared[0].basis == state.basis
     assert outputs[9] == {"first_order": {"box": list(dict(outputs[0].boxes)["first_order"]), "grid": [12, 3]}}
     assert cleared[9] == {"first_order": {"box": list(dict(cleared[0].boxes)["first_order"]), "grid": [12, 3]}}
 

@@ -22,7 +22,8 @@ import app as app_module  # noqa: E402
 from vit_inspect.core.images import load_image  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
 from vit_inspect.ui import inputs  # noqa: E402
-from vit_inspect.ui.inspector import CLASS_SKIP, Inspector  # noqa: E402
+from vit_inspect.ui.common import says_refusals  # noqa: E402
+from vit_inspect.ui.inspector import Inspector  # noqa: E402
 from vit_inspect.ui.model_cache import CacheKey, ModelCache  # noqa: E402
 from vit_inspect.ui.panels import caption, draw_panels, unit  # noqa: E402
 from vit_inspect.ui.stale import Basis, Tracked, cleared_sentence  # noqa: E402
@@ -59,12 +60,12 @@ def app(weights):
     return Inspector(config, ModelCache(1))
 
 
-@pytest.fixture
-def warnings(monkeypatch) -> list[str]:
-    """The sentences the handlers show as warnings."""
-    shown = []
-    monkeypatch.setattr(gr, "Warning", lambda message, *args, **kwargs: shown.append(message))
-    return shown
+def refusal_of(handler, *args, **kwargs) -> str:
+    """As wired (`common.says_refusals`): the sentence a refused request writes into the page's notice line, the
+    only output it writes."""
+    answer = says_refusals(handler, "notice", appended="")(*args, **kwargs)
+    assert isinstance(answer, dict) and list(answer) == ["notice"], answer
+    return answer["notice"]
 
 
 @pytest.fixture
@@ -165,12 +166,12 @@ def test_a_new_image_keeps_the_prompt_and_a_new_prompt_clears_what_was_scored(ap
     ("", "The prompt is empty"), ("   ", "The prompt is empty"), (["a cat"], "must be text"),
     ("a " * 80, "tokens long; this text tower reads at most 77"),
 ], ids=["100-kB", "escape", "zero-width-space", "empty", "blank", "a-list", "over-77-tokens"])
-def test_a_hostile_prompt_or_versus_prompt_gets_a_sentence_and_changes_nothing(app, session, warnings, prompt, says):
-    assert app.set_prompt(session, prompt, "", progress=progress, **CONTROLS) == CLASS_SKIP
-    assert says in warnings[-1] and len(warnings[-1]) < 200
+def test_a_hostile_prompt_or_versus_prompt_gets_a_sentence_and_changes_nothing(app, session, prompt, says):
+    refused = refusal_of(app.set_prompt, session, prompt, "", progress=progress, **CONTROLS)
+    assert says in refused and len(refused) < 200
     if prompt and not isinstance(prompt, list) and prompt.strip():
-        assert app.set_prompt(session, CAT, prompt, progress=progress, **CONTROLS) == CLASS_SKIP
-        assert says.replace("The prompt", "The versus prompt") in warnings[-1]
+        refused = refusal_of(app.set_prompt, session, CAT, prompt, progress=progress, **CONTROLS)
+        assert says.replace("The prompt", "The versus prompt") in refused
     if isinstance(prompt, str) and prompt.strip():  # typed before a new image: its pass is refused the same way
         with pytest.raises(gr.Error) as caught:
             app.analyze(upload("coffee.png"), app.default_key, None, None, progress=progress, current=session,
@@ -179,10 +180,9 @@ def test_a_hostile_prompt_or_versus_prompt_gets_a_sentence_and_changes_nothing(a
     assert session.target == (int(np.argmax(session.result.probs)), None)  # the session is as it was
 
 
-def test_a_classifier_and_a_heads_ablation_refuse_a_prompt_with_a_sentence(app, session, warnings):
+def test_a_classifier_and_a_heads_ablation_refuse_a_prompt_with_a_sentence(app, session):
     classifier = replace(session, prompts=False)
-    assert app.set_prompt(classifier, CAT, "", progress=progress, **CONTROLS) == CLASS_SKIP
-    assert "no text tower" in warnings[-1]
+    assert "no text tower" in refusal_of(app.set_prompt, classifier, CAT, "", progress=progress, **CONTROLS)
     from vit_inspect.ui.tabs.heads import HeadsTab
 
     shown = app.set_prompt(session, CAT, "", progress=progress, **CONTROLS)[0]

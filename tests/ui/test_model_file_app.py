@@ -7,11 +7,11 @@ import socket
 
 import pytest
 from support import REPO
+from support.app import refused
 
 gradio_client = pytest.importorskip("gradio_client")
 import gradio as gr
 from gradio_client import Client, handle_file  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
 
 import app  # noqa: E402
 from vit_inspect.cli.main import main as cli_main  # noqa: E402
@@ -76,8 +76,7 @@ def test_the_page_can_never_name_a_python_file(served, marker_module, form):
     _, cache, url = served
     module, marker = marker_module
     name = form.format(module=module)
-    with pytest.raises(AppError, match=REFUSED):
-        Client(url, verbose=False).predict(name, None, api_name="/load_model")
+    assert REFUSED in refused(Client(url, verbose=False), name, None, api_name="/load_model")
     assert not marker.exists()
     assert all(k.name == "toy_vit.py:build" for k in cache.keys())
 
@@ -94,6 +93,19 @@ def test_an_app_without_model_file_refuses_python_files_and_loads_nothing(marker
             inspector.load_model(name, None)
     assert not marker.exists()
     assert CacheKey.of("deit_tiny_patch16_224") == inspector.default_key  # the default is untouched
+
+
+@pytest.mark.parametrize("name, sentence", [
+    ("open_clip:ViT-B-32:openai", "This app loads OpenCLIP models only when its operator starts it with --model "
+                                  "open_clip:NAME."),
+    ("deit_tiny_patch16_224:latest", "'deit_tiny_patch16_224:latest' is not a valid model name."),
+])
+def test_a_name_with_a_colon_gets_the_sentence_that_fits_it(name, sentence):
+    """Every name with a colon was answered as a Python file; only a '.py' name is one."""
+    inspector = Inspector(AppConfig(device="cpu"), ModelCache())
+    with pytest.raises(gr.Error) as refused:
+        inspector.load_model(name, None)
+    assert sentence in refused.value.message and REFUSED not in refused.value.message
 
 
 def test_bad_model_file_flag_is_a_command_line_error(capsys):

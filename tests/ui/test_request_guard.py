@@ -13,7 +13,7 @@ from support.app import free_port
 
 import app
 from vit_inspect.ui.config import launch_limits
-from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, body_limit, refusal
+from vit_inspect.ui.request_guard import MAX_TEXT_CHARS, NO_SESSION, body_limit, refusal
 
 
 def test_refusal_by_hand():
@@ -30,6 +30,10 @@ def test_refusal_by_hand():
     for _ in range(70):
         deep = [deep]
     assert refusal(deep) == "The request is nested too deeply."
+    assert refusal({"data": [], "fn_index": 1, "session_hash": "a1b2c3"}) is None
+    assert refusal({"data": [], "fn_index": 1, "session_hash": None}) is None  # Gradio's own 400
+    for empty in ("", "  "):
+        assert refusal({"data": [], "fn_index": 1, "session_hash": empty}) == NO_SESSION
     assert body_limit(30) == 42_991_616 and body_limit(1) == 2_446_678  # ceil(MiB x 4/3) + 1 MiB
 
 
@@ -89,6 +93,23 @@ def test_long_texts_and_bodies_are_refused_before_gradio_keeps_them(served):
     answer = httpx.post(f"{base}/gradio_api/call/echo", content=b'{"data": [null, "' + b"b" * 70_000 + b'"]}',
                         headers={"content-type": "text/plain"}, timeout=30)  # FastAPI reads JSON without its type
     assert answer.status_code == 400
+
+
+def test_an_empty_session_hash_is_refused_with_a_sentence(served, capfd):
+    """It reached Gradio's queue, which answered HTTP 500 and logged "Exception in ASGI application"."""
+    base, _, _ = served
+    config = httpx.get(f"{base}/config", timeout=30).json()
+    echo = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "echo")
+    for session in ("", " "):
+        answer = httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
+                            json={"data": [None, "x"], "fn_index": echo, "session_hash": session})
+        assert answer.status_code == 400 and answer.json()["detail"] == NO_SESSION
+    stream = httpx.get(f"{base}/gradio_api/queue/data", params={"session_hash": ""}, timeout=30)
+    assert stream.status_code == 400 and stream.json()["detail"] == NO_SESSION
+    joined = httpx.post(f"{base}/gradio_api/queue/join", timeout=30,
+                        json={"data": [None, "x"], "fn_index": echo, "session_hash": "s1"})
+    assert joined.status_code == 200  # a session of its own still joins
+    assert "Exception in ASGI application" not in capfd.readouterr().err
 
 
 def test_the_imported_demo_launches_behind_the_guard_with_the_default_limits():

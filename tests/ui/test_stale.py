@@ -76,6 +76,23 @@ def test_a_result_with_its_own_input_and_a_reset():
     assert updates[0] == "kept means" and "the model changed" in updates[2]
 
 
+def test_an_output_may_word_its_own_sentence():
+    """The Heads section's two lines: each names its own button, or says nothing was there to clear."""
+    from vit_inspect.ui.tabs.heads import NOT_RANKED, HeadsState, cleared_ablation, cleared_ranking
+
+    result = Tracked("heads", made_from=None, outputs=("effect", "top", "ranking"),
+                     cleared=(cleared_ablation, None, cleared_ranking), level="class", press="(both buttons)")
+    cat = Basis.of(session(), KEY)
+    ablated = HeadsState(key=("cat",), ablated_words="ablated: heads 0:0, mode zero", basis=cat)
+    effect, top, ranking = refresh((result,))(session("coffee"), KEY, "Overview", ablated, None)[1:]
+    assert effect == ("*Cleared: the image or what the model sees of it changed (these were for cat.png (crop)). "
+                      "Press **Ablate these heads** to compute them for coffee.png (crop), class #285.*")
+    assert top is None and ranking == NOT_RANKED  # nothing was ranked: nothing cleared, and what to press
+    ranked = HeadsState(key=("cat",), importance_words="mode zero", basis=cat)
+    effect, _, ranking = refresh((result,))(session("coffee"), KEY, "Overview", ranked, None)[1:]
+    assert "Not ablated yet" in effect and "Press **Rank every head** to compute them for coffee.png" in ranking
+
+
 def outputs(client: Client, api_name: str, **controls) -> dict:
     """An event's outputs (states left out, as gradio_client gives them) by component id."""
     dep = dependency(client, api_name)

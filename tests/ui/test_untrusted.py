@@ -31,6 +31,7 @@ from vit_inspect.ui.untrusted import (
     data_url_bytes,
     finite_float,
     finite_int,
+    plain_markdown,
     redact_paths,
     safe_name,
     text,
@@ -105,6 +106,19 @@ def test_client_file_names_are_plain_base_names():
     assert safe_name("x" * 500 + ".png").endswith(".png") and len(safe_name("x" * 500 + ".png")) <= 120
     assert safe_name(None) == safe_name("") == safe_name("..") == "image"
     assert safe_name({"a": 1}, "file 3") == "file 3"
+    # invisible and bidirectional characters are dropped: "\u202egnp.exe" shows as "exe.png"
+    assert safe_name("cat\u202egnp.exe") == "catgnp.exe"
+    assert safe_name("\u2066a\u200bb\u2069\ufeff\u00ad.png") == "ab.png"
+    assert safe_name("a\u2028b\u2029c\ud800\ue000.png") == "abc.png"  # separators, a lone surrogate, private use
+    assert safe_name("a\x85b\x9bc.png") == "a_b_c.png"  # C1 controls, as the C0 ones
+    assert safe_name("\u202e\u200b.png") == "png" and safe_name("\u202e\u200b") == "image"
+    assert safe_name("café 猫.png") == "café 猫.png"  # letters of any script stay
+
+
+def test_a_clients_name_shows_as_it_is_in_markdown():
+    assert plain_markdown("[x](javascript:y)<img src=z>*b*_i_.png") == (
+        "\\[x\\]\\(javascript:y\\)\\<img src=z\\>\\*b\\*\\_i\\_.png")
+    assert plain_markdown("chelsea.png") == "chelsea.png"
 
 
 @pytest.mark.parametrize("value, expected", [

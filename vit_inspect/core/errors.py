@@ -54,3 +54,8 @@ class InterventionError(VitInspectError):
 
 class Cancelled(VitInspectError):
     """A long computation was stopped at the caller's request."""
+
+
+class SmallImageWarning(UserWarning):
+    """An image was analysed, but it is so small that the model sees an enlarged blur of it
+    (`geometry.enlarged_blur`); the message is the sentence a user reads."""

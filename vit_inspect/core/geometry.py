@@ -4,13 +4,14 @@ model saw."""
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.errors import SmallImageWarning, VitInspectError
 from vit_inspect.core.images import Preprocess
 
 GEOMETRY_MODES = ("crop", "squash", "keep")
@@ -36,6 +37,31 @@ class InputGeometry:
         """A short record, e.g. "keep aspect, 224×448 pixels"."""
         name = {"crop": "model's centre crop", "squash": "whole image squashed", "keep": "whole image, aspect kept"}
         return f"{name[self.mode]}, {input_size[0]}×{input_size[1]} pixels"
+
+
+MIN_PATCHES = 4  # an image whose shorter side spans fewer of the model's patches than this is analysed with a warning
+
+
+def enlarged_blur(image_size: tuple[int, int], patch_size: tuple[int, int]) -> str | None:
+    """The warning for an image of (width, height) pixels whose shorter side is under `MIN_PATCHES` of the
+    model's (patch height, patch width) patches: every preprocessing enlarges it to the model's input, so the
+    model sees a blur a few patches wide, and its top-5 and maps say little about the picture. None otherwise.
+    An upscaled image is analysed, not refused: a model made for small inputs has patches small enough."""
+    width, height = image_size
+    side = MIN_PATCHES * max(patch_size)
+    if min(width, height) >= side:
+        return None
+    return (f"This image is {width}×{height} pixels, under {MIN_PATCHES} of the model's {patch_size[0]}×"
+            f"{patch_size[1]}-pixel patches on a side ({side} pixels): the model sees it enlarged, as a blur, so "
+            "its predictions and maps say little about the picture. Use a larger image where you have one.")
+
+
+def warn_if_blurred(image_size: tuple[int, int], patch_size: tuple[int, int], stacklevel: int = 3) -> None:
+    """`enlarged_blur`'s sentence as a `SmallImageWarning` (the command line prints it as a line of its own),
+    attributed ``stacklevel`` frames up (3: the caller of the function that calls this)."""
+    words = enlarged_blur(image_size, patch_size)
+    if words is not None:
+        warnings.warn(words, SmallImageWarning, stacklevel=stacklevel)
 
 
 MAX_PASS_MAP_BYTES = 16 * 2 ** 30  # float32 attention maps one pass may keep for its backward, at most

@@ -32,6 +32,10 @@ def load_timm(name: str, weights: str | os.PathLike | None, device: torch.device
         tags = [t.split(".", 1)[1] for t in timm.list_pretrained(f"{arch}.*")]
         raise ModelNotFoundError(f"{arch!r} has no pretrained tag {tag!r}"
                                  + (f"; its tags are: {', '.join(tags[:8])}." if tags else "; it has no tagged weights."))
+    meta = _meta_model(name)  # keys, shapes and size without memory: refuse before any weights are looked for
+    if meta is not None:
+        check_inspectable(meta, name)
+        check_model_bytes(name, meta, max_model_bytes)
     if weights:
         local: Path | None = Path(weights)
     elif pretrained:
@@ -41,9 +45,7 @@ def load_timm(name: str, weights: str | os.PathLike | None, device: torch.device
         local = None
     from_hub = pretrained and local is None
     state = read_state_dict(local) if local is not None else None  # read and checked before building
-    meta = _meta_model(name)  # keys, shapes and size without memory: refuse before the real build
     if meta is not None:
-        check_model_bytes(name, meta, max_model_bytes)
         if state is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # timm's filter on meta shapes; only the verdict is used
@@ -73,8 +75,7 @@ def _create_timm(name: str, pretrained: bool) -> nn.Module:
 def _meta_model(name: str) -> nn.Module | None:
     """timm's `name` built on the meta device (no memory, no weights), or None when that fails (the real
     build then says why). A model that takes no ViT arguments (a CNN such as resnet50) is refused here, as
-    `_create_timm` refuses it, so it is named as no ViT before its weights are looked for; one found not to
-    be inspectable only once built (a Swin) is left to the real build."""
+    `_create_timm` refuses it, so it is named as no ViT before its weights are looked for."""
     try:
         with torch.device("meta"):
             return _create_timm(name, pretrained=False)
@@ -175,19 +176,35 @@ def _create_timm_from_hub(name: str, checkpoint_dir: Path) -> nn.Module:
                 f"{wanted} (or pass --weights FILE).", public=missing) from None
 
 
+def check_inspectable(model: nn.Module, name: str) -> None:
+    """UnsupportedModelError unless `model` (built, or on the meta device) is a plain ViT: a patch embedding
+    and blocks whose attention is one softmax over every token. Windowed attention (Swin: attention inside
+    shifted windows, in stages that merge patches) is named as such."""
+    blocks = tuple(getattr(model, "blocks", ()))
+    patch_embed = getattr(model, "patch_embed", None)
+    attn = tuple(getattr(b, "attn", None) for b in blocks)
+    if (blocks and patch_embed is not None and isinstance(getattr(patch_embed, "proj", None), nn.Conv2d)
+            and all(a is not None and hasattr(a, "attn_drop") and hasattr(a, "fused_attn") for a in attn)):
+        return
+    if not blocks and any(hasattr(module, "window_size") for module in model.modules()):
+        raise UnsupportedModelError(
+            f"{name!r} uses windowed attention (each head attends only inside a local window, and the windows "
+            "shift and merge from stage to stage), so it has no attention over the whole image to inspect; "
+            "try a 'vit_', 'deit_' or 'deit3_' model.")
+    raise UnsupportedModelError(
+        f"{name!r} is not a plain ViT (patch embedding + blocks with standard attention); "
+        "vit_inspect cannot capture its attention maps.")
+
+
 def _timm_handle(model: nn.Module, name: str, device: torch.device, source: str,
                  input_size: tuple[int, int] | None) -> ViTHandle:
     from timm.data import ImageNetInfo, infer_imagenet_subset, resolve_data_config
     from timm.layers import resample_abs_pos_embed
 
-    blocks = tuple(getattr(model, "blocks", ()))
-    patch_embed = getattr(model, "patch_embed", None)
-    attn = tuple(getattr(b, "attn", None) for b in blocks)
-    if (not blocks or patch_embed is None or not isinstance(getattr(patch_embed, "proj", None), nn.Conv2d)
-            or any(a is None or not hasattr(a, "attn_drop") or not hasattr(a, "fused_attn") for a in attn)):
-        raise UnsupportedModelError(
-            f"{name!r} is not a plain ViT (patch embedding + blocks with standard attention); "
-            "vit_inspect cannot capture its attention maps.")
+    check_inspectable(model, name)
+    blocks = tuple(model.blocks)
+    patch_embed = model.patch_embed
+    attn = tuple(b.attn for b in blocks)
     model = model.eval().to(device)
     cfg = resolve_data_config({}, model=model)
     height, width = input_size or tuple(patch_embed.img_size)  # the size the model was built for

@@ -20,7 +20,7 @@ from PIL import Image
 
 from vit_inspect.analysis import legrad_map, patch_relevance
 from vit_inspect.core.errors import UnsupportedModelError, VitInspectError
-from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, seen_box
+from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, seen_box, warn_if_blurred
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image, preview_rgb
 from vit_inspect.core.open_clip_models import prompt_view, score_factor, score_kind
@@ -125,6 +125,7 @@ def _analyze_image(handle, image, target, input_size, gradients, autocast, limit
     handle, target, contrast, prompt, versus = prompt_view(handle, target, contrast)
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     picture.load()  # here, once: the two resamplings below read it side by side and must not load it themselves
+    warn_if_blurred(picture.size, handle.patch_size, stacklevel=4)  # the caller of analyze_image
     # the preview of the whole upload and the model's input are two Pillow resamplings, which let go of the GIL:
     # they run side by side on two cores, before torch's threads start (DeiT-Ti: 2.4 + 3.7 ms -> 3.7)
     preview = in_background(preview_rgb, picture, PREVIEW_SIDE)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vit_inspect.core.geometry import enlarged_blur
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import AttentionStore, attention_rows
@@ -48,6 +49,14 @@ class ImageAnalysis:
     versus: Prompt | None = None  # the text contrast: `contrast` is its column
     score: str = "logit"  # what the gradient maps explain: "logit", or "cosine" (image-text cosine similarity)
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
+
+    @property
+    def enlarged_blur(self) -> str | None:
+        """The sentence saying that the upload was too small for the model to see more than a blur of it
+        (`geometry.enlarged_blur`); None for an image large enough, or an input given as pixels."""
+        if self.source_size is None or self.preview is None:
+            return None
+        return enlarged_blur(self.source_size, (self.layout.patch_h, self.layout.patch_w))
 
     @property
     def depth(self) -> int:

@@ -11,7 +11,6 @@ from vit_inspect.analysis.faithfulness import CURVES, DEL_INS_FRACTIONS, LOWER_I
 from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, plot_axes, titled
 
 RANDOM = "random"
-WORSE = "⚠ worse than random"
 CURVE_PLOT_PIXELS = (400, 260)  # (width, height) of one curve plot's axes
 LEGEND_LINE_PIXELS = 16  # one method's line in a legend
 LEGEND_SAMPLE_PIXELS = 32  # length of a legend's line sample
@@ -137,10 +136,22 @@ def mean_ranks(curves: dict[str, Curves]) -> dict[str, float]:
     return ranks
 
 
+def versus_random(aucs: dict[str, float], floor: dict[str, float] | None, method: str) -> str:
+    """The table's "vs random" cell: on how many of the four scores a map beats the random map ("better on 3
+    of 4"), "⚠ " before it when the random map beats it on at least two; "the floor" for the random map
+    itself, and "random map not scored" when there is none to compare with."""
+    if method == RANDOM:
+        return "the floor"
+    if floor is None:
+        return "random map not scored"
+    beaten = sum(better(c, aucs[c], floor[c]) for c in CURVES)
+    return ("⚠ " if len(worse_than_random(aucs, floor)) >= 2 else "") + f"better on {beaten} of {len(CURVES)}"
+
+
 def ranked_rows(curves: dict[str, Curves]) -> list[list[object]]:
-    """[paper name, mean rank, pos, neg, del, ins, verdict] rows, best first by mean rank over the four AUCs
-    (`SORTED_BY`); a map worse than the random map on at least two of the four is marked, and so is each
-    such AUC (⚠)."""
+    """[paper name, mean rank, pos, neg, del, ins, vs random] rows, best first by mean rank over the four AUCs
+    (`SORTED_BY`); each AUC on which the random map does better is marked (⚠), and the last cell says on how
+    many of the four a map beats the random map (`versus_random`)."""
     aucs = {m: c.aucs() for m, c in curves.items()}
     ranks = mean_ranks(curves)
     floor = aucs.get(RANDOM)
@@ -149,8 +160,7 @@ def ranked_rows(curves: dict[str, Curves]) -> list[list[object]]:
         worse = worse_than_random(aucs[method], floor) if floor is not None and method != RANDOM else []
         cells = [f"{aucs[method][c]:.1f}" if c in ("pos", "neg") else f"{aucs[method][c]:.3f}" for c in CURVES]
         cells = [cell + (" ⚠" if c in worse else "") for cell, c in zip(cells, CURVES)]
-        verdict = "the floor" if method == RANDOM else WORSE if len(worse) >= 2 else ""
-        rows.append([paper_name(method), f"{ranks[method]:.2f}", *cells, verdict])
+        rows.append([paper_name(method), f"{ranks[method]:.2f}", *cells, versus_random(aucs[method], floor, method)])
     return rows
 
 

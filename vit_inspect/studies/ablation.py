@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from vit_inspect.core.errors import Cancelled, VitInspectError
-from vit_inspect.core.geometry import InputGeometry
+from vit_inspect.core.geometry import InputGeometry, warn_if_blurred
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.passes.interventions import HeadMeans, HeadSet, ablate_heads
@@ -101,6 +101,7 @@ def _pixels(handle: ViTHandle, image: ImageInput | torch.Tensor, input_size: tup
     if isinstance(image, torch.Tensor):
         return image if image.ndim == 4 else image[None]
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+    warn_if_blurred(picture.size, handle.patch_size)
     return handle.preprocess.apply(picture, input_size)[0]
 
 

@@ -40,6 +40,7 @@ from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.analysis.ssim import ssim
 from vit_inspect.analysis.top_overlap import TOP_FRACTION, top_overlap
 from vit_inspect.core.errors import Cancelled, VitInspectError
+from vit_inspect.core.geometry import warn_if_blurred
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.core.open_clip_models import prompt_view
@@ -205,6 +206,7 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
         pixels = image  # (1, 3, H, W), normalised
     else:
         picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+        warn_if_blurred(picture.size, handle.patch_size)
         pixels, _ = handle.preprocess.apply(picture)  # (1, 3, H, W)
     methods = sanity_methods() if methods is None else methods
     relevance = needs_relevance(methods)

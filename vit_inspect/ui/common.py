@@ -18,7 +18,7 @@ from gradio import processing_utils
 from gradio import utils as gradio_utils
 from gradio.data_classes import ImageData
 
-from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import DEFAULT_MAX_BYTES
 from vit_inspect.passes.result import ImageAnalysis
@@ -114,6 +114,47 @@ def shows_errors(fn):
     return wrapper
 
 
+REFUSED = "⚠️ "  # how a refusal or failure starts where the page shows it (`says_refusals`)
+
+
+def says_refusals(fn, note, *, appended=None, also=None):
+    """``fn``, a handler, whose refusal or failure becomes one sentence in the Markdown ``note`` (one of the
+    event's outputs), every other output left as it was. An event whose handler raises gets Gradio's "Error"
+    badge over every one of its outputs (maps, top-5, status line) and its sentence in a toast that vanishes:
+    this way the sentence stays where the user looks, and every panel keeps its last result.
+
+    Without ``appended`` the handler writes ``note`` itself when it succeeds. With it, ``note`` follows the
+    handler's own outputs (whose values it returns as a tuple, or as one value), and a success writes ``appended``
+    there ("" clears an earlier refusal, ``gr.skip()`` leaves the note as it is); a tuple gives the values of
+    ``note`` and of the outputs after it. ``also(*args, **kwargs)`` gives such outputs' values on a refusal (the
+    model picker put back to the model in use). `shows_errors` words the sentence."""
+    guarded = shows_errors(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            result = guarded(*args, **kwargs)
+        except gr.Error as exc:
+            return {note: REFUSED + exc.message} | (also(*args, **kwargs) if also is not None else {})
+        if appended is None:
+            return result
+        extra = appended if isinstance(appended, tuple) else (appended,)
+        return (*result, *extra) if isinstance(result, tuple) else (result, *extra)  # a list is one File's value
+    return wrapper
+
+
+@contextmanager
+def still_showing(words: str):
+    """A refusal (a library error) raised inside gets ``words`` after its sentence, "(... still ...)": what the
+    outputs its note describes still show, since the page leaves them as they were (`says_refusals`)."""
+    try:
+        yield
+    except VitInspectError as exc:
+        if not words:
+            raise
+        raise InputError(f"{exc} ({words}.)", public=f"{exc.public} ({words}.)") from None
+
+
 def upload_folders() -> list[str]:
     """The only folders a client's file reference may point into: Gradio's upload/cache folder, where
     Gradio puts uploads and its copies of the example images."""
@@ -155,8 +196,10 @@ def public_name(name: str) -> str:
 
 
 def names_python_file(name: str) -> bool:
-    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused."""
-    return ":" in name or name.lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz"))
+    """Whether a model name from the page points at Python code ("x.py", "x.py:build"): always refused. Other
+    names with a colon go to the library, which answers each with the sentence that fits it (an OpenCLIP name:
+    loaded by the operator only; anything else: not a valid model name)."""
+    return any(part.strip().lower().rstrip("/").endswith((".py", ".pyc", ".pyw", ".pyz")) for part in name.split(":"))
 
 
 def weights_label(handle: ViTHandle) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from vit_inspect.ui import clicks, inputs, sanity, sections, style
-from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, upload_folders, upload_source
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, says_refusals, upload_folders, upload_source
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
 from vit_inspect.ui.model_cache import ModelCache
@@ -34,6 +34,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         session = gr.State(None, time_to_live=config.session_ttl_s)  # the image's passes (inspector.Session)
         gr.Markdown(INTRO)
         status = gr.Markdown("⏳ Loading the model…", elem_id="status")
+        notice = gr.Markdown("", elem_id="notice")  # why the last page-wide action was refused; stays until the next
         with gr.Row():
             given = inputs.layout(models, app.default_label, config.first_image)
             with gr.Column(scale=4, min_width=640):
@@ -66,22 +67,28 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         gr.on([given.model_box.expand, page.compare.tab.select], inputs.choices_handler(models, (app.default_label,)),
               outputs=[given.model_name, page.compare.name_b], api_name="model_choices",
               show_progress="hidden")  # when a picker comes into view, not while the first view loads
-        loaded = gr.on([given.load_button.click, given.model_name.select], app.load_model,
-                       inputs=[given.model_name, given.weights], outputs=[key, status, given.model_box, *geometry],
+        # A refused action's sentence goes to the notice line, every panel left as it was (`says_refusals`).
+        def put_back(name, weights, current, *special, **kwargs):  # a refused model: the picker names the one in use
+            return {given.model_name: app.picker_name(current)}
+
+        loaded = gr.on([given.load_button.click, given.model_name.select],
+                       says_refusals(app.load_model, notice, appended=("", gr.skip()), also=put_back),
+                       inputs=[given.model_name, given.weights, key],
+                       outputs=[key, status, given.model_box, *geometry, notice, given.model_name],
                        api_name="load_model", **working, **RAW)
-        loaded.failure(app.picker_name, inputs=[key], outputs=[given.model_name], api_name="restore_model_name",
-                       show_progress="hidden")
         analyzed_outputs = [session, given.predictions, page.overview.crop, given.target,
                             *[panel[n] for n in IMAGE_PANELS], page.overview.seen, page.attention.geometry, status,
-                            page.attention.query]
+                            page.attention.query, notice]
+        analyze = says_refusals(app.analyze, notice)
         analyzed = gr.on(
-            [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], app.analyze,
+            [given.image.change, key.change, given.geometry_mode.input, given.shorter_side.submit], analyze,
             inputs=[given.image, key, given.geometry_mode, given.shorter_side],
             inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
                                           prompt=given.prompt, versus_prompt=given.versus),
             outputs=analyzed_outputs, api_name="analyze", **working, **RAW, **MODEL_PASS)
         if config.first_image:  # the page opens on its first view: the image's pass beside loading the model
-            gr.on([demo.load], app.analyze_first, inputs=[given.image, key, given.geometry_mode, given.shorter_side],
+            gr.on([demo.load], says_refusals(app.analyze_first, notice),
+                  inputs=[given.image, key, given.geometry_mode, given.shorter_side],
                   inputs_kwargs=controls | dict(relevance=page.all_maps.relevance_toggle, current=session,
                                                 prompt=given.prompt, versus_prompt=given.versus),
                   outputs=analyzed_outputs, api_name="analyze_first_image", **working, **RAW, **MODEL_PASS)
@@ -116,9 +123,9 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
 
         attention.wire(page.attention, app, session, controls)
         retargeted, searched, prompted = inputs.wire_classes(given, app, session, controls, class_outputs=[
-            session, given.target, *[panel[n] for n in CLASS_PANELS]])
+            session, given.target, *[panel[n] for n in CLASS_PANELS]], notice=notice)
         inputs.wire_mode(given, [demo.load, key.change], key)  # a prompt box for a model with a text tower
-        all_maps.wire(page.all_maps, app, session, controls)
+        all_maps.wire(page.all_maps, app, session, controls, notice)
         faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance),
                           sanity.SanityChecks(app.handle, app.store), session, key, controls,
                           also=[page.overview.score.click], verdicts=list(page.overview.verdicts),
@@ -169,7 +176,7 @@ def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_ta
                 extra=page.compare.key_b),
         Tracked("heads", page.heads.state,
                 (page.heads.effect, page.heads.top, *page.heads.maps, page.heads.importance, page.heads.importance_note),
-                (NOTE, None, *[None] * len(page.heads.maps), None, ""), "class",
+                (heads.cleared_ablation, None, *[None] * len(page.heads.maps), None, heads.cleared_ranking), "class",
                 "**Ablate these heads** or **Rank every head**", reset=heads_tab.reset),
         Tracked("model", page.model.made_from, tuple(page.model.figure_outputs), (None, None, None, None, NOTE),
                 "model", "nothing: they are drawn again when this tab opens", tab=page.model.tab.label,

@@ -19,7 +19,7 @@ from vit_inspect.core import hub
 from vit_inspect.core.load import weights_at_hand
 from vit_inspect.core.open_clip_models import is_open_clip_name
 from vit_inspect.core.prompts import MAX_PROMPT_CHARS
-from vit_inspect.ui.common import MODEL_PASS, RAW
+from vit_inspect.ui.common import MODEL_PASS, RAW, says_refusals
 from vit_inspect.ui.config import ASSETS
 from vit_inspect.ui.inspector import GEOMETRIES
 from vit_inspect.ui.view import SCALES
@@ -139,21 +139,24 @@ def layout(models: tuple[str, ...], model: str, first_image: str | None = None) 
                      model_box, model_name, weights, load_button)
 
 
-def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_outputs: list) -> tuple:
+def wire_classes(view: InputView, app, session: gr.State, controls: dict, class_outputs: list,
+                 notice: gr.Markdown) -> tuple:
     """The class picker's events: a class picked in the list, a versus class typed, or a class searched, each
     switching the session to that class (the page's `Inspector` ``app``) and redrawing ``class_outputs`` (the
-    session, the class list, then the panels that depend on the class). Returns both events, for what follows
-    them. Each shows its progress on the image its pass runs over, never over the class list's text."""
+    session, the class list, then the panels that depend on the class). A refused choice is a sentence in the
+    page's ``notice`` line, every panel left as it was. Returns the three events, for what follows them. Each
+    shows its progress on the image its pass runs over, never over the class list's text."""
     working = dict(show_progress_on=[view.image])
-    retargeted = gr.on([view.target.input, view.versus.submit], app.set_target,
-                       inputs=[session, view.target, view.versus], inputs_kwargs=controls, outputs=class_outputs,
+    outputs = [*class_outputs, notice]
+    retargeted = gr.on([view.target.input, view.versus.submit], says_refusals(app.set_target, notice, appended=""),
+                       inputs=[session, view.target, view.versus], inputs_kwargs=controls, outputs=outputs,
                        api_name="set_target", **working, **RAW, **MODEL_PASS)
-    searched = gr.on([view.class_search.submit], app.search_class, inputs=[session, view.class_search, view.versus],
-                     inputs_kwargs=controls, outputs=class_outputs, api_name="search_class", **working, **RAW,
-                     **MODEL_PASS)
-    prompted = gr.on([view.prompt.submit], app.set_prompt, inputs=[session, view.prompt, view.versus],
-                     inputs_kwargs=controls, outputs=class_outputs, api_name="set_prompt", **working, **RAW,
-                     **MODEL_PASS)
+    searched = gr.on([view.class_search.submit], says_refusals(app.search_class, notice, appended=""),
+                     inputs=[session, view.class_search, view.versus], inputs_kwargs=controls, outputs=outputs,
+                     api_name="search_class", **working, **RAW, **MODEL_PASS)
+    prompted = gr.on([view.prompt.submit], says_refusals(app.set_prompt, notice, appended=""),
+                     inputs=[session, view.prompt, view.versus], inputs_kwargs=controls, outputs=outputs,
+                     api_name="set_prompt", **working, **RAW, **MODEL_PASS)
     return retargeted, searched, prompted
 
 

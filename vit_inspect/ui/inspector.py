@@ -26,9 +26,9 @@ from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.classes import CLASS_CHOICES, class_choices, find_class
-from vit_inspect.ui.common import (describe, download_folder, geometry_updates, names_python_file, prediction_labels,
-                                   public_message, public_name, shown_model, shows_errors, upload_folders,
-                                   upload_source, weights_label)
+from vit_inspect.ui.common import (REFUSED, describe, download_folder, geometry_updates, names_python_file,
+                                   prediction_labels, public_message, public_name, shown_model, shows_errors,
+                                   upload_folders, upload_source, weights_label)
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
@@ -37,7 +37,7 @@ from vit_inspect.ui.relevance import computed, with_relevance
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.tabs.attention import map_geometry
-from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, prompt_text, text
+from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, plain_markdown, prompt_text, text
 from vit_inspect.ui.view import PATCH, READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass
 
@@ -46,7 +46,7 @@ log = logging.getLogger("vit_inspect.app")
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
 CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")  # the panels a new class redraws
-CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # a refused class: the session, the list and its panels kept
+CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # no class to switch to: the session, the list and its panels
 
 # A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
 # the pass is done; every other panel it clears. The event that follows it draws those (PIL pictures of 3-20 ms
@@ -56,6 +56,9 @@ FIRST_PANELS = FIRST_VIEW
 LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "relevance": "Grad-CAM",
                 "compare": "All maps", "heads": "All heads", "distance": "Attention distance"}
 FIRST_TAB = "Overview"  # the tab a page opens on
+# `analyze`'s answer when nothing changes, one skip per output: session, top-5, crop, class list, the image panels,
+# seen region, map geometry, status line, query, notice
+ANALYSIS_KEPT = (gr.skip(),) * (9 + len(IMAGE_PANELS))
 
 
 @dataclass(frozen=True)
@@ -172,14 +175,14 @@ class Inspector:
         try:
             self.handle(key)
         except VitInspectError:
-            return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output of `analyze`
+            return ANALYSIS_KEPT
         return self.analyze(image, key, geometry_mode, shorter_side, progress=progress, request=request, **controls)
 
     @shows_errors
-    def load_model(self, name: object, weights: object, progress=gr.Progress()):
+    def load_model(self, name: object, weights: object, current: CacheKey | None = None, progress=gr.Progress()):
         """Another model: the image is rerun through `key.change`, and what was computed with the previous model
-        is cleared by the page's stale-result check (`ui.stale`). On failure the picker goes back to the model
-        in use (the event's .failure)."""
+        is cleared by the page's stale-result check (`ui.stale`). On a refusal the picker goes back to the model
+        in use, ``current`` (`picker_name`)."""
         name = text(name, "The model name")
         if not name:
             raise InputError("Choose a model from the list or type a timm name or Hugging Face id.")
@@ -201,10 +204,10 @@ class Inspector:
         handle = self.handle(key)
         return key, describe(handle), gr.update(open=False), *geometry_updates(handle)
 
-    @staticmethod
-    def picker_name(key: CacheKey) -> str:
-        """The model in use, put back in the picker after a failed load."""
-        return key.name
+    def picker_name(self, key: CacheKey | None) -> str:
+        """The model in use as the picker names it, put back there after a refused load: the operator's model by
+        its label (a folder on the server by its base name)."""
+        return self.default_label if key is None or key == self.default_key else key.name
 
     def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None,
               relevance: bool = False) -> ImageAnalysis:
@@ -240,13 +243,28 @@ class Inspector:
     @shows_errors
     def analyze(self, image: dict | None, key: CacheKey, geometry_mode: object, shorter_side: object,
                 progress=gr.Progress(), request: gr.Request = None, **controls):
-        relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
+        """A new image (or model, geometry): one pass, the first view's maps, and the notice line ("" or the
+        warning that the image is too small for the model: `ImageAnalysis.enlarged_blur`). A refused image leaves
+        the session and every panel as they were and says why, and which image the page still shows."""
         current = controls.pop("current", None)  # the session's pass so far (a state: read when this event runs)
+        name = None
+        try:
+            upload = upload_source(image, self.config.limits.max_bytes)
+            if upload is not None:
+                name = upload[1]
+            return self._analyze(upload, key, geometry_mode, shorter_side, current, progress, request, controls)
+        except VitInspectError as exc:
+            what = f"**{plain_markdown(name)}** was not analysed" if name else "The image was not analysed"
+            still = f" The page still shows {plain_markdown(current.image_words)}." if current is not None else ""
+            raise InputError(f"{what}: {exc}{still}", public=f"{what}: {exc.public}{still}") from None
+
+    def _analyze(self, upload: tuple | None, key: CacheKey, geometry_mode: object, shorter_side: object, current,
+                 progress, request, controls: dict):
+        relevance = flag(controls.pop("relevance", False), "The AttnLRP and LeGrad choice")
         typed, typed_versus = controls.pop("prompt", None), controls.pop("versus_prompt", None)  # OpenCLIP's boxes
-        upload = upload_source(image, self.config.limits.max_bytes)
         if upload is None:
             return (None, None, None, gr.update(choices=[], value=None), *[None] * len(IMAGE_PANELS), None, None,
-                    gr.skip(), READOUT)
+                    gr.skip(), READOUT, "")
         source, name = upload
         geometry = self.geometry_of(geometry_mode, shorter_side)
         handle = self.handle(key)
@@ -256,7 +274,7 @@ class Inspector:
             # image. Nothing changes (the controls are still checked), no pass, and nothing drawn.
             with suppress(ResultDropped):  # unless the store let it go: then a pass as for a new image
                 View.from_controls(current.result, **controls)
-                return (gr.skip(),) * (8 + len(IMAGE_PANELS))  # every output: session, top-5, ..., query
+                return ANALYSIS_KEPT
         prompt = prompt_text(typed, optional=True) if handle.clip is not None else None  # a new image keeps it
         versus = prompt_text(typed_versus, "versus prompt", optional=True) if prompt is not None else None
         session = self._new_session(handle, key, source, name, geometry, relevance, progress, prompt, versus)
@@ -270,8 +288,9 @@ class Inspector:
         panels = [drawn.get(name) for name in IMAGE_PANELS]  # the others: cleared now, drawn by the next events
         self.order.supersede(session_hash(request), IMAGE_PANELS)  # redraws in flight drew the previous image
         seen = map_plots.outline_region(result.preview, result.seen_box, result.source_size)
+        blur = result.enlarged_blur
         return (session, prediction_labels(handle, result), result.rgb, target, *panels, seen, map_geometry(result),
-                describe(handle, result.layout), READOUT)
+                describe(handle, result.layout), READOUT, "" if blur is None else f"{REFUSED}**{plain_markdown(name)}**: {blur}")
 
     def _new_session(self, handle: ViTHandle, key: CacheKey, source, name: str, geometry: InputGeometry,
                      relevance: bool, progress, prompt: str | None = None, versus: str | None = None) -> Session:
@@ -408,56 +427,45 @@ class Inspector:
                    request: gr.Request = None, **controls):
         """Gradient maps for the class picked in the list (and the class typed under "versus"; for a model with
         a text tower, a versus prompt, which with no label picked is compared with the prompt shown). A refused
-        choice is a warning and leaves every panel as it was."""
-        try:
-            target = text(target, "The class to explain", max_chars=40)
-            if session is not None and not target and isinstance(session.target[0], str):
-                return self._show_class(session, session.target[0], self._versus(session, versus), [], progress,
-                                        controls, request)
-            if session is None or not target:
-                return CLASS_SKIP
-            if not target.isdigit():
-                raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
-                                 "in the search box.")
-            contrast = self._versus(session, versus)
-            return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
-        except VitInspectError as exc:
-            gr.Warning(public_message(exc))
+        choice raises its sentence, which the page shows in its notice line, every panel left as it was
+        (`common.says_refusals`)."""
+        target = text(target, "The class to explain", max_chars=40)
+        if session is not None and not target and isinstance(session.target[0], str):
+            return self._show_class(session, session.target[0], self._versus(session, versus), [], progress,
+                                    controls, request)
+        if session is None or not target:
             return CLASS_SKIP
+        if not target.isdigit():
+            raise InputError(f"{target!r} is not a class; pick one from the list or type a name or an index "
+                             "in the search box.")
+        contrast = self._versus(session, versus)
+        return self._show_class(session, int(target), contrast, [int(target)], progress, controls, request)
 
     def search_class(self, session: Session | None, wanted: object, versus: object, progress=gr.Progress(),
                      request: gr.Request = None, **controls):
         """The search box: "1" is class 1, "beagle" finds #162; the best match becomes the target and the
-        list shows the top 5, then the other matches. A search that finds nothing is a warning and leaves
-        every panel as it was."""
-        try:
-            wanted = text(wanted, "The class search", 100)
-            if session is None or not wanted:
-                return CLASS_SKIP
-            index = find_class(session.labels, session.result.probs, wanted, "class to explain")
-            contrast = self._versus(session, versus)
-            found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
-            return self._show_class(session, index, contrast, found, progress, controls, request)
-        except VitInspectError as exc:
-            gr.Warning(public_message(exc))
+        list shows the top 5, then the other matches. A search that finds nothing raises its sentence, as
+        `set_target` does."""
+        wanted = text(wanted, "The class search", 100)
+        if session is None or not wanted:
             return CLASS_SKIP
+        index = find_class(session.labels, session.result.probs, wanted, "class to explain")
+        contrast = self._versus(session, versus)
+        found = search_classes(session.labels, wanted, session.result.probs, limit=CLASS_CHOICES)
+        return self._show_class(session, index, contrast, found, progress, controls, request)
 
     def set_prompt(self, session: Session | None, prompt: object, versus: object, progress=gr.Progress(),
                    request: gr.Request = None, **controls):
         """The prompt box of a model with a text tower (OpenCLIP): every gradient map explains the cosine
         similarity of the image and the prompt, minus the versus prompt's when one is typed. A refused prompt
-        (empty, too long, control or invisible characters) is a warning and leaves every panel as it was."""
-        try:
-            if session is None:
-                raise InputError("Analyse an image first; the prompt is explained on it.")
-            if not session.prompts:
-                raise InputError("This model has no text tower, so it reads no prompts; its operator can serve an "
-                                 "OpenCLIP model (python app.py --model open_clip:NAME).")
-            wanted = prompt_text(prompt)
-            return self._show_class(session, wanted, self._versus(session, versus), [], progress, controls, request)
-        except VitInspectError as exc:
-            gr.Warning(public_message(exc))
-            return CLASS_SKIP
+        (empty, too long, control or invisible characters) raises its sentence, as `set_target` does."""
+        if session is None:
+            raise InputError("Analyse an image first; the prompt is explained on it.")
+        if not session.prompts:
+            raise InputError("This model has no text tower, so it reads no prompts; its operator can serve an "
+                             "OpenCLIP model (python app.py --model open_clip:NAME).")
+        wanted = prompt_text(prompt)
+        return self._show_class(session, wanted, self._versus(session, versus), [], progress, controls, request)
 
     @staticmethod
     def _versus(session: Session, versus: object) -> int | str | None:

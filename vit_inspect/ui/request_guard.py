@@ -10,19 +10,26 @@ Two things reach memory, disk or the network there, whatever the handler later r
 - **Long values**: Gradio keeps every input value of a session (`SessionState`) before the handler's
   checks run, so a 200 MB string in a text field stays in memory for the session's life.
 
+A third answers with a traceback: **an empty session hash** (``"session_hash": ""`` in a POST body, or
+``?session_hash=`` on the queue's stream) passes Gradio's own check for a missing one and ends in a KeyError
+inside its queue (HTTP 500, "Exception in ASGI application" in the log).
+
 `RequestGuard` reads each POST body but uploads (at most ``max_body`` bytes: a ``data:`` URL of the largest
 upload, base64, plus slack) and refuses it, with a sentence and status 400 or 413, when any value is a
-file object whose path is a URL, or any string other than a ``data:`` URL is longer than
-`MAX_TEXT_CHARS`. Uploads (multipart, bounded by Gradio's ``max_file_size``) and every other request
+file object whose path is a URL, any string other than a ``data:`` URL is longer than
+`MAX_TEXT_CHARS`, or the session hash is empty; a GET whose ``session_hash`` parameter is empty is refused
+the same way. Uploads (multipart, bounded by Gradio's ``max_file_size``) and every other request
 pass untouched. It runs in front of every route, so no handler can forget it.
 """
 from __future__ import annotations
 
 import json
 import math
+from urllib.parse import parse_qs
 
 MAX_TEXT_CHARS = 64 * 1024  # longest string a request may carry, a data: URL aside (the app's texts are < 500)
 MAX_DEPTH = 64  # nesting deeper than this is refused before it is walked
+NO_SESSION = "The request's session hash is empty; reload the page (a script: give each client a session hash)."
 
 
 def body_limit(max_upload_mb: float) -> int:
@@ -32,7 +39,10 @@ def body_limit(max_upload_mb: float) -> int:
 
 def refusal(value: object) -> str | None:
     """Why a request's parsed JSON body is refused, or None: a file object whose ``path`` is a URL, a
-    string (other than a ``data:`` URL) of more than MAX_TEXT_CHARS, or nesting deeper than MAX_DEPTH."""
+    string (other than a ``data:`` URL) of more than MAX_TEXT_CHARS, nesting deeper than MAX_DEPTH, or an
+    empty session hash (one that is missing, null, Gradio answers itself)."""
+    if isinstance(value, dict) and isinstance(value.get("session_hash"), str) and not value["session_hash"].strip():
+        return NO_SESSION
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
@@ -61,6 +71,8 @@ class RequestGuard:
         self.max_body = max_body
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "GET" and _empty_session(scope):
+            return await _refuse(send, 400, NO_SESSION)
         if scope["type"] != "http" or scope["method"] != "POST" or _is_multipart(scope):
             return await self.app(scope, receive, send)
         chunks, size, more = [], 0, True
@@ -91,6 +103,12 @@ class RequestGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+def _empty_session(scope) -> bool:
+    """Whether a request's query string names a ``session_hash`` and gives it no value."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    return any(not value.strip() for value in query.get("session_hash", ()))
 
 
 def _is_multipart(scope) -> bool:

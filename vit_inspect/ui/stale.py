@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import gradio as gr
@@ -99,7 +99,8 @@ class Tracked:
     name: str  # for the api_name and messages
     made_from: gr.State  # its Basis, or a value with a ``basis`` (None: nothing shown)
     outputs: tuple  # the components showing it
-    cleared: tuple  # the value of each output once cleared: None, "", KEEP, or NOTE (where the sentence goes)
+    cleared: tuple  # the value of each output once cleared: None, "", KEEP, NOTE (where the sentence goes), or a
+    #                 function (this Tracked, made_from, old basis, now) -> that output's own sentence
     level: str  # what it depends on: "model", "image", "class" or "options" (LEVELS)
     press: str  # what to press to compute it again, in Markdown: "**Score the maps**"
     tab: str | None = None  # the tab showing it, where `recompute` may run
@@ -126,6 +127,17 @@ def cleared_sentence(tracked: Tracked, old: Basis, now: Basis) -> str:
     return f"*Cleared: {change}{were}. Press {tracked.press} to compute them{for_now}.*"
 
 
+def own_sentence(press: str, shown: str, nothing: str) -> Callable:
+    """A `Tracked.cleared` entry for one of a result's outputs with a button of its own (the Heads tab's ablation
+    and ranking): the cleared sentence naming ``press``, or ``nothing`` when the ``made_from`` value's attribute
+    ``shown`` (the words of what that output showed) is empty, since there was nothing to clear."""
+    def sentence(tracked: Tracked, made_from, old: Basis, now: Basis) -> str:
+        if not getattr(made_from, shown, ""):
+            return nothing
+        return cleared_sentence(replace(tracked, press=press), old, now)
+    return sentence
+
+
 def refresh(tracked: tuple[Tracked, ...]):
     """The one handler: (session, key, shown tab, each tracked result's made_from and extra, controls) ->
     for each tracked result, (made_from, *outputs): skipped where its basis still holds, recomputed where it
@@ -149,7 +161,8 @@ def refresh(tracked: tuple[Tracked, ...]):
             else:
                 sentence = cleared_sentence(item, old, now)
                 kept = item.reset(made_from, session) if item.reset is not None else None
-                updates += [kept, *[sentence if value is NOTE else gr.skip() if value is KEEP else value
+                updates += [kept, *[sentence if value is NOTE else gr.skip() if value is KEEP
+                                    else value(item, made_from, old, now) if callable(value) else value
                                     for value in item.cleared]]
         return updates
     return handler

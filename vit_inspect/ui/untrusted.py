@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import re
+import unicodedata
 from typing import Iterable
 
 from vit_inspect.core.errors import InputError
@@ -27,6 +28,7 @@ MAX_NAME_CHARS = 120  # a client's file name is kept for downloads, shortened to
 MAX_NAME_BYTES = 120  # ... and to this many UTF-8 bytes (names around it add < 60; most file systems allow 255)
 _DATA_URL = re.compile(r"^data:([\w.+\-]+/[\w.+\-]+)?((?:;[\w\-]+=[\w.\-]+)*);base64,", re.ASCII)
 _UNSAFE_NAME = re.compile(r"[\x00-\x1f\x7f/\\]")
+_INVISIBLE = frozenset(("Cf", "Cs", "Co", "Cn", "Zl", "Zp"))  # Unicode categories dropped from a client's file name
 
 
 def _roots(roots: Iterable[str | os.PathLike]) -> list[str]:
@@ -67,11 +69,25 @@ def client_path(value: object, roots: Iterable[str | os.PathLike]) -> str:
     return real
 
 
+def _visible(name: str) -> str:
+    """`name` with control characters (Unicode category Cc) as "_" and every invisible one dropped: format
+    characters (Cf: the bidirectional overrides such as U+202E, which show "gnp.exe" as "exe.png", and zero-width
+    ones), surrogates, private-use and unassigned code points, line and paragraph separators."""
+    kept = []
+    for char in name:
+        kind = unicodedata.category(char)
+        if kind == "Cc":
+            kept.append("_")
+        elif kind not in _INVISIBLE:
+            kept.append(char)
+    return "".join(kept)
+
+
 def safe_name(value: object, default: str = "image") -> str:
-    """A client's file name as a plain base name: no folders, no control characters, bounded length."""
+    """A client's file name as a plain base name: no folders, no control or invisible characters, bounded length."""
     if not isinstance(value, str):
         return default
-    name = _UNSAFE_NAME.sub("_", value.replace("\\", "/").rsplit("/", 1)[-1]).strip(" .")
+    name = _visible(_UNSAFE_NAME.sub("_", value.replace("\\", "/").rsplit("/", 1)[-1])).strip(" .")
     if not name:
         return default
     stem, dot, suffix = name.rpartition(".")
@@ -226,6 +242,15 @@ def prompt_text(value: object, what: str = "prompt", optional: bool = False) -> 
 
 
 # ----------------------------------------------------------------------------------------- messages
+
+_MARKDOWN = re.compile(r"([\\`*_{}\[\]()<>#!|~])")
+
+
+def plain_markdown(value: str) -> str:
+    """``value`` (a client's file name) with every character Markdown or HTML would read as markup escaped, so that
+    a page's Markdown shows it as it is: "[x](y)" is no link, "<b>" no tag."""
+    return _MARKDOWN.sub(r"\\\1", value)
+
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~])(?:~|[A-Za-z]:)?/(?:[^\s'\"`()<>,;/]+/)+([^\s'\"`()<>,;/]*)")
 

@@ -65,5 +65,8 @@ def test_upload_slide_click_and_switch_tabs(server, page, tmp_path):
     bad = tmp_path / "not_an_image.jpg"
     bad.write_text("a text file with a photo's name")
     page.locator("#input-image input[type=file]").set_input_files(str(bad))
-    expect(errors.first).to_contain_text("not an image format we can read")
+    expect(page.locator("#notice")).to_contain_text("not_an_image.jpg was not analysed: This file is not an image "
+                                                    "format we can read")
+    expect(page.locator("#predictions")).to_contain_text("espresso")  # the last good result, kept
+    expect(errors).to_have_count(0)
     shot(page, "08_bad_upload_error")

@@ -35,9 +35,12 @@ def test_heads_tab(server, page):
     expect(page.locator("#ablate-top")).to_contain_text("Egyptian cat")
     page.locator("#ablate-heads textarea, #ablate-heads input").first.fill("12:0")
     page.locator("#ablate-button").click()
-    expect(page.locator("[data-testid='toast-body']").first).to_contain_text("does not exist")
-    expect(page.locator("#ablate-effect")).to_contain_text("ablated: heads 3:0, 3:1, 3:2")  # kept
+    expect(page.locator("#ablate-effect")).to_contain_text("does not exist")  # in the ablation's line, which says
+    expect(page.locator("#ablate-effect")).to_contain_text(  # what the table and maps, kept, still show
+        "the table and maps below still show ablated: heads 3:0, 3:1, 3:2, mode zero")
+    expect(page.locator("#ablate-top")).to_contain_text("Egyptian cat")
     expect(page.locator("#ablated-gradcam img")).to_be_visible()
+    expect(page.locator("[data-testid='toast-body']")).to_have_count(0)
 
     page.locator("#importance-button").click()
     expect(page.locator("#importance-note")).to_contain_text("Spearman")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage
+from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, says_refusals
 from vit_inspect.ui.relevance import TOGGLE_LABEL
 
 
@@ -40,8 +40,10 @@ def layout() -> AllMapsView:
     return AllMapsView(tab, relevance_toggle, panel)
 
 
-def wire(view: AllMapsView, app, session: gr.State, controls: dict) -> None:
+def wire(view: AllMapsView, app, session: gr.State, controls: dict, notice: gr.Markdown) -> None:
     """The tab's event: the toggle adds LeGrad and AttnLRP to the pass shown, or leaves them out of later
-    passes (the page's `Inspector` ``app``: ``set_relevance``), and redraws the figure."""
-    gr.on([view.relevance_toggle.input], app.set_relevance, inputs=[session, view.relevance_toggle],
-          inputs_kwargs=controls, outputs=[session, view.panel], api_name="relevance", **RAW, **MODEL_PASS)
+    passes (the page's `Inspector` ``app``: ``set_relevance``), and redraws the figure; a refusal is a sentence
+    in the page's ``notice`` line."""
+    gr.on([view.relevance_toggle.input], says_refusals(app.set_relevance, notice, appended=""),
+          inputs=[session, view.relevance_toggle], inputs_kwargs=controls, outputs=[session, view.panel, notice],
+          api_name="relevance", **RAW, **MODEL_PASS)

@@ -31,7 +31,8 @@ from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
                                             last_layer_heads, layer_words, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
-from vit_inspect.ui.common import MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_name, shows_errors
+from vit_inspect.ui.common import (MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_name, says_refusals,
+                                   shows_errors)
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
@@ -381,12 +382,14 @@ def layout(models, session_ttl_s: float) -> CompareView:
 def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State, session: gr.State):
     """The tab's events: model B loaded on its button, both passes on Compare (the page's ``image`` through
     model A of ``key`` and model B), the slider and PCA options redrawn from the session's comparison, and
-    more images added to the joint PCA; every handler's library exceptions become one sentence. Returns model
+    more images added to the joint PCA; every handler's library exceptions become one sentence (a refused
+    load in model B's status line, a refused comparison or PCA in the tab's note, every result left as it was). Returns model
     B's loading, for the page's stale-result check."""
-    loaded = gr.on([view.load_b.click], shows_errors(handlers.load_second), inputs=[view.name_b, view.weights_b],
+    loaded = gr.on([view.load_b.click], says_refusals(handlers.load_second, view.status_b),
+                   inputs=[view.name_b, view.weights_b],
                    outputs=[view.key_b, view.status_b], api_name="compare_load_model",
                    show_progress_on=[view.progress], **RAW)
-    gr.on([view.run.click], shows_errors(handlers.run),
+    gr.on([view.run.click], says_refusals(handlers.run, view.note),
           inputs=[image, key, view.key_b, view.size_b, view.mass, view.remove_background, view.threshold, session,
                   view.classes],
           outputs=[view.made_from, view.state, *view.results], api_name="compare_models",
@@ -400,7 +403,7 @@ def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State
     gr.on([view.remove_background.input, view.threshold.input], shows_errors(handlers.repca),
           inputs=[view.state, view.remove_background, view.threshold], outputs=[view.pca_a, view.pca_b],
           api_name="compare_pca", trigger_mode="always_last", show_progress="hidden", **RAW)
-    gr.on([view.pca_button.click], shows_errors(handlers.joint_pca),
+    gr.on([view.pca_button.click], says_refusals(handlers.joint_pca, view.note, appended=gr.skip()),
           inputs=[view.state, view.pca_files, key, view.key_b, view.remove_background, view.threshold],
-          outputs=[view.state, view.pca_a, view.pca_b], api_name="compare_joint_pca", **RAW, **MODEL_PASS)
+          outputs=[view.state, view.pca_a, view.pca_b, view.note], api_name="compare_joint_pca", **RAW, **MODEL_PASS)
     return loaded

@@ -13,7 +13,8 @@ import gradio as gr
 from vit_inspect.core.errors import InputError
 from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
-from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, shown_model, shows_errors, upload_folders
+from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shown_model, shows_errors,
+                                   upload_folders)
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_files, redact_paths
@@ -89,7 +90,9 @@ class DistanceTab:
 
 
 def wire(view: DistanceView, handlers: DistanceTab, key: gr.State) -> None:
-    """The tab's event: its button averages the uploaded images' attention distance with the model of ``key``."""
-    gr.on([view.dataset_button.click], handlers.dataset_distance, inputs=[view.dataset_files, key],
+    """The tab's event: its button averages the uploaded images' attention distance with the model of ``key``;
+    a refusal is a sentence in the note under it."""
+    gr.on([view.dataset_button.click], says_refusals(handlers.dataset_distance, view.dataset_note),
+          inputs=[view.dataset_files, key],
           outputs=[view.made_from, view.dataset_plot, view.dataset_note], api_name="dataset_distance",
           show_progress_on=[view.dataset_plot], **RAW, **MODEL_PASS)  # on the plot it draws, not over the note

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import RAW, progress_slot
+from vit_inspect.ui.common import RAW, progress_slot, says_refusals
 
 PRESS = "Prepare downloads"
 
@@ -42,7 +42,8 @@ def layout() -> DownloadsView:
 
 def wire(view: DownloadsView, app, session: gr.State, key: gr.State, controls: dict) -> None:
     """The tab's event: its button writes the session's downloads for the controls as they are (the page's
-    `Inspector` ``app``: ``downloads``, which draws every panel of the session's image)."""
-    gr.on([view.button.click], app.downloads, inputs=[session, key], inputs_kwargs=controls,
+    `Inspector` ``app``: ``downloads``, which draws every panel of the session's image); a refusal is a sentence
+    in the tab's note."""
+    gr.on([view.button.click], says_refusals(app.downloads, view.note), inputs=[session, key], inputs_kwargs=controls,
           outputs=[view.made_from, view.files, view.note], api_name="downloads", show_progress_on=[view.progress],
           **RAW)

@@ -33,7 +33,7 @@ from vit_inspect.studies.faithfulness import (METHODS, image_permutation, model_
                                               standard_maps)
 from vit_inspect.ui import sanity
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_message, public_name,
-                                   shows_errors)
+                                   says_refusals, shows_errors)
 from vit_inspect.ui.stale import Basis, result_key
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 from vit_inspect.ui.view import SWAPPED
@@ -287,13 +287,16 @@ def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.Sanit
     then the table's label, its progress shown in the tab's slot and the ``also_progress`` slots (the first
     view's); the sanity checks' button runs ``checks`` on the same queue (they change the model's weights
     while they run), writing their pictures, table and note and the faithfulness table's verdict column;
-    Cancel stops them before their next pass, off the queue."""
-    scored = gr.on([view.button.click, *also], handlers.score, inputs=[session, view.scored, key, view.checked],
+    Cancel stops them before their next pass, off the queue. A refusal is a sentence in the note under the
+    button pressed, every result left as it was."""
+    scored = gr.on([view.button.click, *also], says_refusals(handlers.score, view.note),
+                   inputs=[session, view.scored, key, view.checked],
                    inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness",
                    show_progress_on=[view.progress, *also_progress], **RAW, **MODEL_PASS)
     scored.success(table_label, inputs=[view.scored], outputs=[view.table], api_name="faithfulness_table_label",
                    show_progress="hidden")
-    gr.on([view.sanity_button.click], checks.handler(table_of), inputs=[session, view.checked, view.scored, key],
+    gr.on([view.sanity_button.click], says_refusals(checks.handler(table_of), view.sanity_note),
+          inputs=[session, view.checked, view.scored, key],
           outputs=view.sanity_outputs, api_name="sanity_checks", show_progress_on=[view.sanity_progress], **RAW,
           **MODEL_PASS)
     gr.on([view.sanity_cancel.click], shows_errors(checks.cancel), outputs=[view.sanity_note],

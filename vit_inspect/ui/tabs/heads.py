@@ -20,7 +20,6 @@ dropped to make room (the session is then told so, and the means are averaged ag
 """
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from contextlib import suppress
@@ -33,18 +32,19 @@ import numpy as np
 
 from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
 from vit_inspect.analysis.rank_correlation import spearman
-from vit_inspect.core.errors import Cancelled, InputError, VitInspectError
+from vit_inspect.core.errors import Cancelled, InputError
 from vit_inspect.passes.interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
 from vit_inspect.passes.records import lens_record
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
-from vit_inspect.ui.common import FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, shows_errors
+from vit_inspect.ui.common import (FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, says_refusals,
+                                   shows_errors, still_showing)
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
-from vit_inspect.ui.stale import Basis, result_key
-from vit_inspect.ui.untrusted import client_files, finite_float, redact_paths, text
+from vit_inspect.ui.stale import Basis, own_sentence, result_key
+from vit_inspect.ui.untrusted import client_files, finite_float, text
 from vit_inspect.ui.zerogpu import gpu_pass
 
 MAX_REFERENCE_IMAGES = 32  # uploaded images one mean ablation averages over
@@ -74,9 +74,9 @@ class HeadsState:
     key: tuple  # (model key, crop digest, class) the results belong to
     ablated_slot: Slot | None = None  # the latest ablated pass, in the app's byte-bounded store
     ablated_heads: tuple[tuple[int, int], ...] = ()  # its (layer, head) pairs
-    ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption
+    ablated_words: str = ""  # "ablated: heads 3:1, 5:0, mode zero (...)", for every caption ("": none shown)
     importance: HeadImportance | None = None  # the latest importance grid
-    importance_words: str = ""  # its mode and reference set
+    importance_words: str = ""  # its mode and reference set ("": no importance shown)
     means_key: tuple | None = None  # the reference set of the last mean ablation
     means_slot: Slot | None = None  # its head means, in the app's byte-bounded store
     boxes: tuple[tuple[str, Box], ...] = ()  # heatmap name -> where its cells are drawn
@@ -98,21 +98,6 @@ class HeadsState:
         return None if self.means_slot is None else (self.means_key, self.means_slot.get())
 
 
-def refusals_warn(outputs: int):
-    """A refused request (a library error: bad heads, no image yet, a file it may not read) becomes a
-    warning and leaves all `outputs` as they were, rather than marking every panel of the tab as failed."""
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except VitInspectError as exc:
-                gr.Warning(redact_paths(exc.public))
-                return (gr.skip(),) * outputs
-        return wrapper
-    return decorate
-
-
 def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
     """`ablation.head_importance` of the (H, W, 3) uint8 crop a pass saw, on the handle's device (so that
     `zerogpu.gpu_pass` can run it on a lent GPU: it returns numpy arrays only)."""
@@ -122,7 +107,8 @@ def importance_of_crop(handle, rgb: np.ndarray, **options) -> HeadImportance:
 
 def fresh(state: HeadsState | None, session) -> HeadsState:
     """The session's state if it belongs to this model, image and class; else an empty one (keeping the
-    reference means, which depend only on the model and input size)."""
+    reference means, which depend only on the model and input size, and the basis and words of the results it
+    drops, so that the page's stale-result check still says what was cleared: `HeadsTab.reset` lets them go)."""
     key = result_key(session)
     if state is not None and state.key == key:
         return state
@@ -130,7 +116,18 @@ def fresh(state: HeadsState | None, session) -> HeadsState:
         return HeadsState(key=key)
     if state.ablated_slot is not None:  # another image or class: the old ablated pass is of no use
         state.ablated_slot.release()
-    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot)
+    return HeadsState(key=key, means_key=state.means_key, means_slot=state.means_slot, basis=state.basis,
+                      ablated_words=state.ablated_words, importance_words=state.importance_words)
+
+
+NOT_ABLATED = ("*Not ablated yet: type heads above (layer:head) and press **Ablate these heads** for the new top-5 "
+               "and the ablated model's maps.*")
+NOT_RANKED = "*Not ranked yet: press **Rank every head** for each head's drop of the class logit.*"
+
+
+# The ablation's and the importance note's lines once the page's stale-result check cleared this tab
+cleared_ablation = own_sentence("**Ablate these heads**", "ablated_words", NOT_ABLATED)
+cleared_ranking = own_sentence("**Rank every head**", "importance_words", NOT_RANKED)
 
 
 def parse_head_spec(value: object, depth: int, num_heads: int) -> tuple[tuple[int, int], ...]:
@@ -272,7 +269,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
                              elem_id="ablate-references")
         ablate_button = gr.Button("Ablate these heads", variant="primary", elem_id="ablate-button")
         ablate_progress = progress_slot("ablate-progress")
-        effect = gr.Markdown(elem_id="ablate-effect")
+        effect = gr.Markdown(NOT_ABLATED, elem_id="ablate-effect")
         top = gr.Dataframe(headers=TOP_HEADERS, label="Top-5, original and ablated", interactive=False,
                            wrap=True, elem_id="ablate-top")
         with gr.Row():
@@ -290,7 +287,7 @@ def layout(examples: int, session_ttl_s: float) -> HeadsView:
             first_order = OutputImage(label="First-order estimate (attention × gradient)",
                                       elem_id=HEATMAP_IDS["first_order"], **FIGURE_OUT)
         geometry = gr.JSON(None, visible=False, elem_id="heads-geometry")  # `cell_geometry`, for the page
-        importance_note = gr.Markdown(elem_id="importance-note")
+        importance_note = gr.Markdown(NOT_RANKED, elem_id="importance-note")
         lens_note = gr.Markdown(elem_id="lens-note")
         lens_plot = OutputImage(label="Logit lens", elem_id="lens-plot", **FIGURE_OUT)
         lens = gr.Dataframe(label="Logit lens: the readout after every block through the model's final norm and head",
@@ -340,7 +337,14 @@ class HeadsTab:
 
     def ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object,
                progress=gr.Progress(), **controls):
-        """Ablate the typed heads: new top-5, the class's change, the ablated model's maps."""
+        """Ablate the typed heads: new top-5, the class's change, the ablated model's maps. A refusal's sentence
+        (which replaces the ablation's line) says which ablation the table and maps still show."""
+        shown = state.ablated_words if state is not None and state.ablated_slot is not None else ""
+        with still_showing(f"the table and maps below still show {shown}" if shown else ""):
+            return self._ablate(session, state, spec, mode, files, progress, controls)
+
+    def _ablate(self, session, state: HeadsState | None, spec: object, mode: object, files: object, progress,
+                controls: dict):
         handle = self._handle_with_head(session, "the ablation runs on it",
                                         "Ablation effects are measured on the prediction: this model has no classification head.")
         pairs = parse_head_spec(spec, handle.depth, handle.num_heads)
@@ -353,7 +357,8 @@ class HeadsTab:
                                   relevance=False)  # its panels show attention, rollout and Grad-CAM only
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
-                        ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None))
+                        ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None),
+                        importance_words=state.importance_words if state.importance is not None else "")
         effect = ablation_effect(result, ablated)
         return (state, effect_text(effect, handle.label, words), top_rows(effect, handle.label),
                 *self.ablated_maps(session, state, controls))
@@ -414,7 +419,14 @@ class HeadsTab:
 
     def rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request,
              progress=gr.Progress(), **controls):
-        """Head importance for this image and class, stoppable with Cancel between batches."""
+        """Head importance for this image and class, stoppable with Cancel between batches; a refusal's sentence
+        says which ranking the heatmap still shows, as `ablate`'s does."""
+        shown = state.importance_words if state is not None and state.importance is not None else ""
+        with still_showing(f"the heatmap below still shows the earlier ranking, {shown}" if shown else ""):
+            return self._rank(session, state, mode, files, request, progress, controls)
+
+    def _rank(self, session, state: HeadsState | None, mode: object, files: object, request: gr.Request, progress,
+              controls: dict):
         handle = self._handle_with_head(session, "head importance is measured on it",
                                         "Head importance needs a classification head: this model has none.")
         mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
@@ -431,7 +443,8 @@ class HeadsTab:
             if self.running.get(session_id) is stop:
                 del self.running[session_id]
         words = f"mode {mode}" + (f", {reference}" if reference else "")
-        state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None))
+        state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None),
+                        ablated_words=state.ablated_words if state.ablated_slot is not None else "")
         images, state = self.heatmaps(session, state, self.selected(controls))
         return (state, *images, self.importance_text(session, state, handle.label),
                 cell_geometry(state, (result.depth, result.num_heads)))
@@ -510,9 +523,11 @@ class HeadsTab:
         return handler
 
     def overview(self, session, state: HeadsState | None, **controls):
-        """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared."""
+        """Everything the tab shows from the cached pass: heatmaps, lens; stale results are cleared, their lines
+        left to the page's stale-result check (`cleared_ablation`, `cleared_ranking`), which says what changed."""
+        skip = gr.skip()
         if session is None:
-            return None, None, None, "", None, None, "", None, "", None, *[None] * len(ABLATED_PANELS)
+            return None, None, None, skip, None, None, "", None, skip, None, *[None] * len(ABLATED_PANELS)
         state = fresh(state, session)
         handle = self.app.handle(session.model)
         images, state = self.heatmaps(session, state, self.selected(controls))
@@ -525,9 +540,9 @@ class HeadsTab:
                                        f"{session.model_label}: logit lens, final class {handle.label(final)}")
         stale = state.ablated_slot is None or state.ablated_slot.dropped
         dropped = state.ablated_slot is not None and state.ablated_slot.dropped
-        return (state, *images, "" if state.importance is None else gr.skip(), plot,
+        return (state, *images, skip, plot,
                 gr.update(value=rows, headers=headers, column_widths=lens_widths(headers)), note,
-                None if stale else gr.skip(), (DROPPED if dropped else "") if stale else gr.skip(),
+                None if stale else skip, DROPPED if dropped else skip,
                 cell_geometry(state, (session.result.depth, session.result.num_heads)),
                 *(self.ablated_maps(session, state, controls) if not stale else [None] * len(ABLATED_PANELS)))
 
@@ -539,13 +554,17 @@ class HeadsTab:
             if shown == tab or session is None:
                 return self.overview(session, state, **controls)
             skip = gr.skip()
+            if state is not None and state.key == result_key(session):
+                return (skip,) * outputs  # the same pass (a refused upload, the image shown already): nothing changed
             return skip, skip, None, skip, None, None, "", skip, skip, None, *[skip] * (outputs - 10)
         return handler
 
     @staticmethod
     def reset(state: HeadsState | None, session) -> HeadsState | None:
-        """The state once the stale-result check cleared its results: the reference means kept (`fresh`)."""
-        return None if session is None else fresh(state, session)
+        """The state once the stale-result check cleared its results: the reference means kept (`fresh`), the
+        basis of what was cleared let go."""
+        return None if session is None else replace(fresh(state, session), basis=None, ablated_words="",
+                                                    importance_words="")
 
 
 def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
@@ -568,12 +587,11 @@ def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict,
                                inputs=[session, view.state, shown_tab])
     for index, dependency in enumerate(refreshed):
         dependency.success(api_name=f"heads_overview_{index}", **if_shown)
-    gr.on([view.ablate_button.click, view.spec.submit],
-          shows_errors(refusals_warn(3 + len(view.maps))(handlers.ablate)),
+    gr.on([view.ablate_button.click, view.spec.submit], says_refusals(handlers.ablate, view.effect),
           inputs=[session, view.state, view.spec, view.mode, view.references], inputs_kwargs=controls,
           outputs=[view.state, view.effect, view.top, *view.maps], api_name="ablate_heads",
           show_progress_on=[view.ablate_progress], **RAW, **MODEL_PASS)
-    gr.on([view.importance_button.click], shows_errors(refusals_warn(5)(handlers.rank)),
+    gr.on([view.importance_button.click], says_refusals(handlers.rank, view.importance_note),
           inputs=[session, view.state, view.mode, view.references], inputs_kwargs=controls,
           outputs=[view.state, view.importance, view.first_order, view.importance_note, view.geometry],
           api_name="head_importance", show_progress_on=[view.importance_progress], **RAW, **MODEL_PASS)

@@ -21,7 +21,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.model_report import pos_similarity_at
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, download_folder, progress_slot,
-                                   public_name, shown_model, shows_errors, weights_label)
+                                   public_name, says_refusals, shown_model, shows_errors, weights_label)
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import finite_int
@@ -161,10 +161,12 @@ def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> No
     """The tab's events: its figures drawn when the tab opens (``opened``: the tab's and its section's select
     events), the other-size figure and the downloads on their buttons, each for the model of ``key``. They
     read the model's weights, so they run on the model-pass queue: never while the sanity checks hold
-    re-drawn weights in the model."""
-    gr.on(opened, handlers.figures, inputs=[key], outputs=[view.made_from, view.pca, view.similarity],
-          api_name="model_figures", **MODEL_PASS)
-    gr.on([view.similarity_button.click], handlers.pos_similarity, inputs=[key, view.height, view.width],
-          outputs=[view.similarity_other], api_name="pos_similarity", **RAW, **MODEL_PASS)
-    gr.on([view.download_button.click], handlers.model_downloads, inputs=[key, view.height, view.width],
-          outputs=[view.files], api_name="model_downloads", show_progress_on=[view.progress], **RAW, **MODEL_PASS)
+    re-drawn weights in the model. A refusal is a sentence in the tab's note (a success of a button clears it)."""
+    gr.on(opened, says_refusals(handlers.figures, view.note, appended=gr.skip()), inputs=[key],
+          outputs=[view.made_from, view.pca, view.similarity, view.note], api_name="model_figures", **MODEL_PASS)
+    gr.on([view.similarity_button.click], says_refusals(handlers.pos_similarity, view.note, appended=""),
+          inputs=[key, view.height, view.width], outputs=[view.similarity_other, view.note], api_name="pos_similarity",
+          **RAW, **MODEL_PASS)
+    gr.on([view.download_button.click], says_refusals(handlers.model_downloads, view.note, appended=""),
+          inputs=[key, view.height, view.width], outputs=[view.files, view.note], api_name="model_downloads",
+          show_progress_on=[view.progress], **RAW, **MODEL_PASS)
