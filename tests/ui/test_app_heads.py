@@ -42,11 +42,10 @@ from vit_inspect.ui.tabs.heads import (
     cell_at,
     heatmap,
     importance_of_crop,
-    lens_table,
-    lens_widths,
     parse_head_spec,
     result_key,
 )
+from vit_inspect.ui.lens_table import lens_table, lens_widths  # noqa: E402
 from vit_inspect.ui.untrusted import NOT_AVAILABLE  # noqa: E402
 from vit_inspect.ui.view import READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
