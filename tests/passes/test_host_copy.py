@@ -13,7 +13,7 @@ from vit_inspect.core.timm_models import handle_from_timm
 from vit_inspect.passes import host_copy
 from vit_inspect.passes.pipeline import analyze_image
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent GPU machine)")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_checks.sh runs it on one)")
 
 
 @pytest.fixture(autouse=True)

@@ -219,7 +219,7 @@ def test_gradient_reductions_equal_their_definitions(kind):
                                rtol=2e-3, atol=1e-6)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the lent GPU machine)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_checks.sh runs it on one)")
 @pytest.mark.parametrize("kept", [True, False], ids=["kept-maps", "qk-store"])
 def test_the_pass_on_the_gpu_equals_the_cpus(kept, monkeypatch):
     """On a GPU every per-layer reduction runs where the maps are and the result crosses to the host once;

@@ -24,8 +24,8 @@ def _image() -> Image.Image:
     return Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8))
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA GPU (runs on the lent GPU machine)"))]
+NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_checks.sh runs it on one)")
+DEVICES = ["cpu", pytest.param("cuda", marks=NO_GPU)]
 
 
 def _handle(depth: int, num_classes: int, device: str = "cpu"):
