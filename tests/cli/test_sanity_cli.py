@@ -34,7 +34,8 @@ def test_full_record_table_and_figures(capsys, tmp_path, deit_args):
                           "--removals", "8", "--out", str(tmp_path), *deit_args)
     assert code == 0 and "passes" in err
     record = json.loads(out)
-    assert set(record) == {"image", "model", "weights", "target", "random_class", "settings", "methods"}
+    assert set(record) == {"image", "model", "weights", "target", "random_class", "settings", "methods", "left_out"}
+    assert record["left_out"] == {}  # every method gave a map: none left out of the checks
     assert record["target"]["label"] == "espresso" and record["random_class"]["index"] != record["target"]["index"]
     assert record["settings"]["robustness"]["sensitivity_samples"] == 3
     for method in ("attention", "gradcam"):
