@@ -90,13 +90,11 @@ def table_of(scored: Scored | None, checked: sanity.Checked | None):
     return with_verdicts(ranked_rows(scored.curves), scored.key, checked)
 
 
-def chosen_maps(result, rng: np.random.Generator, *, handle=None, pixels=None, layer=None, head=None, mean_heads=True,
-                head_fusion="mean", discard_ratio=0.0, first_layer=0, last_layer=None, gradcam_layer=None,
-                **_) -> dict[str, np.ndarray]:
-    """Every registered map the faithfulness study scores (those with passes of their own run on ``handle`` with
-    the model input ``pixels``) plus the choices made in the other tabs (raw client values, checked as the
+def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
+                discard_ratio=0.0, first_layer=0, last_layer=None, gradcam_layer=None, **_) -> dict[str, np.ndarray]:
+    """Every standard map plus the choices made in the other tabs (raw client values, checked as the
     other tabs check them), where they differ from the defaults."""
-    maps = standard_maps(result, tuple(METHODS), rng, handle, pixels)
+    maps = standard_maps(result, tuple(METHODS), rng)
     last = result.depth - 1
     block = finite_int(gradcam_layer, "Grad-CAM block", 0, last, default=last)
     if result.gradcam is not None and block != last:
@@ -234,11 +232,11 @@ class FaithfulnessTab:
         known = dict(scored.curves) if scored is not None and scored.key == key else {}
         rng = image_permutation(result.rgb, result.layout.num_patches)
         permutation = rng.permutation(result.layout.num_patches)
-        pixels = handle.preprocess.normalize(result.rgb).to(handle.device)
-        maps = chosen_maps(result, rng, handle=handle, pixels=pixels, **values)
+        maps = chosen_maps(result, rng, **values)
         todo = {name: m for name, m in maps.items() if name not in known}
         if todo:
             progress(0, desc=f"Scoring {len(todo)} map(s)")
+            pixels = handle.preprocess.normalize(result.rgb).to(handle.device)
             if result.prompt is not None or result.versus is not None:  # the prompt's similarity, as explained
                 view, column, other, _, _ = prompt_view(handle, result.prompt or result.target,
                                                         result.versus or result.contrast)
