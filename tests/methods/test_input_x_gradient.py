@@ -21,8 +21,9 @@ NAME = "input_x_gradient"
 
 @pytest.fixture(scope="module")
 def plugin():
-    assert NAME in methods(), ("the example plugin is not installed: pip install --no-deps --no-build-isolation "
-                               "-e examples/plugin_input_x_gradient")
+    if NAME not in methods():
+        pytest.skip("the example plugin is not installed: pip install --no-deps --no-build-isolation "
+                    "-e examples/plugin_input_x_gradient")
     return get(NAME)
 
 
