@@ -46,4 +46,4 @@ def wire(view: AllMapsView, app, session: gr.State, controls: dict, notice: gr.M
     in the page's ``notice`` line."""
     gr.on([view.relevance_toggle.input], says_refusals(app.set_relevance, notice, appended=""),
           inputs=[session, view.relevance_toggle], inputs_kwargs=controls, outputs=[session, view.panel, notice],
-          api_name="relevance", **RAW, **MODEL_PASS)
+          api_name="relevance", show_progress_on=[view.panel], **RAW, **MODEL_PASS)  # on the maps, not the notice

@@ -405,5 +405,6 @@ def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State
           api_name="compare_pca", trigger_mode="always_last", show_progress="hidden", **RAW)
     gr.on([view.pca_button.click], says_refusals(handlers.joint_pca, view.note, appended=gr.skip()),
           inputs=[view.state, view.pca_files, key, view.key_b, view.remove_background, view.threshold],
-          outputs=[view.state, view.pca_a, view.pca_b, view.note], api_name="compare_joint_pca", **RAW, **MODEL_PASS)
+          outputs=[view.state, view.pca_a, view.pca_b, view.note], api_name="compare_joint_pca",
+          show_progress_on=[view.pca_a, view.pca_b], **RAW, **MODEL_PASS)  # on the pictures it draws, not the note
     return loaded

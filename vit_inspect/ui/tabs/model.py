@@ -163,10 +163,11 @@ def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> No
     read the model's weights, so they run on the model-pass queue: never while the sanity checks hold
     re-drawn weights in the model. A refusal is a sentence in the tab's note (a success of a button clears it)."""
     gr.on(opened, says_refusals(handlers.figures, view.note, appended=gr.skip()), inputs=[key],
-          outputs=[view.made_from, view.pca, view.similarity, view.note], api_name="model_figures", **MODEL_PASS)
+          outputs=[view.made_from, view.pca, view.similarity, view.note], api_name="model_figures",
+          show_progress_on=[view.pca, view.similarity], **MODEL_PASS)  # on the figures, not the note
     gr.on([view.similarity_button.click], says_refusals(handlers.pos_similarity, view.note, appended=""),
           inputs=[key, view.height, view.width], outputs=[view.similarity_other, view.note], api_name="pos_similarity",
-          **RAW, **MODEL_PASS)
+          show_progress_on=[view.similarity_other], **RAW, **MODEL_PASS)
     gr.on([view.download_button.click], says_refusals(handlers.model_downloads, view.note, appended=""),
           inputs=[key, view.height, view.width], outputs=[view.files, view.note], api_name="model_downloads",
           show_progress_on=[view.progress], **RAW, **MODEL_PASS)
