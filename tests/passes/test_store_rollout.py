@@ -172,8 +172,9 @@ def test_chunked_rollout_equals_one_chunk(monkeypatch):
     whole = [rollout(store, layout, **o) for o in options]
     monkeypatch.setattr(attention_store, "CHUNK_BYTES", 4 * 3 * layout.num_tokens * 7)  # 7 rows per chunk
     for o, expected in zip(options, whole):
-        # chunks change which float32 products the maps are rebuilt with: equal to float32 rounding (2e-8 seen)
-        np.testing.assert_allclose(rollout(store, layout, **o), expected, rtol=1e-6)
+        # chunks change which float32 products rebuild the maps (2e-8 relative on this machine's MKL), which the
+        # rollout's product over depth carries on (1.3e-5 seen)
+        np.testing.assert_allclose(rollout(store, layout, **o), expected, rtol=1e-4)
 
 
 def test_lowest_equals_a_stable_argsort():
