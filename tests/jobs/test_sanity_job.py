@@ -145,7 +145,10 @@ def test_cli_local_and_ray_give_the_same_numbers(tmp_path, capsys):
                 assert step_ray[name]["mean"] == pytest.approx(step[name]["mean"], abs=1e-9)
         assert other["random_logit"] == entry["random_logit"]
         for kind in ("max_sensitivity", "infidelity"):
-            assert entry[kind]["n"] == 2 and other[kind]["mean"] == pytest.approx(entry[kind]["mean"], rel=1e-9)
+            # the table keeps 6 decimals; a Ray worker's BLAS threads may move the float32 sums across a rounding
+            # step, so one unit of the last decimal is allowed (seen: 0.045329 against 0.04533)
+            assert entry[kind]["n"] == 2
+            assert other[kind]["mean"] == pytest.approx(entry[kind]["mean"], rel=1e-9, abs=1.01e-6)
     assert tables["local"]["settings"]["robustness"] == {"radius": 0.02, "sensitivity_samples": 2,
                                                          "infidelity_samples": 4, "removal_probability": 0.1,
                                                          "batch_size": 8, "seed": 0}

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import gradio.networking
 import httpx
 import numpy as np
 import pytest
@@ -21,6 +22,26 @@ from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import LATER_PANELS
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
+
+
+
+def _patient_url_ok(url: str) -> bool:
+    """Gradio's launch probes its own page with a HEAD of 3 s timeout and gives up (a ValueError saying localhost
+    is not accessible) at the first timeout. Late in a full run on two loaded cores the first page render of a
+    large demo can take longer than that; the tests then wait as a user's browser would, up to 60 s."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.head(url, timeout=10).status_code in (200, 401, 301, 302, 303, 307, 308):
+                return True
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+gradio.networking.url_ok = _patient_url_ok  # every launch in the tests imports this module first
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"

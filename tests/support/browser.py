@@ -28,6 +28,8 @@ def shot(page, name: str) -> None:
 
 def image_src(page, elem_id: str) -> str:
     image = page.locator(f"#{elem_id} img")
+    sync_api.expect(image).to_have_count(1)
+    image.scroll_into_view_if_needed()  # Gradio's images load lazily: one far below the fold stays 0×0 until seen
     sync_api.expect(image).to_be_visible()
     return image.get_attribute("src")
 

@@ -40,7 +40,7 @@ def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     forwards = server.forwards
     page.locator("#compare-run").click()
     note = page.locator("#compare-note")
-    expect(note).to_contain_text("A's layer 11 of 12 (1.00) ↔ B's layer 5 of 6 (1.00)")
+    expect(note).to_contain_text("A's layer 11, the last (relative depth 1.00) ↔ B's layer 5, the last (relative depth 1.00)")
     # one question: both explain the class explained on the page, A's top class, named (the label sets agree)
     expect(note).to_contain_text("Both models explain the same class")
     expect(note).to_contain_text("A: Egyptian cat (#285). B: Egyptian cat (#285).")
@@ -63,12 +63,12 @@ def test_compare_deit_with_a_tiny_random_model(server, page, tiny_weights):
     shot(page.locator("#compare-pca-a"), "06_pca_a")
 
     page.locator("#compare-layer input[type=range]").press("Home")  # A's layer 0 -> B's layer 0
-    expect(note).to_contain_text("A's layer 0 of 12 (0.08) ↔ B's layer 0 of 6 (0.17)")
+    expect(note).to_contain_text("A's layer 0 (relative depth 0.08) ↔ B's layer 0 (relative depth 0.17)")
     expect(page.locator("#compare-maps-ab img")).not_to_have_attribute("src", maps)
-    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # layer 1 of 12 (0.17) -> 0 of 6
-    expect(note).to_contain_text("A's layer 1 of 12 (0.17) ↔ B's layer 0 of 6 (0.17)")
-    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # layer 2 of 12 (0.25) -> 1 of 6 (0.33)
-    expect(note).to_contain_text("A's layer 2 of 12 (0.25) ↔ B's layer 1 of 6 (0.33)")
+    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # A's layer 1 (0.17) -> B's layer 0 (0.17)
+    expect(note).to_contain_text("A's layer 1 (relative depth 0.17) ↔ B's layer 0 (relative depth 0.17)")
+    page.locator("#compare-layer input[type=range]").press("ArrowRight")  # A's layer 2 (0.25) -> B's layer 1 (0.33)
+    expect(note).to_contain_text("A's layer 2 (relative depth 0.25) ↔ B's layer 1 (relative depth 0.33)")
     shot(page.locator("#compare-maps-ab"), "07_aligned_maps_layer2")
     assert server.forwards == forwards + 1, "moving the slider ran the model"
     page.locator("#compare-classes input[value=\"each model's own top class\"]").check()  # asked for explicitly
