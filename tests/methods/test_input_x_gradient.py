@@ -3,6 +3,7 @@ linear model, against captum's `InputXGradient`, and present in every consumer t
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +22,7 @@ NAME = "input_x_gradient"
 
 @pytest.fixture(scope="module")
 def plugin():
-    if NAME not in methods():
+    if NAME not in methods() and os.environ.get("VIT_INSPECT_REQUIRE_PLUGIN") != "1":
         pytest.skip("the example plugin is not installed: pip install --no-deps --no-build-isolation "
                     "-e examples/plugin_input_x_gradient")
     return get(NAME)
@@ -105,3 +106,27 @@ def test_in_the_commands(plugin, capsys, tmp_path, deit_weights_args):
                            "--methods", f"random,{NAME}", *deit_weights_args)
     rows = [line.split(" | ")[0].strip("| ") for line in out.splitlines() if line.startswith("| ")][2:]
     assert code == 0 and sorted(rows) == [NAME, "random"]
+
+
+def test_in_the_app(plugin, monkeypatch):
+    """The All maps view (after its toggle: the plugin runs passes of its own), the Faithfulness tab's table and
+    the app's sanity checks, on a tiny random ViT."""
+    pytest.importorskip("gradio")
+    from support.all_maps import CONTROLS, drawn, session_of
+
+    from vit_inspect.ui import sanity as app_sanity
+    from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab
+
+    inspector, handle, session = session_of()
+    before = drawn(session, monkeypatch)
+    assert NAME not in before["names"] and "1 forward + 1 backward of its own per map" in before["notes"][NAME]
+    ticked, _ = inspector.set_relevance(session, True, progress=lambda *a, **k: None, **CONTROLS)
+    after = drawn(ticked, monkeypatch)
+    expected = compute_map(plugin, MethodContext(ticked.result, handle))
+    np.testing.assert_array_equal(after["maps"][NAME], expected)
+    assert after["units"][NAME] == plugin.unit and NAME not in after["notes"]
+    scored, _, rows, note = FaithfulnessTab._score(lambda key: handle, ticked, None, lambda *a, **k: None, {})
+    assert NAME in scored.curves and NAME in [row[0] for row in rows] and "Left out" not in note
+    checks = app_sanity.checks_of_crop(handle, ticked.result.rgb, ticked.result.target)
+    assert NAME in checks.cascading and checks.failures == {}
+    assert NAME in [row[0] for row in app_sanity.table_rows(checks)]

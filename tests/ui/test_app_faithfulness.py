@@ -11,7 +11,7 @@ from support import REPO, tiny_handle
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.plots.faithfulness import SORTED_BY, paper_name, ranked_rows, verdict
-from vit_inspect.studies.faithfulness import METHODS
+from vit_inspect.studies.faithfulness import METHODS, faithfulness_methods
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab, chosen_maps  # noqa: E402
@@ -119,14 +119,17 @@ def test_handler_scores_caches_and_adds_choices():
     try:
         scored, image, rows, note = FaithfulnessTab._score(lambda key: handle, session, None, Progress(), {})
         first = sum(forwards)
-        assert set(scored.curves) == {"random", "attention", "rollout", "gradcam", "gradcam_relu", "chefer",
-                                      "legrad", "attnlrp"}
-        assert image.ndim == 3 and len(rows) == 8 and "Scored 8 maps" in note
+        standard = list(faithfulness_methods())  # the built-ins, and the plugins installed
+        assert set(standard) >= {"random", "attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad",
+                                 "attnlrp"}
+        assert set(scored.curves) == set(standard)
+        n = len(standard)
+        assert image.ndim == 3 and len(rows) == n and f"Scored {n} maps" in note and "Left out" not in note
         # same image and class, Grad-CAM block 0 chosen: only that map is new
         forwards.clear()
         scored2, _, rows2, _ = FaithfulnessTab._score(lambda key: handle, session, scored, Progress(),
                                                       {"gradcam_layer": 0})
-        assert "Grad-CAM, block 0 (signed)" in scored2.curves and len(rows2) == 9
+        assert "Grad-CAM, block 0 (signed)" in scored2.curves and len(rows2) == n + 1
         assert 0 < sum(forwards) < first  # only the new map's inputs (no clean/blur images again)
         assert scored2.curves["attnlrp"] is scored.curves["attnlrp"]
     finally:
@@ -140,17 +143,17 @@ def test_chosen_maps_only_add_what_differs_from_the_defaults():
     from PIL import Image
 
     result = analyze_image(handle, Image.new("RGB", (32, 32), (120, 30, 200)))
-    defaults = chosen_maps(result, np.random.default_rng(0), layer=1, mean_heads=True, gradcam_layer=1,
-                           last_layer=1)
-    assert len(defaults) == 8
-    extra = chosen_maps(result, np.random.default_rng(0), layer=0, head=1, mean_heads=False, gradcam_layer=0,
+    defaults, failures = chosen_maps(result, np.random.default_rng(0), handle, layer=1, mean_heads=True,
+                                     gradcam_layer=1, last_layer=1)
+    assert list(defaults) == list(faithfulness_methods()) and failures == {}  # every scored method, plugins too
+    extra, _ = chosen_maps(result, np.random.default_rng(0), layer=0, head=1, mean_heads=False, gradcam_layer=0,
                         head_fusion="max", discard_ratio=0.5, first_layer=0, last_layer=1)
     assert set(extra) - set(defaults) == {"Grad-CAM, block 0 (signed)",
                                           "attention rollout (max of heads), layers 0-1, discard 0.50",
                                           "raw attention, layer 0, head 1"}
     np.testing.assert_array_equal(extra["Grad-CAM, block 0 (signed)"], result.gradcam[0])
     # a backward range is swapped, as the Rollout tab swaps it, and named so
-    backward = chosen_maps(result, np.random.default_rng(0), layer=1, mean_heads=True, gradcam_layer=1,
+    backward, _ = chosen_maps(result, np.random.default_rng(0), layer=1, mean_heads=True, gradcam_layer=1,
                            first_layer=1, last_layer=0, head_fusion="max")
     assert "attention rollout (max of heads), layers 0-1 (From and To swapped), discard 0.00" in backward
 

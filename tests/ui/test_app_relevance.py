@@ -22,19 +22,23 @@ from support import REPO, tiny_handle
 gr = pytest.importorskip("gradio")
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.core.images import ImageLimits  # noqa: E402
+from vit_inspect.methods import added  # noqa: E402
 from vit_inspect.passes.pipeline import add_relevance, analyze_image  # noqa: E402
+from vit_inspect.studies.faithfulness import faithfulness_methods  # noqa: E402
 from vit_inspect.ui.common import upload_folders
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.inspector import Inspector, Session, results_nbytes
 from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.ui.panels import draw_panels
-from vit_inspect.ui.relevance import TOGGLE_LABEL, computed, relevance_words  # noqa: E402
+from vit_inspect.ui.relevance import computed, dear_methods, relevance_words, toggle_label  # noqa: E402
 from vit_inspect.ui.session_store import DROPPED, SessionStore  # noqa: E402
 from vit_inspect.ui.tabs.compare import CompareTab as Compare  # noqa: E402
 from vit_inspect.ui.tabs.faithfulness import FaithfulnessTab  # noqa: E402
 from vit_inspect.ui.tabs.heads import HeadsTab  # noqa: E402
 from vit_inspect.ui.view import READOUT, View
 from vit_inspect.ui.zerogpu import gpu_pass  # noqa: E402
+
+OWN = sum(m.forwards for m in dear_methods().values())  # forwards of the installed plugins' own, per pass
 
 pytestmark = pytest.mark.slow  # served app, many passes with relevance
 
@@ -97,7 +101,7 @@ def test_the_default_pass_is_one_forward_and_one_backward_without_relevance(serv
     result = session.result
     assert result.legrad is None and result.attnlrp is None and result.chefer is not None
     assert not session.relevance and not computed(session)
-    assert relevance_words(session) == f"AttnLRP and LeGrad: not computed; tick '{TOGGLE_LABEL}' to add them"
+    assert relevance_words(session) == f"AttnLRP and LeGrad: not computed; tick '{toggle_label()}' to add them"
     ticked, *_ = inspector.analyze(data_url(CHELSEA), inspector.default_key, None, None, progress=progress,
                                    **CONTROLS, relevance=True)
     assert ticked.relevance and ticked.result.attnlrp is not None and relevance_words(ticked) == ""
@@ -112,7 +116,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     plain = draw_panels(("compare",), session, View.from_controls(session.result, **CONTROLS))[0]
     calls.reset()
     ticked, figure = inspector.set_relevance(session, True, progress=progress, **CONTROLS)
-    assert calls.forwards == 1 and ticked.relevance and computed(ticked)
+    assert calls.forwards == 1 + OWN and ticked.relevance and computed(ticked)
     one_pass = analyze_image(handle, CHELSEA, geometry=InputGeometry(), relevance=True)
     np.testing.assert_array_equal(ticked.result.legrad, one_pass.legrad)
     np.testing.assert_array_equal(ticked.result.attnlrp, one_pass.attnlrp)
@@ -126,7 +130,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     # a class change while ticked: one pass, which computes them in its own forward
     calls.reset()
     tabby, *_ = inspector.set_target(ticked, str(TABBY), "", progress=progress, **CONTROLS)
-    assert calls.forwards == 1 and tabby.relevance and tabby.target == (TABBY, None)
+    assert calls.forwards == 1 + OWN and tabby.relevance and tabby.target == (TABBY, None)
     np.testing.assert_array_equal(tabby.result.attnlrp, analyze_image(
         handle, CHELSEA, target=TABBY, geometry=InputGeometry(), relevance=True).attnlrp)
     # unticked: later passes leave them out and the figure says so; maps computed before stay
@@ -140,7 +144,7 @@ def test_ticking_adds_the_one_pass_maps_and_keeps_them_for_later_passes(served):
     # ticked again on a cached pass without them: added once
     calls.reset()
     retick, _ = inspector.set_relevance(tiger, True, progress=progress, **CONTROLS)
-    assert calls.forwards == 1 and retick.result.legrad is not None
+    assert calls.forwards == 1 + OWN and retick.result.legrad is not None
 
 
 def drawn_all_maps(session, monkeypatch) -> dict:
@@ -163,16 +167,18 @@ def drawn_all_maps(session, monkeypatch) -> dict:
 def test_the_all_maps_title_says_when_the_two_maps_are_absent(served, monkeypatch):
     inspector, handle, calls, session = served
     plain = drawn_all_maps(session, monkeypatch)
-    assert plain["title"].endswith(f"\nAttnLRP and LeGrad: not computed; tick '{TOGGLE_LABEL}' to add them")
+    assert plain["title"].endswith(f"\nAttnLRP and LeGrad: not computed; tick '{toggle_label()}' to add them")
     assert not {"LeGrad", "AttnLRP"} & set(plain["names"])
     ticked, _ = inspector.set_relevance(session, True, progress=progress, **CONTROLS)
     full = drawn_all_maps(ticked, monkeypatch)
-    assert "AttnLRP" not in full["title"] and full["names"][-2:] == ["LeGrad", "AttnLRP"]
+    built_in = [name for name in full["names"] if name not in added()]  # the plugins' maps follow
+    assert "AttnLRP" not in full["title"] and built_in[-2:] == ["LeGrad", "AttnLRP"]
     versus, *_ = inspector.set_target(ticked, "285", str(TABBY), progress=progress, **CONTROLS)
     assert versus.target == (285, TABBY) and versus.result.contrast == TABBY
     # LeGrad and AttnLRP explain the class alone (no contrast): equal to the class's own maps, and titled so
     np.testing.assert_array_equal(versus.result.attnlrp, ticked.result.attnlrp)
-    assert drawn_all_maps(versus, monkeypatch)["names"][-1] == "AttnLRP, class Egyptian cat (#285) alone"
+    names = [name for name in drawn_all_maps(versus, monkeypatch)["names"] if name not in added()]
+    assert names[-1] == "AttnLRP, class Egyptian cat (#285) alone"
 
 
 @real
@@ -230,12 +236,14 @@ def test_faithfulness_adds_the_two_maps_before_scoring():
     assert session.result.attnlrp is None
     scored, _, rows, note = FaithfulnessTab._score(lambda key: handle, session, None, progress, {},
                                                    inspector.with_relevance)
-    assert {"legrad", "attnlrp"} <= set(scored.curves) and len(rows) == 8 and "Not scored" not in note
+    scored_names = list(faithfulness_methods())  # the random floor, the built-ins and the installed plugins
+    assert {"legrad", "attnlrp"} <= set(scored.curves) and len(rows) == len(scored_names)
+    assert "Not scored" not in note
     expected = add_relevance(handle, session.result, picture, geometry=InputGeometry())
     np.testing.assert_array_equal(session.result.attnlrp, expected.attnlrp)  # kept in the session's slot
     # without the on-demand path the note names the two maps it could not score
     bare, _, rows, note = FaithfulnessTab._score(lambda key: handle, replace_result(session), None, progress, {})
-    assert "legrad" not in bare.curves and len(rows) == 6
+    assert "legrad" not in bare.curves and len(rows) == len(scored_names) - 2
     assert "Not scored: LeGrad (Bousselham et al.), AttnLRP (Achtibat et al.) (not computed" in note
 
 

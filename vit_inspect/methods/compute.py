@@ -64,13 +64,23 @@ def compute_map(method: Method, context: MethodContext, **options) -> Outcome:
 
 def compute_maps(context: MethodContext, names: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, MethodFailure]]:
     """(name -> (grid_h, grid_w) float64 map, name -> failure) for the registered methods `names` at their
-    default options; a map the pass cannot have (None) is in neither."""
+    default options; a map the pass cannot have (None) is in neither. Each method runs once per pass: its
+    outcome is kept in the pass's `ImageAnalysis.method_maps` when the context reads the pass's own input
+    (``pixels`` None), and read from there again (a redraw, a second study of the same pass)."""
     maps: dict[str, np.ndarray] = {}
     failures: dict[str, MethodFailure] = {}
+    kept = getattr(context.result, "method_maps", None) if context.pixels is None else None
+    kept = {} if kept is None else kept
     for name in names:
-        outcome = compute_map(get(name), context)
+        if name in kept:
+            outcome = kept[name]
+        else:
+            method = get(name)
+            outcome = compute_map(method, context)
+            if context.pixels is None and not (method.reads == "own passes" and context.handle is None):
+                kept[name] = outcome  # a failure for want of a model is not kept: the next caller may give one
         if isinstance(outcome, MethodFailure):
             failures[name] = outcome
         elif outcome is not None:
-            maps[name] = np.asarray(outcome, dtype=np.float64)
+            maps[name] = np.array(outcome, dtype=np.float64)  # a copy: the kept map stays as computed
     return maps, failures

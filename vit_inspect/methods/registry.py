@@ -10,6 +10,7 @@ from importlib.metadata import entry_points
 from vit_inspect.methods.method import Method, MethodFailure
 
 ENTRY_POINT_GROUP = "vit_inspect.methods"
+BUILTIN_MODULE = "vit_inspect.methods.builtin"  # where the shipped methods' functions live
 
 _TABLE: dict[str, Method] = {}  # name -> method, in registration order (built-ins first, then plugins)
 _PLUGIN_FAILURES: dict[str, MethodFailure] = {}  # entry point name -> why it was left out
@@ -62,6 +63,13 @@ def get(name: str) -> Method:
     if name not in table:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(table)}")
     return table[name]
+
+
+def added() -> dict[str, Method]:
+    """name -> `Method`, the registered methods that vit_inspect does not ship (plugins, and methods registered
+    in code): the app draws these at their defaults beside the built-ins, which its views draw with their
+    own settings."""
+    return {name: m for name, m in methods().items() if m.compute.__module__ != BUILTIN_MODULE}
 
 
 def plugin_failures() -> dict[str, MethodFailure]:

@@ -49,6 +49,9 @@ class ImageAnalysis:
     versus: Prompt | None = None  # the text contrast: `contrast` is its column
     score: str = "logit"  # what the gradient maps explain: "logit", or "cosine" (image-text cosine similarity)
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
+    # registered method -> its map at its default options for this pass (an array), None where the pass cannot
+    # have it, or why it failed (`methods.MethodFailure`): filled once per method by `methods.compute_maps`
+    method_maps: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def enlarged_blur(self) -> str | None:
@@ -136,7 +139,8 @@ class ImageAnalysis:
         """Memory held by the arrays of this result: its attention store, gradient rollout, LeGrad, AttnLRP,
         the patch features, the preview, the head statistics and the cached rollouts included."""
         arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
-                  self.patch_features, self.preview, *self._rollouts.values())
+                  self.patch_features, self.preview, *self._rollouts.values(),
+                  *(v for v in self.method_maps.values() if isinstance(v, np.ndarray)))
         return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
                 + (self.gradient.nbytes() if self.gradient is not None else 0)
                 + (self.heads.nbytes() if self.heads is not None else 0))

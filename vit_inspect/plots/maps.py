@@ -170,17 +170,36 @@ MOSAIC_COLUMNS = 4  # map panels per row of maps_panel: the four maps of a pass,
 
 
 
+def note_panel(rgb: np.ndarray, sentence: str) -> np.ndarray:
+    """A map panel's place taken by a sentence (why a map is missing): the crop greyed, no colour bar (there
+    are no values to scale), and the sentence wrapped underneath in TEXT-pixel type."""
+    height, width = rgb.shape[:2]
+    grey = (255 - (255 - rgb.mean(axis=2, keepdims=True)) * 0.25).astype(np.uint8).repeat(3, axis=2)
+    text = font_of(TEXT)
+    total_w = width + COLORBAR_PIXELS
+    lines = wrap_to(sentence, total_w - 8, text)
+    panel = Image.new("RGB", (total_w, height + CAPTION_LINE_PIXELS * len(lines) + 8), (255, 255, 255))
+    panel.paste(Image.fromarray(grey), (0, 0))
+    pen = ImageDraw.Draw(panel)
+    for index, line in enumerate(lines):
+        pen.text((4, height + 4 + index * CAPTION_LINE_PIXELS), line, fill=(0, 0, 0), font=text)
+    return np.asarray(panel)
+
+
 def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),
                 marker: tuple[int, int] | None = None, units: dict[str, str] | None = None,
                 ranges: dict[str, tuple[float, float]] | None = None, title: str = "",
-                columns: int = MOSAIC_COLUMNS) -> np.ndarray:
+                columns: int = MOSAIC_COLUMNS, notes: dict[str, str] | None = None,
+                cmaps: dict[str, str] | None = None) -> np.ndarray:
     """What `maps_figure` shows, as an (H, W, 3) uint8 picture drawn with PIL: one `map_panel` per named
     (grid_h, grid_w) map (the overlay at the crop's own pixels, its colour bar labelled with its unit from
     ``units``, default "value", and the map's name as its caption), ``columns`` panels per row left to
     right, ``MOSAIC_GAP`` white pixels apart, under the wrapped ``title``. Maps named in ``relu_names``
     are ReLU'd; ``ranges`` fixes a map's colour range (default: its own min-max, `map_range`). A matplotlib
-    figure of four maps takes ≈ 0.43 s to draw; these panels take ≈ 3 ms each."""
-    if not maps:
+    figure of four maps takes ≈ 0.43 s to draw; these panels take ≈ 3 ms each. ``cmaps`` names a map's colour
+    map (default inferno); each of ``notes`` (name -> sentence) takes a panel of its own after the maps
+    (`note_panel`): a map that is missing, and why."""
+    if not maps and not notes:
         raise ValueError("no maps to show")
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
@@ -189,7 +208,8 @@ def maps_panel(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[s
         relu = name in relu_names
         low, high = (ranges or {}).get(name) or map_range(grid_map, relu)
         panels.append(map_panel(rgb, grid_map, name, (units or {}).get(name, "value"), vmin=low, vmax=high,
-                                relu=relu, marker=marker))
+                                relu=relu, marker=marker, cmap=(cmaps or {}).get(name, "inferno")))
+    panels += [note_panel(rgb, sentence) for sentence in (notes or {}).values()]
     return titled(grid_of(panels, columns), title)
 
 

@@ -11,10 +11,11 @@ from dataclasses import replace
 import numpy as np
 
 from vit_inspect.analysis import mass_mask
+from vit_inspect.methods import get
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import canvas
 from vit_inspect.plots import maps as map_plots
-from vit_inspect.ui.relevance import present, relevance_words
+from vit_inspect.ui.relevance import added_maps, present, relevance_words
 
 MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
 FIRST_VIEW = ("first_attention", "first_rollout", "first_relevance")  # the first view's three maps, fixed settings
@@ -149,13 +150,21 @@ def draw_panels(names: tuple[str, ...], session, view, scale: int | None = None)
             target, contrast = session.target
             alone = f", {session.target_text(target)} alone" if contrast is not None else ""  # no contrast
             extra = {method + alone: v for method, v in present(result).items()}
+            plugged, notes = added_maps(session)  # the registry's added methods, at their defaults
+            registered = {name: get(name) for name in plugged}
             title = session.model_label + (f" · {session.target_words()}" if target is not None else "")
             words = relevance_words(session)
             title += f"\n{words}" if words else ""
             drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
-                result.rgb, {titles[k]: v for k, v in shown.items()} | extra, relu_names=(titles["gradcam"],),
-                units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "relevance") for k in extra},
-                ranges={titles[k]: r for k, r in ranges.items()}, title=title, columns=mosaic_columns(result)))
+                result.rgb, {titles[k]: v for k, v in shown.items()} | extra | plugged,
+                relu_names=(titles["gradcam"], *(k for k, m in registered.items() if m.relu)),
+                units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "relevance") for k in extra}
+                | {k: m.unit.replace("{score}", result.score) for k, m in registered.items()},
+                ranges={titles[k]: r for k, r in ranges.items()} | {  # a signed map: centred on zero
+                    k: (-float(np.abs(plugged[k]).max()), float(np.abs(plugged[k]).max()))
+                    for k, m in registered.items() if m.signed and not m.relu and np.abs(plugged[k]).max() > 0},
+                title=title, columns=mosaic_columns(result),
+                notes=notes, cmaps={k: m.cmap for k, m in registered.items()}))
         elif grid_map(name) is None:
             drawn.append(None)
         else:

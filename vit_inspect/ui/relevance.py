@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from vit_inspect.methods import MethodContext, added, compute_maps
+
 TOGGLE_LABEL = "Add AttnLRP and LeGrad (one more forward and backward pass)"
 NAMES = {"legrad": "LeGrad", "attnlrp": "AttnLRP"}  # ImageAnalysis field -> the name figures use
 
@@ -29,18 +31,58 @@ def computed(session) -> bool:
     return bool(present(session.result)) or session.target in getattr(session, "relevance_for", ())
 
 
+def toggle_label() -> str:
+    """The All maps toggle's label: `TOGGLE_LABEL`, and the added methods it also computes (`dear_methods`)."""
+    dear = dear_methods()
+    own = "its own" if len(dear) == 1 else "their own"
+    return TOGGLE_LABEL if not dear else f"{TOGGLE_LABEL}, and {', '.join(dear)} (passes of {own})"
+
+
+def dear_methods() -> dict:
+    """name -> `Method`, the added methods (plugins) that run passes of their own: computed with LeGrad and
+    AttnLRP, on demand (the All maps toggle, or before scoring), never by the one pass."""
+    return {name: m for name, m in added().items() if m.reads == "own passes"}
+
+
 def with_relevance(session, handle, run: Callable, limits, nbytes_of: Callable):
-    """The session with LeGrad and AttnLRP added to the pass it shows, stored back in its slot (the
-    byte-bounded store counts them); ``run`` is `passes.pipeline.add_relevance` or its ZeroGPU wrapper. The
-    session itself when they were computed already or the model has no head (no class to explain).
-    An evicted result raises `ResultDropped` (a sentence), as every other action does."""
+    """The session with LeGrad and AttnLRP, and the maps of `dear_methods`, added to the pass it shows, stored
+    back in its slot (the byte-bounded store counts them); ``run`` is `passes.pipeline.add_relevance` or its
+    ZeroGPU wrapper. The session itself when they were computed already or the model has no head (no class to
+    explain). An evicted result raises `ResultDropped` (a sentence), as every other action does."""
     result = session.result
-    if result.target is None or computed(session):
+    if result.target is None:
         return session
+    dear = tuple(name for name in dear_methods() if name not in result.method_maps)
+    if computed(session) and not dear:
+        return session
+    if not computed(session):
+        result = run(handle, result, session.source, limits=limits, geometry=session.geometry)
+    compute_maps(MethodContext(result, handle), dear)  # kept in result.method_maps, failures with them
     results = dict(session.results)
-    results[session.target] = run(handle, result, session.source, limits=limits, geometry=session.geometry)
+    results[session.target] = result
     session.slot.set(results, nbytes_of(results))
     return replace(session, relevance_for=session.relevance_for | {session.target})
+
+
+def added_maps(session) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(name -> map, name -> sentence) of the added methods (`methods.added`) for the pass shown, at their
+    defaults: a method that reads the pass is computed from it (once per pass); one with passes of its own
+    is shown once `with_relevance` computed it, and until then its sentence says how to get it; a failed
+    method's sentence says why it is missing. A map this pass cannot have (a gradient map of a model
+    without a head) is in neither."""
+    result = session.result
+    cheap = tuple(name for name, m in added().items() if m.reads != "own passes")
+    maps, failures = compute_maps(MethodContext(result), cheap)
+    notes = {name: f"{name}: {failure.public}" for name, failure in failures.items()}
+    for name, method in dear_methods().items():
+        outcome = result.method_maps.get(name, "not computed")
+        if isinstance(outcome, np.ndarray):
+            maps[name] = outcome.astype(np.float64)
+        elif isinstance(outcome, str) and result.target is not None:
+            notes[name] = f"{name}: not computed ({method.cost()}); tick '{toggle_label()}' to add it"
+        elif outcome is not None and not isinstance(outcome, str):
+            notes[name] = f"{name}: {outcome.public}"
+    return {name: maps[name] for name in added() if name in maps}, notes
 
 
 def relevance_words(session) -> str:
@@ -49,6 +91,6 @@ def relevance_words(session) -> str:
     if session.result.target is None:
         return ""
     if not computed(session):
-        return f"AttnLRP and LeGrad: not computed; tick '{TOGGLE_LABEL}' to add them"
+        return f"AttnLRP and LeGrad: not computed; tick '{toggle_label()}' to add them"
     missing = [name for name in NAMES.values() if name not in present(session.result)]
     return f"{' and '.join(missing)}: not available for this model" if missing else ""

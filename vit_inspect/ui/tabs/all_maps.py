@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, says_refusals
-from vit_inspect.ui.relevance import TOGGLE_LABEL
+from vit_inspect.ui.relevance import toggle_label
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def layout() -> AllMapsView:
         gr.Markdown("Every map on the same input, each with the options set in its own tab: "
                     "layer, head and query under **Attention**, method and layers under **Rollout**, "
                     "class and block under **Grad-CAM**.")
-        relevance_toggle = gr.Checkbox(False, label=TOGGLE_LABEL, elem_id="relevance-toggle",
+        relevance_toggle = gr.Checkbox(False, label=toggle_label(), elem_id="relevance-toggle",
                                        info="LeGrad and AttnLRP for this image and class, and for "
                                             "later passes while ticked. Off, a pass is one forward "
                                             "and one backward.")

@@ -28,9 +28,10 @@ import numpy as np
 from vit_inspect.analysis.faithfulness import Curves
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.open_clip_models import prompt_view
+from vit_inspect.methods import MethodFailure
 from vit_inspect.plots.faithfulness import SORTED_BY, curves_panel, paper_name, ranked_rows, verdict
-from vit_inspect.studies.faithfulness import (METHODS, image_permutation, model_scorer, prompt_scorer, score_maps,
-                                              standard_maps)
+from vit_inspect.studies.faithfulness import (faithfulness_methods, image_permutation, model_scorer, prompt_scorer,
+                                              score_maps, scored_maps)
 from vit_inspect.ui import sanity
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_message, public_name,
                                    says_refusals, shows_errors)
@@ -90,11 +91,14 @@ def table_of(scored: Scored | None, checked: sanity.Checked | None):
     return with_verdicts(ranked_rows(scored.curves), scored.key, checked)
 
 
-def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean_heads=True, head_fusion="mean",
-                discard_ratio=0.0, first_layer=0, last_layer=None, gradcam_layer=None, **_) -> dict[str, np.ndarray]:
-    """Every standard map plus the choices made in the other tabs (raw client values, checked as the
-    other tabs check them), where they differ from the defaults."""
-    maps = standard_maps(result, tuple(METHODS), rng)
+def chosen_maps(result, rng: np.random.Generator, handle=None, *, layer=None, head=None, mean_heads=True,
+                head_fusion="mean", discard_ratio=0.0, first_layer=0, last_layer=None, gradcam_layer=None, **_
+                ) -> tuple[dict[str, np.ndarray], dict[str, MethodFailure]]:
+    """(maps, failures): every registered method the faithfulness study scores (`faithfulness_methods`, the
+    random floor and the plugins included; one with passes of its own runs on ``handle``, once per pass), plus
+    the choices made in the other tabs (raw client values, checked as the other tabs check them) where they
+    differ from the defaults; a method that failed is in ``failures`` with its sentence, left out of the maps."""
+    maps, failures = scored_maps(result, tuple(faithfulness_methods()), rng, handle)
     last = result.depth - 1
     block = finite_int(gradcam_layer, "Grad-CAM block", 0, last, default=last)
     if result.gradcam is not None and block != last:
@@ -114,7 +118,7 @@ def chosen_maps(result, rng: np.random.Generator, *, layer=None, head=None, mean
     if (chosen_layer, chosen_head) != (last, None):
         heads = "mean of heads" if chosen_head is None else f"head {chosen_head}"
         maps[f"raw attention, layer {chosen_layer}, {heads}"] = result.attention_map(chosen_layer, chosen_head)
-    return maps
+    return maps, failures
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,7 @@ class FaithfulnessTab:
         known = dict(scored.curves) if scored is not None and scored.key == key else {}
         rng = image_permutation(result.rgb, result.layout.num_patches)
         permutation = rng.permutation(result.layout.num_patches)
-        maps = chosen_maps(result, rng, **values)
+        maps, failures = chosen_maps(result, rng, handle, **values)
         todo = {name: m for name, m in maps.items() if name not in known}
         if todo:
             progress(0, desc=f"Scoring {len(todo)} map(s)")
@@ -245,8 +249,9 @@ class FaithfulnessTab:
                 scorer = model_scorer(handle)
             known |= score_maps(scorer, pixels, result.layout, todo, result.target, result.target,
                                 permutation, progress=lambda done, total: progress((done, total), unit="inputs"))
+        standard = faithfulness_methods()
         while len(known) > MAX_SCORED_MAPS:  # drop the oldest extra choices, never a standard map
-            extra = next((name for name in known if name not in METHODS), None)
+            extra = next((name for name in known if name not in standard), None)
             if extra is None:
                 break
             known.pop(extra)
@@ -273,6 +278,9 @@ class FaithfulnessTab:
         if absent:
             note += (f"\n\nNot scored: {', '.join(absent)} ("
                      + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
+        if failures:
+            note += "\n\nLeft out: " + "; ".join(f"{paper_name(name)}: {failure.public}"
+                                                   for name, failure in failures.items())
         if flagged:
             note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
         return Scored(key=key, curves=known, words=explained), image, rows, note
