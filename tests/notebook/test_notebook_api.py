@@ -14,7 +14,7 @@ from PIL import Image
 from support import DEIT_WEIGHTS, PHOTOS, tiny_handle
 
 import vit_inspect as vi
-from vit_inspect.methods import method_record
+from vit_inspect.methods import added, get, method_record
 from vit_inspect.notebook import api
 from vit_inspect.notebook.result import legible
 from vit_inspect.passes.records import analysis_record
@@ -57,7 +57,7 @@ def test_map_gives_the_results_arrays_with_their_options(tiny):
     for name in ("chefer", "legrad", "attnlrp"):
         np.testing.assert_array_equal(tiny.map(name), getattr(result, name))
     np.testing.assert_array_equal(tiny.map("gradient_rollout", discard_ratio=0.5), result.gradient_rollout(0.5))
-    assert set(tiny.maps()) == set(PASS_MAPS)
+    assert set(tiny.maps()) == set(PASS_MAPS) | set(added())  # the built-ins, then the installed plugins
 
 
 def test_map_refuses_unknown_names_options_and_missing_maps(tiny, picture):
@@ -100,7 +100,7 @@ def test_show_all_draws_every_map_of_the_pass(tiny):
     fig = tiny.show_all()
     maps = tiny.maps()
     titles = [ax.get_title().replace("\n", " ") for ax in fig.axes if ax.images]
-    assert titles == [PASS_MAPS[k][0] for k in maps]
+    assert titles == [PASS_MAPS[k][0] if k in PASS_MAPS else k for k in maps]  # a plugin's under its name
     for drawn, (key, values) in zip(_overlays(fig), maps.items()):
         relu = key == "gradcam"
         low, high = map_range(values, relu)
@@ -119,8 +119,9 @@ def test_the_result_shows_itself_in_jupyter(tiny):
     enlarged = legible(tiny.result.rgb)  # the 32-px crop, each pixel a 4x4 block
     assert enlarged.shape == (128, 128, 3)
     np.testing.assert_array_equal(enlarged[::4, ::4], tiny.result.rgb)
-    expected = maps_panel(enlarged, {PASS_MAPS[k][0]: v for k, v in maps.items()},
-                          relu_names=(PASS_MAPS["gradcam"][0],), units=dict(PASS_MAPS.values()))
+    expected = maps_panel(enlarged, {PASS_MAPS[k][0] if k in PASS_MAPS else k: v for k, v in maps.items()},
+                          relu_names=(PASS_MAPS["gradcam"][0],),
+                          units=dict(PASS_MAPS.values()) | {k: get(k).unit for k in maps if k not in PASS_MAPS})
     assert shown.shape == expected.shape
     assert np.abs(shown.astype(int) - expected).mean() < 4  # the JPEG preview of the same picture
 

@@ -68,14 +68,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 def write_image_figures(handle: ViTHandle, result: ImageAnalysis, out: Path, stem: str) -> None:
-    maps = {map_plots.PASS_MAPS[key][0]: values for key, values in map_plots.pass_maps(result).items()}
+    maps, relu, units = map_plots.titled_pass_maps(result, handle)
     title = f"{handle.name} · {stem}"
     if result.gradcam is not None:
         title += f" · {target_text(handle, result.target, result.prompt)}"
         if result.contrast is not None:
             title += f" versus {target_text(handle, result.contrast, result.versus)}"
-    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=(map_plots.PASS_MAPS["gradcam"][0],),
-                                   units=map_plots.pass_units(result), title=title), out / f"{stem}_maps.png")
+    save_png(map_plots.maps_figure(result.rgb, maps, relu_names=relu, units=units, title=title),
+             out / f"{stem}_maps.png")
     save_png(distance_plots.attention_distance_figure(result.mean_distance, image_width=result.layout.input_size[1],
                                              title=f"mean attention distance: {handle.name} · {stem}"),
           out / f"{stem}_distance.png")

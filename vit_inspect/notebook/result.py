@@ -82,7 +82,7 @@ class Analysis:
         """Every map of the pass at its default options, by name (see `plots.maps.pass_maps`)."""
         from vit_inspect.plots.maps import pass_maps
 
-        return pass_maps(self.result)
+        return pass_maps(self.result, self.handle)
 
     def title(self) -> str:
         """"model · image · class label (#index)" of the class the gradient maps explain, or 'prompt "text"'
@@ -109,11 +109,10 @@ class Analysis:
 
     def show_all(self):
         """Every map of the pass side by side at its default options (`maps`), as a matplotlib Figure."""
-        from vit_inspect.plots.maps import PASS_MAPS, maps_figure, pass_units
+        from vit_inspect.plots.maps import maps_figure, titled_pass_maps
 
-        maps = self.maps()
-        return maps_figure(self.result.rgb, {PASS_MAPS[k][0]: v for k, v in maps.items()},
-                           relu_names=(PASS_MAPS["gradcam"][0],), units=pass_units(self.result), title=self.title())
+        maps, relu, units = titled_pass_maps(self.result, self.handle)
+        return maps_figure(self.result.rgb, maps, relu_names=relu, units=units, title=self.title())
 
     def show_distance(self):
         """Mean attention distance per layer and head in input pixels (ViT paper, Fig. 7 right), a Figure."""
@@ -145,11 +144,10 @@ class Analysis:
     def _repr_html_(self) -> str:
         """Jupyter's view: the title, the top-5 classes and every map of the pass (PIL panels, drawn in ms),
         a small crop enlarged to be seen (`legible`)."""
-        from vit_inspect.plots.maps import PASS_MAPS, RELU_MAPS, maps_panel, pass_units
+        from vit_inspect.plots.maps import maps_panel, titled_pass_maps
 
-        maps = self.maps()
-        picture = maps_panel(legible(self.result.rgb), {PASS_MAPS[k][0]: v for k, v in maps.items()},
-                             relu_names=tuple(PASS_MAPS[k][0] for k in RELU_MAPS), units=pass_units(self.result))
+        maps, relu, units = titled_pass_maps(self.result, self.handle)
+        picture = maps_panel(legible(self.result.rgb), maps, relu_names=relu, units=units)
         top = topk_table(self.top()) if self.result.probs.size else "<p>This model has no classification head.</p>"
         return (f"<div><p><b>{html.escape(self.title())}</b></p>{top}"
                 f"{preview_tag(picture, 'maps of ' + self.title())}</div>")

@@ -9,6 +9,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from PIL import Image, ImageDraw
 
+from vit_inspect.methods import MethodContext, added, compute_maps
+from vit_inspect.methods import get as get_method
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, SMALL_TEXT, TEXT, add_colorbar,
                                       blend_tables, color_index, draw_colorbar, font_of, grid_of, map_range, normalized,
@@ -95,16 +97,31 @@ def pass_units(result: ImageAnalysis) -> dict[str, str]:
             for key, (title, unit) in PASS_MAPS.items()}
 
 
-def pass_maps(result: ImageAnalysis) -> dict[str, np.ndarray]:
+def titled_pass_maps(result: ImageAnalysis, handle=None) -> tuple[dict[str, np.ndarray], tuple[str, ...],
+                                                                   dict[str, str]]:
+    """(title -> map, titles drawn after a ReLU, title -> unit) of `pass_maps`, as the figures of every map
+    draw them: the built-ins under their `PASS_MAPS` titles, the added methods under their names."""
+    maps = pass_maps(result, handle)
+    extra = {name: get_method(name) for name in maps if name not in PASS_MAPS}
+    titled = {PASS_MAPS[k][0] if k in PASS_MAPS else k: v for k, v in maps.items()}
+    relu = (*(PASS_MAPS[k][0] for k in RELU_MAPS), *(k for k, m in extra.items() if m.relu))
+    units = pass_units(result) | {k: m.unit.replace("{score}", result.score) for k, m in extra.items()}
+    return titled, relu, units
+
+
+def pass_maps(result: ImageAnalysis, handle=None) -> dict[str, np.ndarray]:
     """PASS_MAPS key -> (grid_h, grid_w) raw map at its default options, for each map this result has:
     raw attention of the last layer (mean of heads, from the readout), attention rollout (Abnar & Zuidema
     2020; mean fusion, every layer), Grad-CAM of the last block, gradient-weighted attention (Chefer et al.
     2021), LeGrad and AttnLRP. A model without a head has the first two only; a pass run with
-    ``relevance=False``, or a hand-written model, has no LeGrad or AttnLRP."""
+    ``relevance=False``, or a hand-written model, has no LeGrad or AttnLRP. Then the maps of the methods
+    vit_inspect does not ship (`methods.added`: plugins), at their defaults, once per pass; one with passes of
+    its own runs on ``handle`` (without it, it is left out, as a method that fails is)."""
     maps = {"attention": result.attention_map(result.depth - 1), "rollout": result.rollout(),
             "gradcam": None if result.gradcam is None else result.gradcam[-1], "chefer": result.chefer,
             "legrad": result.legrad, "attnlrp": result.attnlrp}
-    return {key: values for key, values in maps.items() if values is not None}
+    maps = {key: values for key, values in maps.items() if values is not None}
+    return maps | compute_maps(MethodContext(result, handle), tuple(added()))[0]
 
 
 def maps_figure(rgb: np.ndarray, maps: dict[str, np.ndarray], relu_names: tuple[str, ...] = (),

@@ -22,7 +22,7 @@ from vit_inspect.plots.faithfulness import method_colours, paper_name
 from vit_inspect.ui.common import shown_model
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.panels import FIGURE_PIXELS
-from vit_inspect.ui.tabs.faithfulness import METHODS
+from vit_inspect.studies.faithfulness import METHODS
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
