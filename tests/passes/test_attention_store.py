@@ -16,6 +16,7 @@ from vit_inspect.analysis import (
     rollout,
 )
 from vit_inspect.analysis.attention_distance import patch_distances
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.hf_models import handle_from_hf
 from vit_inspect.passes import attention_store, capture, layer_stream
 from vit_inspect.passes.attention_store import AttentionStore
@@ -155,14 +156,15 @@ def test_store_size_grows_like_depth_n_d():
 def test_wrong_rebuild_falls_back_to_maps(monkeypatch):
     """A model that does not compute softmax(s q k^T) (here: a scale the module does not use) is caught by
     the check during the pass; the maps are then stored and still equal the recorded ones."""
-    real = layer_stream._qk_modules
+    handle = tiny_handle("distilled")
+    adapter = adapter_of(handle)
+    real = adapter.query_key_modules
 
     def wrong_scale(attn):
         q, k, shape, scale = real(attn)
         return q, k, shape, scale * 3.0
 
-    monkeypatch.setattr(layer_stream, "_qk_modules", wrong_scale)
-    handle = tiny_handle("distilled")
+    monkeypatch.setattr(adapter, "query_key_modules", wrong_scale)
     result = analyze_image(handle, _image(), input_size=(32, 32))
     store = result.attention_store
     assert store.mode == "maps" and store.queries is None and store.max_error > attention_store.TOLERANCE

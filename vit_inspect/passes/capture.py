@@ -6,7 +6,8 @@ materialises the probabilities, so hooks on `attn_drop` silently see nothing. In
 `core.open_clip_models.SelfAttention` writes out as timm's; Hugging Face models: the eager attention
 implementation is on; hand-written models: the module their `ModuleSpec` names already gives the
 probabilities, as its output or as the second item of `(output, weights)`) and hooks record them;
-on leaving - normally or through an exception - every hook is removed and every flag restored.
+on leaving - normally or through an exception - every hook is removed and every flag restored. Each
+family's switch is its adapter's (`core.families`, `FamilyAdapter.probabilities`).
 
 A pass without gradients that only reduces the maps (`passes.pipeline` on the CPU, for models whose maps are
 not kept) asks for them a block of query rows at a time instead (``rows``, `blocked_attention`): timm's
@@ -24,6 +25,7 @@ from timm.layers.attention import Attention as TimmAttention
 from torch import nn
 
 from vit_inspect.core.errors import CaptureError
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.handle import ViTHandle
 
 
@@ -206,37 +208,16 @@ def capture_attention(handle: ViTHandle, activation_layers: Sequence[int] = (), 
     """
     layers = [range(handle.depth)[i] for i in activation_layers]  # negative indices allowed, range checked
     recorder = AttentionRecorder(handle.depth, layers, keep_attention, on_attention)
+    blocked = None if rows is None else (  # timm's Attention itself, not a subclass
+        lambda attn, i: blocked_attention(attn, i, rows) if type(attn) is TimmAttention else None)
     hooks: list[torch.utils.hooks.RemovableHandle] = []
-    saved_fused: list[tuple[nn.Module, bool]] = []
-    saved_impl: str | None = None
-    blocked: list[nn.Module] = []
-    try:
-        if handle.family in ("timm", "open_clip"):  # timm's Attention, or OpenCLIP's written out as it
-            for i, attn in enumerate(handle.attention_modules):
-                saved_fused.append((attn, attn.fused_attn))
-                attn.fused_attn = False
-                hooks.append(attn.attn_drop.register_forward_hook(recorder._attention_hook(i)))
-                if rows is not None and type(attn) is TimmAttention:
-                    attn.forward = blocked_attention(attn, i, rows)  # an instance attribute, deleted on leaving
-                    blocked.append(attn)
-        else:  # Hugging Face, or a hand-written model whose spec names a module that gives the probabilities
-            if handle.family == "hf":
-                saved_impl = handle.model.config._attn_implementation
-                if saved_impl != "eager":
-                    handle.model.set_attn_implementation("eager")
-            for i, attn in enumerate(handle.attention_modules):
-                hooks.append(attn.register_forward_hook(recorder._attention_hook(i)))
-        for i in layers:
-            hooks.append(handle.norm1_modules[i].register_forward_hook(recorder._activation_hook(i)))
-        for i in range(handle.depth) if residual else ():
-            hooks.append(handle.blocks[i].register_forward_hook(recorder._residual_hook(i)))
-        yield recorder
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for attn in blocked:
-            del attn.forward
-        for attn, fused in saved_fused:
-            attn.fused_attn = fused
-        if saved_impl is not None and saved_impl != handle.model.config._attn_implementation:
-            handle.model.set_attn_implementation(saved_impl)
+    with adapter_of(handle).probabilities(handle, recorder._attention_hook, blocked):
+        try:
+            for i in layers:
+                hooks.append(handle.norm1_modules[i].register_forward_hook(recorder._activation_hook(i)))
+            for i in range(handle.depth) if residual else ():
+                hooks.append(handle.blocks[i].register_forward_hook(recorder._residual_hook(i)))
+            yield recorder
+        finally:
+            for hook in hooks:
+                hook.remove()

@@ -11,7 +11,7 @@ A head's output is its slice of the attention output before the output projectio
 
 The replacement happens in a forward pre-hook on the module that receives the concatenated heads
 (timm: `attn.proj`, or `attn.norm` when the model normalises before the projection; Hugging Face:
-`o_proj`), so it works with timm's fused attention, with HF's eager attention and inside
+`o_proj`; each family's adapter in `core.families` names it), so it works with timm's fused attention, with HF's eager attention and inside
 `capture_attention`. Every hook and switch is removed/restored on leaving, even after an exception.
 Masks may differ per batch row: row b ablates the heads set in ``mask[b]`` (one forward over L·H
 rows ranks every head, see `vit_inspect.heads.head_importance`).
@@ -19,7 +19,7 @@ rows ranks every head, see `vit_inspect.heads.head_importance`).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -29,6 +29,7 @@ from PIL import Image
 from torch import nn
 
 from vit_inspect.core.errors import ImageError, InterventionError
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 
@@ -72,26 +73,9 @@ def head_mask(heads: HeadSet, depth: int, num_heads: int) -> torch.Tensor:
 
 def head_output_module(handle: ViTHandle, layer: int) -> nn.Module:
     """The module whose input is layer `layer`'s concatenated head outputs (B, N, heads * head_dim)."""
-    attn = handle.attention_modules[layer]
-    if handle.family not in ("timm", "hf"):
-        raise InterventionError(f"Head ablation supports timm and Hugging Face ViTs; {handle.name!r} is a "
-                                f"{handle.family!r} model.")
-    if handle.family == "timm":
-        norm = getattr(attn, "norm", None)
-        module = norm if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity) else getattr(attn, "proj", None)
-    else:
-        module = getattr(attn, "o_proj", None) or getattr(getattr(attn, "output", None), "dense", None)
+    module = adapter_of(handle).head_output_module(handle, handle.attention_modules[layer])  # refuses families
     if not isinstance(module, nn.Module):
         raise InterventionError(f"Cannot find the output projection of layer {layer}'s attention in {handle.name!r}.")
-    return module
-
-
-def _value_module(handle: ViTHandle, layer: int) -> nn.Module:
-    """HF: the value projection (B, N, heads * head_dim) of layer `layer`."""
-    attn = handle.attention_modules[layer]
-    module = getattr(attn, "v_proj", None) or getattr(getattr(attn, "attention", None), "value", None)
-    if not isinstance(module, nn.Module):
-        raise InterventionError(f"Cannot find the value projection of layer {layer}'s attention in {handle.name!r}.")
     return module
 
 
@@ -126,9 +110,9 @@ def ablate_heads(handle: ViTHandle, heads: HeadSet, mode: str = "zero",
                                     f"model ({handle.depth} layers of {handle.num_heads} heads).")
         means = torch.as_tensor(mean.values, device=handle.device)  # (depth, N, heads * head_dim)
     layers = [i for i in range(handle.depth) if bool(mask[:, i].any())]
+    adapter = adapter_of(handle)
     hooks: list[torch.utils.hooks.RemovableHandle] = []
-    saved_fused: list[tuple[nn.Module, bool]] = []
-    values: dict[int, torch.Tensor] = {}  # HF uniform mode: this pass's value projections
+    values: dict[int, torch.Tensor] = {}  # uniform mode where the mean values replace the heads: this pass's value projections
 
     def replace_heads(layer: int):
         def hook(module: nn.Module, args: tuple):
@@ -170,24 +154,16 @@ def ablate_heads(handle: ViTHandle, heads: HeadSet, mode: str = "zero",
         return hook
 
     try:
-        for i in layers:
-            attn = handle.attention_modules[i]
-            if mode == "uniform" and handle.family == "timm":
-                # softmax probabilities replaced before `attn @ v`: needs the unfused path, as capture does
-                saved_fused.append((attn, attn.fused_attn))
-                attn.fused_attn = False
-                hooks.append(attn.attn_drop.register_forward_hook(uniform_probs(i), prepend=True))
-                continue
-            if mode == "uniform":  # HF: no module between softmax and `attn @ v`; use mean(V) directly
-                hooks.append(_value_module(handle, i).register_forward_hook(keep_values(i)))
-                hooks.append(attn.register_forward_hook(uniform_probs(i), prepend=True))  # what capture records
-            hooks.append(head_output_module(handle, i).register_forward_pre_hook(replace_heads(i)))
-        yield mask
+        with ExitStack() as switches:
+            for i in layers:
+                if mode == "uniform" and not switches.enter_context(
+                        adapter.uniform_attention(handle, i, uniform_probs(i), keep_values(i))):
+                    continue  # the probabilities themselves are uniform: the heads' outputs follow
+                hooks.append(head_output_module(handle, i).register_forward_pre_hook(replace_heads(i)))
+            yield mask
     finally:
         for hook in hooks:
             hook.remove()
-        for attn, fused in saved_fused:
-            attn.fused_attn = fused
         values.clear()
 
 

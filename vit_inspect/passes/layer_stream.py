@@ -11,10 +11,10 @@ from typing import Iterator
 
 import numpy as np
 import torch
-from torch import nn
 
 from vit_inspect.analysis.attention_distance import patch_distances
 from vit_inspect.core.errors import CaptureError
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import TOLERANCE, AttentionStore
@@ -39,28 +39,6 @@ def fused_planes(maps: torch.Tensor) -> dict[str, np.ndarray]:
     return {"sum": (ones @ flat).reshape(maps.shape[1:]).cpu().numpy(),
             "max": maps.amax(0).to(torch.float16).cpu().numpy(),
             "min": maps.amin(0).to(torch.float16).cpu().numpy()}
-
-
-def _qk_modules(attn: nn.Module) -> tuple[nn.Module, nn.Module, str, float] | None:
-    """(query module, key module, output layout, scale) of one attention module, or None if unknown.
-
-    timm `Attention`: the outputs of ``q_norm``/``k_norm`` (Identity without qk-norm), (B, heads, N, d),
-    scale ``attn.scale``. Hugging Face: ``q_proj``/``k_proj`` (or ``query``/``key``), (B, N, heads * d),
-    scale ``scaling``."""
-    if hasattr(attn, "q_norm") and hasattr(attn, "k_norm") and hasattr(attn, "scale"):
-        return attn.q_norm, attn.k_norm, "bhnd", float(attn.scale)
-    inner = getattr(attn, "attention", attn)
-    for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
-        q, k = getattr(inner, q_name, None), getattr(inner, k_name, None)
-        if isinstance(q, nn.Module) and isinstance(k, nn.Module):
-            heads = getattr(inner, "num_attention_heads", None) or getattr(getattr(inner, "config", None),
-                                                                           "num_attention_heads", None)
-            head_dim = getattr(inner, "head_dim", None) or getattr(inner, "attention_head_size", None)
-            if heads is None or head_dim is None:
-                return None
-            scale = getattr(inner, "scaling", None) or head_dim ** -0.5
-            return q, k, f"bn(hd):{int(heads)}", float(scale)
-    return None
 
 
 @dataclass(eq=False)
@@ -134,7 +112,9 @@ class LayerStream:
         self._kept: torch.Tensor | None = None  # (depth, heads, N, N) float16 on the maps' device, made on the first layer
         self._kept_layers: set[int] = set()
         # the query and key modules each layer's Q/K are recorded from (none when the maps themselves are kept)
-        self.modules = [None] * self.depth if keep_maps else [_qk_modules(a) for a in handle.attention_modules]
+        adapter = adapter_of(handle)
+        self.modules = [None] * self.depth if keep_maps else [adapter.query_key_modules(a)
+                                                              for a in handle.attention_modules]
         self._q: dict[int, torch.Tensor] = {}
         self._k: dict[int, torch.Tensor] = {}
         # per layer, on the model's device: Q and K rounded to the dtype that passed the check, or the float16

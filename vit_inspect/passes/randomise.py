@@ -19,7 +19,10 @@ device, the order of randomisation, or whether the others are randomised too:
 - Hugging Face: ``model.init_weights()`` after clearing the flags that mark loaded weights as initialised
   (normal σ = ``initializer_range`` for Linear and Conv, LayerNorm at 1 / 0, the embeddings' own rule);
 - a hand-written model (`ModuleSpec`): each module's PyTorch ``reset_parameters()``, and a truncated normal
-  σ .02 (timm's choice) for parameters of modules that have none (a position embedding, a class token).
+  σ .02 (timm's choice) for parameters of modules that have none (a position embedding, a class token);
+- OpenCLIP: as a hand-written model.
+
+Each family's initialiser is its adapter's (`core.families`, `FamilyAdapter.initialise`).
 
 `randomised` copies the chosen layers' new values into the model in place and copies the saved values
 back on leaving, even after an exception: the weights are restored bit for bit and the parameter objects
@@ -36,11 +39,11 @@ import torch
 from torch import nn
 
 from vit_inspect.core.errors import InterventionError
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.handle import ViTHandle
 
 EMBEDDING = "embedding"  # the layer name of the patch embedding (blocks are 0 .. depth - 1)
 Layer = int | str
-TRUNC_STD = 0.02  # truncated-normal σ for parameters without a module initialiser (hand-written models)
 
 
 def cascade_order(depth: int) -> tuple[Layer, ...]:
@@ -77,32 +80,6 @@ def layer_parameters(handle: ViTHandle) -> dict[Layer, tuple[str, ...]]:
     return layers
 
 
-def _clear_hf_flags(model: nn.Module) -> None:
-    """Forget Hugging Face's marks of loaded (hence "already initialised") modules and tensors."""
-    for module in model.modules():
-        module.__dict__.pop("_is_hf_initialized", None)
-        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-            tensor.__dict__.pop("_is_hf_initialized", None)
-
-
-def _initialise(family: str, model: nn.Module) -> None:
-    """Run the model's own initialiser on `model` in place (see the module docstring)."""
-    from timm.layers import trunc_normal_
-
-    if family == "timm" and hasattr(model, "init_weights"):
-        model.init_weights()
-    elif family == "hf" and hasattr(model, "init_weights"):
-        _clear_hf_flags(model)
-        model.init_weights()
-    else:
-        for module in model.modules():
-            if hasattr(module, "reset_parameters"):
-                module.reset_parameters()
-            else:
-                for parameter in module.parameters(recurse=False):
-                    trunc_normal_(parameter, std=TRUNC_STD)
-
-
 def _without_hooks(model: nn.Module) -> dict[int, object]:
     """A `copy.deepcopy` memo under which the copy of `model` gets empty hook registries: the hooks others put
     on the model (a server's counters, a profiler's) belong to it, may hold what cannot be copied (a lock), and
@@ -130,7 +107,7 @@ def fresh_weights(handle: ViTHandle, seed: int = 0) -> FreshWeights:
         model = copy.deepcopy(handle.model, _without_hooks(handle.model)).to("cpu")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            _initialise(handle.family, model)
+            adapter_of(handle).initialise(model)
     parameters = dict(model.named_parameters())
     values = {name: parameters[name].detach() for names in layers.values() for name in names}
     return FreshWeights(seed=seed, layers=layers, values=values)

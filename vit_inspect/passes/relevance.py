@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_inspect.core.errors import UnsupportedModelError
+from vit_inspect.core.families import adapter_of
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.prompts import UnitNormalize
 
@@ -202,24 +203,7 @@ def score_projection(handle: ViTHandle, projection: str) -> Callable[[torch.Tens
     timm trunk its final norm, pooler and projection), then the zero-shot head, whatever ``projection``."""
     if projection not in ("model", "mean"):
         raise ValueError(f"unknown projection {projection!r}; use 'model' or 'mean'")
-    if handle.clip is not None:  # LeGrad's own CLIP readout (its package): tokens -> image embedding -> head
-        head, embed = handle.clip.head, handle.clip.legrad_embedding
-        return lambda tokens: head(embed(tokens))
-    if handle.family not in ("timm", "hf"):
-        raise UnsupportedModelError(f"LeGrad follows timm and Hugging Face ViTs; {handle.name!r} is not one.")
-    model = handle.model
-    if handle.family == "timm":
-        if projection == "model":
-            return lambda tokens: model.forward_head(model.norm(tokens))
-        return lambda tokens: model.head(model.fc_norm(model.norm(tokens.mean(1))))
-    norm = getattr(model.base_model, "layernorm", None)
-    classifier = getattr(model, "classifier", None)
-    if not isinstance(classifier, nn.Linear) or norm is None or handle.global_pool != "token":
-        raise UnsupportedModelError(f"LeGrad needs a class-token classifier with one Linear head; {handle.name!r} "
-                                    "has another readout.")
-    if projection == "model":
-        return lambda tokens: classifier(norm(tokens)[:, 0])
-    return lambda tokens: classifier(norm(tokens.mean(1)))
+    return adapter_of(handle).score_projection(handle, projection)
 
 
 def unit_norm_rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -228,28 +212,8 @@ def unit_norm_rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torc
     return grad / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
-def _explained_modules(handle: ViTHandle) -> Iterator[nn.Module]:
-    """The modules the LRP rules may wrap: the whole model, or for a CLIP-style model its vision tower and zero-shot
-    head (the text tower encodes prompts beside the pass and is never explained)."""
-    if handle.clip is None:
-        yield from handle.model.modules()
-        return
-    yield from handle.model.visual.modules()
-    yield from handle.clip.head.modules()
-
-
 def _attention_linears(handle: ViTHandle) -> set[nn.Module]:
     return {m for attn in handle.attention_modules for m in attn.modules() if isinstance(m, nn.Linear)}
-
-
-def _query_key_projections(attention: nn.Module, name: str) -> tuple[nn.Module, nn.Module]:
-    """A Hugging Face attention's query and key Linears (``q_proj``/``k_proj``, or older ``query``/``key``):
-    holding their outputs constant in the LRP backward holds the softmax input, hence A, constant (CP-LRP)."""
-    for module in (attention, getattr(attention, "attention", None)):
-        for query, key in (("q_proj", "k_proj"), ("query", "key")):
-            if isinstance(getattr(module, query, None), nn.Linear) and isinstance(getattr(module, key, None), nn.Linear):
-                return getattr(module, query), getattr(module, key)
-    raise UnsupportedModelError(f"AttnLRP cannot find the query/key projections of {name!r}'s attention.")
 
 
 def _is_gelu(module: nn.Module) -> bool:
@@ -277,14 +241,14 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
             recorder.block_outputs[layer] = output[0] if isinstance(output, tuple) else output
         return hook
 
-    if handle.family not in ("timm", "hf", "open_clip"):  # hand-written models: no hooks, no LeGrad/AttnLRP maps
-        recorder.unsupported = (f"AttnLRP and LeGrad follow timm and Hugging Face ViTs; {handle.name!r} is a "
-                                f"{handle.family!r} model.")
+    adapter = adapter_of(handle)
+    recorder.unsupported = adapter.lrp_unsupported(handle)
+    if recorder.unsupported:  # no hooks, no LeGrad/AttnLRP maps
         yield recorder
         return
     try:
         attention_linears = _attention_linears(handle)
-        for module in _explained_modules(handle):
+        for module in adapter.lrp_modules(handle):
             if module is handle.patch_projection:
                 hooks.append(module.register_forward_hook(switch(_linear_rule(module, rules.conv_gamma,
                                                                               rules.stabilizer))))
@@ -299,16 +263,13 @@ def relevance_rules(handle: ViTHandle, rules: LRPRules = LRPRules()) -> Iterator
             elif isinstance(module, UnitNormalize):
                 hooks.append(module.register_forward_hook(switch(unit_norm_rule)))
         for attn in handle.attention_modules:
-            if handle.family in ("timm", "open_clip"):
-                hooks.append(attn.attn_drop.register_forward_hook(constant_in_lrp))  # the probabilities
-            else:
-                try:
-                    projections = _query_key_projections(attn, handle.name)
-                except UnsupportedModelError as exc:
-                    recorder.unsupported = str(exc)
-                    projections = ()
-                for projection in projections:
-                    hooks.append(projection.register_forward_hook(constant_in_lrp))
+            try:
+                constants = adapter.lrp_constants(handle, attn)  # held constant: the probabilities are (CP-LRP)
+            except UnsupportedModelError as exc:
+                recorder.unsupported = str(exc)
+                constants = ()
+            for module in constants:
+                hooks.append(module.register_forward_hook(constant_in_lrp))
         for layer, block in enumerate(handle.blocks):
             hooks.append(block.register_forward_hook(block_output(layer)))
         yield recorder
