@@ -32,13 +32,13 @@ from vit_inspect.ui.common import (REFUSED, describe, download_folder, geometry_
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
-from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, view_map
+from vit_inspect.ui.panels import (FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, map_geometry,
+                                  view_map)
 from vit_inspect.ui.relevance import computed, with_relevance
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
-from vit_inspect.ui.tabs.attention import map_geometry
 from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, plain_markdown, prompt_text, text
-from vit_inspect.ui.view import PATCH, READOUT, View
+from vit_inspect.ui.view import PATCH, READOUT, View, download_options
 from vit_inspect.ui.zerogpu import gpu_pass
 
 log = logging.getLogger("vit_inspect.app")
@@ -109,14 +109,6 @@ class Session:
 def input_digest(rgb: np.ndarray) -> str:
     """A digest of the (H, W, 3) input a pass saw: equal for equal inputs, whatever upload gave them."""
     return hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=16).hexdigest()
-
-
-def download_options(session: Session, controls: dict) -> dict:
-    """The settings the downloads depend on (`View.record`), or a mark that the controls are unreadable."""
-    try:
-        return View.from_controls(session.result, **controls).record()
-    except InputError:
-        return {"unreadable": True}
 
 
 def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:

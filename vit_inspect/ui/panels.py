@@ -58,8 +58,17 @@ def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
 
 def main_scale(result: ImageAnalysis) -> int:
     """The whole factor a view's main map enlarges the crop by: at least MAIN_MAP_PIXELS wide (2 for a 224-pixel
-    crop; 1 from 448 pixels up). A click's pixel on such a map is divided by it (`attention.map_geometry`)."""
+    crop; 1 from 448 pixels up). A click's pixel on such a map is divided by it (`map_geometry`)."""
     return max(1, math.ceil(MAIN_MAP_PIXELS / result.layout.input_size[1]))
+
+
+def map_geometry(result: ImageAnalysis) -> dict:
+    """What the browser needs to turn a clicked pixel of the map into a patch: the whole factor the map
+    enlarges the crop by (`main_scale`), the input's (height, width), the patch's (height, width) in
+    input pixels and the grid's (rows, columns)."""
+    tokens = result.layout
+    return {"scale": main_scale(result), "input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
+            "grid": [tokens.grid_h, tokens.grid_w]}
 
 
 def first_view(result: ImageAnalysis, view):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import MAP_OUT, OutputImage
+from vit_inspect.ui.context import PageSettings, TabContext
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class GradcamView:
         return [self.layer.input]
 
 
-def layout() -> GradcamView:
+def layout(settings: PageSettings) -> GradcamView:
     """The tab, its block slider and its maps, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Grad-CAM", elem_id="gradcam-tab") as tab:
         gr.Markdown("Why this class, or this prompt? Grad-CAM (Selvaraju et al. 2017) of one block, and "
@@ -46,3 +47,10 @@ def layout() -> GradcamView:
                 relevance = OutputImage(elem_id="relevance-map", **MAP_OUT)
             gr.Column(scale=2, min_width=260)
     return GradcamView(tab, layer, panel, relevance)
+
+
+def wire(view: GradcamView, ctx: TabContext) -> None:
+    """Grad-CAM redrawn from the session's pass when its block, the colour scale or the tab changes; the
+    gradient-weighted attention map beside it when the tab opens (it has no options of its own)."""
+    ctx.redraw("gradcam", [*view.redraw_on, ctx.scale.input, view.tab.select])
+    ctx.redraw("relevance", [view.tab.select], api_name="gradient_weighted_attention")
