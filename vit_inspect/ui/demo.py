@@ -18,7 +18,6 @@ INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, whe
          "The page opens on an example; upload your own image or pick another, and every slider and click "
          "redraws from one pass of the model. Every map has a colour bar with its unit and a caption with its "
          "settings.")
-API_NAMES = {"relevance": "gradient_weighted_attention"}  # a redraw whose panel's name is another event's api_name
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
 
@@ -43,7 +42,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         # Events are registered in the order below, and the page runs the listeners of one trigger in that order.
         panel = dict(zip(FIRST_VIEW, page.overview.maps)) | {
             "attention": page.attention.panel, "distance": page.distance.panel, "rollout": page.rollout.panel,
-            "gradcam": page.gradcam.panel, "relevance": page.gradcam.relevance, "compare": page.all_maps.panel,
+            "gradcam": page.gradcam.panel, "chefer": page.gradcam.chefer, "compare": page.all_maps.panel,
             "heads": page.all_heads.panel}
         controls = dict(layer=page.attention.layer, head=page.attention.head, mean_heads=page.attention.mean_heads,
                         query=page.attention.query, row=page.attention.row, col=page.attention.col,

@@ -45,7 +45,7 @@ log = logging.getLogger("vit_inspect.app")
 
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
-CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")  # the panels a new class redraws
+CLASS_PANELS = ("first_chefer", "gradcam", "chefer", "rollout", "compare")  # the panels a new class redraws
 CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # no class to switch to: the session, the list and its panels
 
 # A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
@@ -53,7 +53,7 @@ CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # no class to switch to: th
 # for DeiT-Ti) only if the page shows their tab then, else the tab draws them when it opens: nothing drawn out
 # of view competes with the browser fetching the first view. panel -> its tab
 FIRST_PANELS = FIRST_VIEW
-LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "relevance": "Grad-CAM",
+LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "chefer": "Grad-CAM",
                 "compare": "All maps", "heads": "All heads", "distance": "Attention distance"}
 FIRST_TAB = "Overview"  # the tab a page opens on
 # `analyze`'s answer when nothing changes, one skip per output: session, top-5, crop, class list, the image panels,

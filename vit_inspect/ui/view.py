@@ -82,7 +82,7 @@ class View:
                 "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
                            + (SWAPPED if self.swapped else "") + (discard if self.discard_ratio > 0 else ""),
                 "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
-                "relevance": "gradient-weighted attention (Chefer et al.)"}
+                "chefer": "gradient-weighted attention (Chefer et al.)"}
 
     def record(self) -> dict:
         """These settings for the downloads."""

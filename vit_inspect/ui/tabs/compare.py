@@ -74,7 +74,7 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
     rows = []
     for item in aligned_maps(comparison, layer_a=layer):
         score = item.agreement
-        layers = "all" if item.kind in ("rollout", "relevance") else f"{item.layer_a} ↔ {item.layer_b}"
+        layers = "all" if item.kind in ("rollout", "chefer") else f"{item.layer_a} ↔ {item.layer_b}"
         rows.append([MAP_TITLES[item.kind], layers, _rho(score.spearman), f"{score.top_overlap:.2f}",
                      f"{score.grid[0]}×{score.grid[1]}"])
     for label, result in zip(state.labels, (comparison.a, comparison.b)):

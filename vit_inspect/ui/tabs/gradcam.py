@@ -16,12 +16,12 @@ from vit_inspect.ui.context import PageSettings, TabContext
 
 @dataclass(frozen=True)
 class GradcamView:
-    """The Grad-CAM tab's components (``relevance``: the gradient-weighted attention map)."""
+    """The Grad-CAM tab's components (``chefer``: the gradient-weighted attention map, Chefer et al. 2021)."""
 
     tab: gr.Tab
     layer: gr.Slider
     panel: gr.Image
-    relevance: gr.Image
+    chefer: gr.Image
 
     @property
     def redraw_on(self) -> list:
@@ -44,13 +44,13 @@ def layout(settings: PageSettings) -> GradcamView:
                             "**Faithfulness** tab scores it signed and as drawn.")
         with gr.Row():
             with gr.Column(scale=3, min_width=580):
-                relevance = OutputImage(elem_id="relevance-map", **MAP_OUT)
+                chefer = OutputImage(elem_id="chefer-map", **MAP_OUT)
             gr.Column(scale=2, min_width=260)
-    return GradcamView(tab, layer, panel, relevance)
+    return GradcamView(tab, layer, panel, chefer)
 
 
 def wire(view: GradcamView, ctx: TabContext) -> None:
     """Grad-CAM redrawn from the session's pass when its block, the colour scale or the tab changes; the
     gradient-weighted attention map beside it when the tab opens (it has no options of its own)."""
     ctx.redraw("gradcam", [*view.redraw_on, ctx.scale.input, view.tab.select])
-    ctx.redraw("relevance", [view.tab.select], api_name="gradient_weighted_attention")
+    ctx.redraw("chefer", [view.tab.select], api_name="gradient_weighted_attention")

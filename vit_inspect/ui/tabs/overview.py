@@ -20,7 +20,7 @@ from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.panels import FIRST_VIEW
 
 NOT_SCORED = "*Faithfulness: not scored yet (press Score faithfulness, below).*"
-VERDICT_METHODS = {"first_attention": "attention", "first_rollout": "rollout", "first_relevance": "chefer"}
+VERDICT_METHODS = {"first_attention": "attention", "first_rollout": "rollout", "first_chefer": "chefer"}
 SCORE_LABEL = "Score faithfulness (about 30 batched forward passes per map)"
 
 
