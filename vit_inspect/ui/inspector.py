@@ -20,7 +20,7 @@ from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.pipeline import add_relevance, analyze_image
 from vit_inspect.core.open_clip_models import is_open_clip_name
-from vit_inspect.passes.records import analysis_record, target_record
+from vit_inspect.passes.records import analysis_record, rounded, target_record
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
@@ -34,7 +34,7 @@ from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
 from vit_inspect.ui.panels import (FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, map_geometry,
                                   view_map)
-from vit_inspect.ui.relevance import computed, with_relevance
+from vit_inspect.ui.relevance import added_maps, computed, with_relevance
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
 from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, plain_markdown, prompt_text, text
@@ -499,13 +499,18 @@ class Inspector:
                     "contrast": target_record(handle, result.contrast, result.versus),
                     "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
         settings |= view.record()
+        plugged, missing = added_maps(session)  # the registry's added methods this pass holds (`relevance`)
         record = analysis_record(handle, result, session.name) | {"model": settings["model"], "settings": settings}
+        record |= {name: rounded(values) for name, values in plugged.items() if name not in record}
+        if missing:
+            record["left_out"] = missing
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
                   "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
                   "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
+        arrays |= {name: values for name, values in plugged.items() if name not in arrays}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
         basis = Basis.of(session, key or session.model, download_options(session, controls))
