@@ -199,3 +199,17 @@ def test_sanity_leaves_a_failing_method_out_with_its_reason(tiny, registered):
         "breaks_later": "breaks_later returned NaN or infinite values."}
     alone = sanity_check(handle, pixels, ("gradcam",), target=3, settings=settings)
     assert result.record()["methods"] == alone.record()["methods"]  # the others are as without the bad ones
+
+
+def test_a_result_made_from_another_does_not_inherit_its_kept_maps(tiny):
+    """`compute_maps` keeps each map in the pass's result; a result made from it (LeGrad and AttnLRP added, or
+    taken away) is another pass and computes its maps again."""
+    import dataclasses
+
+    from vit_inspect.methods import MethodContext, compute_maps
+
+    _, _, result = tiny
+    maps, _ = compute_maps(MethodContext(result), ("legrad",))
+    assert "legrad" in result.method_maps and "legrad" in maps
+    bare = dataclasses.replace(result, legrad=None, attnlrp=None)
+    assert bare.method_maps == {} and compute_maps(MethodContext(bare), ("legrad",)) == ({}, {})

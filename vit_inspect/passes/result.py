@@ -50,8 +50,9 @@ class ImageAnalysis:
     score: str = "logit"  # what the gradient maps explain: "logit", or "cosine" (image-text cosine similarity)
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
     # registered method -> its map at its default options for this pass (an array), None where the pass cannot
-    # have it, or why it failed (`methods.MethodFailure`): filled once per method by `methods.compute_maps`
-    method_maps: dict = field(default_factory=dict, compare=False, repr=False)
+    # have it, or why it failed (`methods.MethodFailure`): filled once per method by `methods.compute_maps`.
+    # Not an argument: a result made from another (`dataclasses.replace`, say with LeGrad added) starts empty.
+    method_maps: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def enlarged_blur(self) -> str | None:
