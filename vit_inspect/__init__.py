@@ -18,6 +18,7 @@ from vit_inspect.core.module_spec import ModuleSpec, handle_from_module
 from vit_inspect.core.timm_models import handle_from_timm
 from vit_inspect.jobs.distance import DatasetDistance, dataset_attention_distance
 from vit_inspect.notebook import Analysis, analyze
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.studies.model_report import ModelReport, model_report
@@ -26,6 +27,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MODEL", "Analysis", "DatasetDistance", "ImageAnalysis", "ImageLimits", "ModelReport", "ModuleSpec",
-    "ViTHandle", "VitInspectError", "analyze", "analyze_image", "dataset_attention_distance", "handle_from_hf",
-    "handle_from_module", "handle_from_timm", "load_model", "model_report",
+    "PassOptions", "ViTHandle", "VitInspectError", "analyze", "analyze_image", "dataset_attention_distance",
+    "handle_from_hf", "handle_from_module", "handle_from_timm", "load_model", "model_report",
 ]

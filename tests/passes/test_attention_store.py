@@ -18,7 +18,7 @@ from vit_inspect.analysis import (
 from vit_inspect.analysis.attention_distance import patch_distances
 from vit_inspect.core.families import adapter_of
 from vit_inspect.core.hf_models import handle_from_hf
-from vit_inspect.passes import attention_store, capture, layer_stream
+from vit_inspect.passes import attention_store, capture, layer_stream, spill
 from vit_inspect.passes.attention_store import AttentionStore
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
@@ -31,6 +31,7 @@ def qk_store(monkeypatch):
     """This module's subject is the Q/K store, which the tiny models' maps (a few kB) would skip: kept as they
     are (`keeps_maps`). So the bound is 0 bytes here, but for the tests of that path, which set it back."""
     monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(spill, "shared_folder", lambda: None)  # and no automatic spill
 
 
 def _image(seed: int = 0, size=(40, 56)) -> Image.Image:

@@ -11,7 +11,7 @@ from support import TINY_TIMM, tiny_handle
 
 from vit_inspect.analysis import gradient_fused_attention, gradient_rollout
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.passes import attention_store
+from vit_inspect.passes import attention_store, spill
 from vit_inspect.passes import gradient_rollouts as gr_module
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.pipeline import analyze_image
@@ -78,6 +78,7 @@ def test_stack_kept_only_while_no_larger_than_the_store(monkeypatch):
     64 x 64 input, 1 + 8 * 8 tokens) on; a 32 x 32 input (N = 17) keeps the stack. (Both stores hold Q and K
     here: a store of maps is never smaller than G's stack.)"""
     monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(spill, "shared_folder", lambda: None)  # and no automatic spill
     handle = tiny_handle("cls")
     small = analyze_image(handle, _image(), input_size=(32, 32))
     large = analyze_image(handle, _image(), input_size=(64, 64))

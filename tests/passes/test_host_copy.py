@@ -74,10 +74,11 @@ def test_copies_from_two_threads_each_get_their_own_values():
 def test_the_pass_through_the_buffer_equals_the_pass_through_cpu(kept, monkeypatch):
     """Every store copy of a pass on the GPU through the page-locked buffer (bound lowered to 0) gives the arrays
     the same pass gives through `.cpu()` (bound above every copy)."""
-    from vit_inspect.passes import attention_store
+    from vit_inspect.passes import attention_store, spill
 
     if not kept:
         monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+        monkeypatch.setattr(spill, "shared_folder", lambda: None)  # and no automatic spill
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=10).eval()
     handle = handle_from_timm(model, name="tiny", device="cuda", input_size=(32, 32))

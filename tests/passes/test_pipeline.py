@@ -228,10 +228,11 @@ def test_the_pass_on_the_gpu_equals_the_cpus(kept, monkeypatch):
     from support import make_tiny_timm
 
     from vit_inspect.core.timm_models import handle_from_timm
-    from vit_inspect.passes import attention_store
+    from vit_inspect.passes import attention_store, spill
 
     if not kept:
         monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
+        monkeypatch.setattr(spill, "shared_folder", lambda: None)  # and no automatic spill
     image = _image(2)
     results = [analyze_image(handle_from_timm(make_tiny_timm("cls", 0), name="tiny-cls", device=device,
                                               input_size=TINY_TIMM["cls"][1]), image, relevance=False)

@@ -47,7 +47,7 @@ def transfers(monkeypatch, handle, **options) -> collections.Counter:
             counted[(_name, caller)] += 1
             return _real(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, counting)
-    analyze_image(handle, _image(), **options)
+    analyze_image(handle, _image(), **{"spill": None, **options})  # the store's own copies, no spill's
     monkeypatch.undo()
     return counted
 
@@ -81,7 +81,7 @@ def test_a_result_copied_once_equals_the_models_own_maps(monkeypatch):
     assert kept.mode == "maps"
     np.testing.assert_array_equal(kept.maps, model_maps.astype(np.float16))
     monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
-    rebuilt = analyze_image(handle, _image(), input_size=(32, 32)).attention_store
+    rebuilt = analyze_image(handle, _image(), input_size=(32, 32), spill=None).attention_store
     assert rebuilt.mode == "qk16" and rebuilt.queries.dtype == np.float16
     assert np.abs(rebuilt.stack().astype(np.float32) - model_maps).max() <= attention_store.TOLERANCE
 
@@ -95,7 +95,7 @@ def test_a_float16_store_leaves_the_device_as_one_array(monkeypatch, device):
 
     monkeypatch.setattr(attention_store, "MAPS_IN_MEMORY_BYTES", 0)
     handle = _handle(3, 10, device)
-    store = analyze_image(handle, _image(), input_size=(32, 32), relevance=False).attention_store
+    store = analyze_image(handle, _image(), input_size=(32, 32), relevance=False, spill=None).attention_store
     assert store.mode == "qk16" and store.queries.shape == store.keys.shape == (3, 2, 17, 16)
     assert store.queries.base is not None and store.queries.base is store.keys.base  # one copy, two halves
     recorded = {}

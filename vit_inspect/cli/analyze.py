@@ -13,6 +13,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.methods import method_record
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
@@ -57,9 +58,9 @@ def run(args: argparse.Namespace) -> None:
     stems = figure_stems(files)
     for done, path in enumerate(files, 1):
         geometry = None if args.geometry is None else InputGeometry(args.geometry, args.shorter_side)
-        result = analyze_image(handle, path, target=target, input_size=parse_size(args.input_size),
-                               autocast=args.half, geometry=geometry, contrast=contrast,
-                               relevance=not args.no_relevance)
+        options = PassOptions(input_size=parse_size(args.input_size), autocast=args.half, geometry=geometry,
+                              relevance=not args.no_relevance)
+        result = analyze_image(handle, path, target, options, contrast=contrast)
         print(json.dumps(method_record(handle, result, str(path))), flush=True)
         if out:
             write_image_figures(handle, result, out, stems[done - 1])

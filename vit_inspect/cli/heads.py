@@ -17,6 +17,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.passes.interventions import mean_head_outputs, model_heads, parse_heads
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.records import lens_record, rounded
 from vit_inspect.plots import canvas
@@ -62,7 +63,7 @@ def heads_record(handle: ViTHandle, image: str, *, ablate: str | None = None, mo
     ``progress`` is called with (rows done, rows) of the head importance, ``reference_progress`` with
     (images done, images) of the mean head outputs over ``reference``."""
     picture = load_image(image)
-    result = analyze_image(handle, picture, target=target)
+    result = analyze_image(handle, picture, target, PassOptions())
     heads = result.heads
     layout = result.layout
     last_norms = heads.token_norms[-1]

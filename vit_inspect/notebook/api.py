@@ -11,6 +11,7 @@ from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle
 from vit_inspect.core.load import load_model
 from vit_inspect.notebook.result import Analysis
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 
 MODELS_KEPT = 2  # models `analyze` keeps loaded between calls, least recently used dropped
@@ -40,7 +41,15 @@ def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHand
     ``relevance`` (the default) AttnLRP and LeGrad are computed too (about 3x the time of the pass
     without them). ``geometry``: "crop" (the model's centre crop, the default), "squash" (the whole image
     resized) or "keep" (the whole image, aspect ratio kept, on a non-square patch grid). The pass itself is
-    `analyze_image`; the returned `Analysis` holds its `ImageAnalysis` as ``.result``.
+    `analyze_image` with the defaults of the app and the CLI (`PassOptions`); the returned `Analysis` holds its
+    `ImageAnalysis` as ``.result``.
+
+    Like the app, the pass spills a large model's attention maps to local disk: where the maps are too large to
+    keep in memory (`attention_store.keeps_maps`: more than 4 MiB of float16 maps) and dear to rebuild
+    (`spill.worth_spilling`: heads x tokens >= 0.015 x width², e.g. DINOv2-S/14 and -L/14 at 518 px), each
+    layer's maps with their heads fused are written to a private temporary folder (`spill.shared_folder`, at
+    most 4 GiB; DINOv2-L/14 at 518 px: 362 MB a result), so that rollout redraws read them instead of rebuilding
+    every head. A result's file is removed when the result is garbage-collected, the folder when Python exits.
     """
     if isinstance(model, ViTHandle):
         handle = model
@@ -50,6 +59,7 @@ def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHand
     if isinstance(geometry, str):
         geometry = InputGeometry(geometry)
     name = str(image) if isinstance(image, (str, os.PathLike)) else getattr(image, "filename", "") or "image"
-    result = analyze_image(handle, Path(image) if isinstance(image, os.PathLike) else image, target=target,
-                           contrast=contrast, geometry=geometry, relevance=relevance)
+    options = PassOptions(geometry=geometry, relevance=relevance)
+    result = analyze_image(handle, Path(image) if isinstance(image, os.PathLike) else image, target, options,
+                           contrast=contrast)
     return Analysis(handle, result, name)

@@ -22,7 +22,7 @@ from vit_inspect.analysis import legrad_map, patch_relevance
 from vit_inspect.core.errors import UnsupportedModelError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry, check_input_size, prepare, seen_box, warn_if_blurred
 from vit_inspect.core.handle import ViTHandle
-from vit_inspect.core.images import ImageLimits, load_image, preview_rgb
+from vit_inspect.core.images import load_image, preview_rgb
 from vit_inspect.core.open_clip_models import prompt_view, score_factor, score_kind
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
@@ -33,7 +33,8 @@ from vit_inspect.passes.head_pass import HeadStatsStream, build_head_pass
 from vit_inspect.passes.layer_stream import LayerStream
 from vit_inspect.passes.relevance import relevance_rules
 from vit_inspect.passes.result import ImageAnalysis
-from vit_inspect.passes.spill import SpillFolder, worth_spilling
+from vit_inspect.passes.options import PassOptions
+from vit_inspect.passes.spill import worth_spilling
 from vit_inspect.passes.threads import blas_one_thread, in_background
 
 LEGRAD_LAYERS = 4  # LeGrad over the last 4 blocks, as the reference (torchcam) runs it
@@ -56,12 +57,15 @@ def autocast_dtype(device: torch.device) -> torch.dtype:
 
 
 def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes,
-                  target: int | str | Prompt | None = None, input_size: tuple[int, int] | None = None,
-                  gradients: bool = True, autocast: bool = False, limits: ImageLimits = ImageLimits(),
-                  geometry: InputGeometry | None = None, contrast: int | str | Prompt | None = None,
-                  relevance: bool = True, spill: SpillFolder | None = None, score: str | None = None) -> ImageAnalysis:
+                  target: int | str | Prompt | None = None, options: PassOptions = PassOptions(), *,
+                  contrast: int | str | Prompt | None = None, **settings) -> ImageAnalysis:
     """Run one forward pass with attention capture and, for models with a head, one backward pass
     from the logit of `target` (default: the top prediction).
+
+    How the pass runs is ``options`` (`PassOptions`: input size, gradients, half precision, image limits,
+    geometry, relevance, score, spill), whose defaults are the app's, the CLI's and the notebook's; keyword
+    ``settings`` named as its fields replace those of ``options`` for this call
+    (``analyze_image(handle, image, relevance=False)`` is ``options=PassOptions(relevance=False)``).
 
     A prompt is a target too: for a CLIP-style model (`core.open_clip_models`) ``target`` and ``contrast`` may be
     text (or a `Prompt`), which become columns of its zero-shot head (`prompt_view`), and every gradient method
@@ -82,7 +86,7 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     maps then agree with float32 to the tolerance stated in tests/passes/test_pipeline.py.
     The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
 
-    `geometry` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
+    ``geometry`` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
     squashed, or the whole image with its aspect ratio on a non-square grid); without it, the model's
     crop at `input_size`. With `contrast`, the backward pass starts from logit[target] - logit[contrast]
     ("why target and not contrast?"). For vit-explain's gradient rollout the result keeps the head-fused
@@ -90,23 +94,28 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     the attention store, and otherwise the rollout for every option the app offers (`gradient_rollouts`).
 
     A pass whose float16 maps are small in bytes (`attention_store.keeps_maps`, e.g. DeiT-Ti at 224 px)
-    keeps them as they are, with no Q/K, check or spill. Otherwise, with a `spill.SpillFolder`, a model whose
-    maps are dear to rebuild (`spill.worth_spilling`: heads * N >= 0.015 D^2, e.g. DeiT-Ti at 448 px,
-    DINOv2-S/14 and -L/14 at 518 px) also writes every layer's maps with their heads fused (sum, maximum and
-    minimum, `spill.PLANES`) to a file there, and the result's rollout redraws read them instead of rebuilding
-    and fusing every head from q and k (`AttentionStore.spill`).
+    keeps them as they are, with no Q/K, check or spill. Otherwise a model whose maps are dear to rebuild
+    (`spill.worth_spilling`: heads * N >= 0.015 D^2, e.g. DeiT-Ti at 448 px, DINOv2-S/14 and -L/14 at 518 px)
+    also writes every layer's maps with their heads fused (sum, maximum and minimum, `spill.PLANES`) to a file
+    in ``options.spill`` (by default the process's own temporary folder, `spill.shared_folder`; None: nowhere),
+    and the result's rollout redraws read them instead of rebuilding and fusing every head from q and k
+    (`AttentionStore.spill`).
     """
+    options = options.replace(**settings)
     with blas_one_thread(), torch.enable_grad():  # the backward needs it even when called under no_grad
-        return _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                              relevance, spill, score)
+        return _analyze_image(handle, image, target, contrast, options)
 
 
-def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None = None, gradients: bool = True,
-                   autocast: bool = False, contrast: int | None = None, relevance: bool = True) -> ImageAnalysis:
+def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None = None,
+                   options: PassOptions = PassOptions(), *, contrast: int | None = None, **settings) -> ImageAnalysis:
     """`analyze_image` of a model input given as it is: (1, 3, H, W) or (3, H, W) pixels already normalised
     with the model's mean and std (e.g. ``handle.preprocess.apply(picture)[0]`` plus a perturbation), H and W
     whole patches. The same pass, so the same maps as ``analyze_image`` of the picture they came from; the
-    result's `rgb` is the input denormalised and rounded to uint8 (for display only), with no preview."""
+    result's `rgb` is the input denormalised and rounded to uint8 (for display only), with no preview.
+    Of ``options`` (and ``settings``, as for `analyze_image`) it reads gradients, autocast, relevance and score;
+    the input is given, so its size, geometry and limits do not apply, and it never spills (its callers, the
+    studies, run many passes and redraw none)."""
+    options = options.replace(**settings)
     pixels = pixels[None] if pixels.ndim == 3 else pixels
     if pixels.ndim != 4 or pixels.shape[:2] != (1, 3):
         raise VitInspectError(f"analyze_pixels takes one (1, 3, H, W) input, got shape {tuple(pixels.shape)}.")
@@ -116,23 +125,23 @@ def analyze_pixels(handle: ViTHandle, pixels: torch.Tensor, target: int | None =
     handle, target, contrast, prompt, versus = prompt_view(handle, target, contrast)
     with blas_one_thread(), torch.enable_grad():
         return _analyze_input(handle, pixels.detach(), rgb, (0.0, 0.0, float(size[1]), float(size[0])), None,
-                              (size[1], size[0]), "crop", target, gradients, autocast, contrast, relevance,
+                              (size[1], size[0]), "crop", target, contrast, options.replace(spill=None),
                               prompt=prompt, versus=versus)
 
 
-def _analyze_image(handle, image, target, input_size, gradients, autocast, limits, geometry, contrast,
-                   relevance, spill=None, score=None) -> ImageAnalysis:
+def _analyze_image(handle, image, target, contrast, options: PassOptions) -> ImageAnalysis:
     handle, target, contrast, prompt, versus = prompt_view(handle, target, contrast)
-    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
+    picture = image if isinstance(image, Image.Image) else load_image(image, options.limits)
     picture.load()  # here, once: the two resamplings below read it side by side and must not load it themselves
     warn_if_blurred(picture.size, handle.patch_size, stacklevel=4)  # the caller of analyze_image
     # the preview of the whole upload and the model's input are two Pillow resamplings, which let go of the GIL:
     # they run side by side on two cores, before torch's threads start (DeiT-Ti: 2.4 + 3.7 ms -> 3.7)
     preview = in_background(preview_rgb, picture, PREVIEW_SIDE)
-    pixels, rgb, box = model_input(handle, picture, input_size, geometry)
+    pixels, rgb, box = model_input(handle, picture, options.input_size, options.geometry)
     preview = preview()
-    return _analyze_input(handle, pixels, rgb, box, preview, picture.size, "crop" if geometry is None else geometry.mode,
-                          target, gradients, autocast, contrast, relevance, spill, score, prompt, versus)
+    return _analyze_input(handle, pixels, rgb, box, preview, picture.size,
+                          "crop" if options.geometry is None else options.geometry.mode, target, contrast, options,
+                          prompt, versus)
 
 
 class _RowSinks:
@@ -152,11 +161,12 @@ class _RowSinks:
             sink.on_layer_done(layer)
 
 
-def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode, target, gradients, autocast,
-                   contrast, relevance, spill=None, score=None, prompt=None, versus=None) -> ImageAnalysis:
+def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode, target, contrast,
+                   options: PassOptions, prompt=None, versus=None) -> ImageAnalysis:
     """The pass itself, on the model input `pixels` (1, 3, H, W) whose uint8 picture is `rgb`; ``handle``,
     ``target`` and ``contrast`` as `prompt_view` gives them, ``prompt`` and ``versus`` the texts behind them."""
-    kind = score_kind(handle, score)
+    gradients, autocast, relevance = options.gradients, options.autocast, options.relevance
+    kind = score_kind(handle, options.score)
     factor = score_factor(handle, kind)
     layout = handle.layout(rgb.shape[:2])
     use_grad = gradients and handle.has_head
@@ -164,8 +174,9 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
     layers = range(handle.depth) if use_grad else ()
     spilled = None
     small = keeps_maps(handle.depth, handle.num_heads, layout.num_tokens)  # the maps kept: no Q/K, no spill
-    if spill is not None and not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
-        spilled = spill.reserve((handle.depth, layout.num_tokens, layout.num_tokens))
+    if not small and worth_spilling(layout.num_tokens, handle.embed_dim, handle.num_heads):
+        folder = options.spill_folder()
+        spilled = None if folder is None else folder.reserve((handle.depth, layout.num_tokens, layout.num_tokens))
     stream = LayerStream(handle, layout, HALF_PASS_TOLERANCE if autocast else TOLERANCE, spill=spilled,
                          keep_maps=small, held_by_autograd=use_grad)
     stats = HeadStatsStream(handle.depth, layout, entropy=False)  # the entropy: from the store on first read
@@ -255,19 +266,20 @@ def _relevance_of_pass(handle: ViTHandle, lrp, rec, logits: torch.Tensor, pixels
 
 
 def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes, target: int | str | Prompt,
-                   input_size: tuple[int, int] | None = None, autocast: bool = False,
-                   limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None,
-                   score: str | None = None) -> tuple[np.ndarray | None, np.ndarray | None]:
+                   options: PassOptions = PassOptions(), **settings) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(LeGrad, AttnLRP) (grid_h, grid_w) float32 maps of class `target` for the input `analyze_image`
-    makes of the same arguments: one forward inside `relevance_rules` (attention kept for LeGrad), the
-    LeGrad block backwards and the AttnLRP backward, exactly as ``analyze_image(relevance=True)`` computes
-    them. (None, None) for a model without a head; None for a map the model's readout cannot follow."""
+    makes of the same options (input size, autocast, limits, geometry, score; ``settings`` as there): one
+    forward inside `relevance_rules` (attention kept for LeGrad), the LeGrad block backwards and the AttnLRP
+    backward, exactly as ``analyze_image(relevance=True)`` computes them. (None, None) for a model without a
+    head; None for a map the model's readout cannot follow."""
+    options = options.replace(**settings)
+    autocast = options.autocast
     handle, target, _, _, _ = prompt_view(handle, target)
-    factor = score_factor(handle, score_kind(handle, score))
+    factor = score_factor(handle, score_kind(handle, options.score))
     if not handle.has_head:
         return None, None
-    picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    pixels, rgb, _ = model_input(handle, picture, input_size, geometry)
+    picture = image if isinstance(image, Image.Image) else load_image(image, options.limits)
+    pixels, rgb, _ = model_input(handle, picture, options.input_size, options.geometry)
     layout = handle.layout(rgb.shape[:2])
     pixels = pixels.to(handle.device).requires_grad_(True)
     with (torch.enable_grad(), capture_attention(handle, activation_layers=(), keep_attention=True) as rec,
@@ -283,14 +295,14 @@ def relevance_maps(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
 
 
 def add_relevance(handle: ViTHandle, result: ImageAnalysis, image: Image.Image | str | os.PathLike | bytes,
-                  input_size: tuple[int, int] | None = None, autocast: bool = False,
-                  limits: ImageLimits = ImageLimits(), geometry: InputGeometry | None = None) -> ImageAnalysis:
-    """``result`` (from ``analyze_image(relevance=False)`` of the same image and arguments) with its LeGrad
-    and AttnLRP maps for its target (`relevance_maps`: one more forward). The result itself is unchanged."""
+                  options: PassOptions = PassOptions(), **settings) -> ImageAnalysis:
+    """``result`` (from ``analyze_image(relevance=False)`` of the same image and options) with its LeGrad
+    and AttnLRP maps for its target (`relevance_maps`: one more forward; the score is the result's). The
+    result itself is unchanged."""
     if result.target is None:
         return result
-    legrad, attnlrp = relevance_maps(handle, image, result.prompt or result.target, input_size=input_size,
-                                     autocast=autocast, limits=limits, geometry=geometry, score=result.score)
+    legrad, attnlrp = relevance_maps(handle, image, result.prompt or result.target,
+                                     options.replace(**settings, score=result.score))
     if legrad is not None and legrad.shape != (result.layout.grid_h, result.layout.grid_w):
         raise VitInspectError("The image given does not match this result's input; analyse it again.")
     return dataclasses.replace(result, legrad=legrad, attnlrp=attnlrp)  # the same store and rollout cache

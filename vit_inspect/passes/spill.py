@@ -36,6 +36,7 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
+from functools import cache
 from pathlib import Path
 from typing import Iterator
 
@@ -349,3 +350,11 @@ class SpillFolder:
         if spill is not None:
             spill._forget()
         (self.path / f"{key}.planes").unlink(missing_ok=True)
+
+
+@cache
+def shared_folder() -> SpillFolder:
+    """The process's own spill folder, made on first use with DEFAULT_SPILL_BUDGET bytes: where a pass whose
+    options leave the spill automatic (`options.PassOptions`, the notebook's and the CLI's) writes. A spill's
+    file goes when its result is garbage-collected, the folder when the process exits (`SpillFolder`)."""
+    return SpillFolder(DEFAULT_SPILL_BUDGET)

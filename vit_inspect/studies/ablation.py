@@ -15,10 +15,11 @@ import torch
 from PIL import Image
 
 from vit_inspect.core.errors import Cancelled, VitInspectError
-from vit_inspect.core.geometry import InputGeometry, warn_if_blurred
+from vit_inspect.core.geometry import warn_if_blurred
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.passes.interventions import HeadMeans, HeadSet, ablate_heads
+from vit_inspect.passes.options import STUDY_OPTIONS, PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -27,15 +28,14 @@ ImageInput = Image.Image | str | os.PathLike | bytes
 
 def analyze_ablated(handle: ViTHandle, image: ImageInput, heads: HeadSet, mode: str = "zero",
                     mean: HeadMeans | None = None, target: int | None = None,
-                    input_size: tuple[int, int] | None = None, limits: ImageLimits = ImageLimits(),
-                    geometry: InputGeometry | None = None, relevance: bool = True) -> ImageAnalysis:
+                    options: PassOptions = STUDY_OPTIONS, **settings) -> ImageAnalysis:
     """`analyze_image` of the model with `heads` ablated (see `ablate_heads`): its probabilities, maps,
-    Grad-CAM, lens and head statistics, from one forward and one backward pass. `geometry` makes the
-    same input as the unablated pass it is compared with (see `analyze_image`); ``relevance=False``
-    leaves out LeGrad and AttnLRP (their extra backwards), for callers that do not show them."""
+    Grad-CAM, lens and head statistics, from one forward and one backward pass. ``options`` (`PassOptions`,
+    ``settings`` replacing its fields as in `analyze_image`): its geometry makes the same input as the
+    unablated pass it is compared with; ``relevance=False`` leaves out LeGrad and AttnLRP (their extra
+    backwards), for callers that do not show them."""
     with ablate_heads(handle, heads, mode, mean):
-        return analyze_image(handle, image, target=target, input_size=input_size, limits=limits, geometry=geometry,
-                             relevance=relevance)
+        return analyze_image(handle, image, target, options.replace(**settings))
 
 
 @dataclass(frozen=True)

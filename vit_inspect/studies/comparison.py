@@ -18,6 +18,7 @@ from vit_inspect.analysis.dino import DINO_MASS
 from vit_inspect.analysis.masks import mass_mask
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -53,8 +54,9 @@ def compare_images(handle_a: ViTHandle, handle_b: ViTHandle, image: Image.Image 
     CLIP-style models both may be the same text prompt, and ``contrast`` a versus prompt (or class) for both."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
     versus = {} if contrast is None else {"contrast": contrast}
-    result_a = run_pass(handle_a, picture, input_size=input_size_a, target=target_a, **versus)
-    result_b = run_pass(handle_b, picture, input_size=input_size_b, target=target_b, **versus)
+    options = STUDY_OPTIONS.replace(limits=limits)
+    result_a = run_pass(handle_a, picture, target_a, options.replace(input_size=input_size_a), **versus)
+    result_b = run_pass(handle_b, picture, target_b, options.replace(input_size=input_size_b), **versus)
     return Comparison(a=result_a, b=result_b, image_size=picture.size,
                       box_a=handle_a.preprocess.crop_box(picture.size, input_size_a),
                       box_b=handle_b.preprocess.crop_box(picture.size, input_size_b))

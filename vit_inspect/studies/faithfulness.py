@@ -27,6 +27,7 @@ from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.methods import MethodContext, MethodFailure, compute_maps
 from vit_inspect.methods import methods as registered_methods
+from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -180,7 +181,7 @@ def evaluate_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | b
     similarity (`prompt_scorer`, `analysis.faithfulness.curves_from_scores`); ``label`` then only says
     whether the zero-shot top-1 was right."""
     picture = image if isinstance(image, Image.Image) else load_image(image, limits)
-    analysis = analyze_image(handle, picture, target=target, contrast=contrast)
+    analysis = analyze_image(handle, picture, target, STUDY_OPTIONS, contrast=contrast)
     if analysis.target is None:
         raise VitInspectError("Faithfulness needs a classifier: this model has no classification head.")
     pixels, _ = handle.preprocess.apply(picture)

@@ -47,6 +47,7 @@ from vit_inspect.core.open_clip_models import prompt_view
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.methods import MethodFailure, get
 from vit_inspect.methods import methods as registered_methods
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.passes.randomise import EMBEDDING, Layer, cascade_order, fresh_weights, randomised
 from vit_inspect.passes.result import ImageAnalysis
@@ -222,7 +223,7 @@ def sanity_check(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
         if cancelled is not None and cancelled():
             raise Cancelled(f"The sanity checks were cancelled after {done[0]} of {total} passes.")
         seen = pixels if inputs is None else inputs
-        analysis = analyze_pixels(handle, seen, target=target_class, relevance=relevance)
+        analysis = analyze_pixels(handle, seen, target_class, PassOptions(relevance=relevance))
         done[0] += 1
         if progress is not None:
             progress(done[0], total)

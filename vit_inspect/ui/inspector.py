@@ -18,6 +18,7 @@ from vit_inspect.analysis import class_name, search_classes
 from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import add_relevance, analyze_image
 from vit_inspect.core.open_clip_models import is_open_clip_name
 from vit_inspect.passes.records import analysis_record, rounded, target_record
@@ -131,6 +132,8 @@ class Inspector:
         # maps of many-token models on local disk for fast redraws; not from a ZeroGPU worker's pass
         self.spill = (SpillFolder(config.spill_budget)
                       if config.spill_budget > 0 and not getattr(self.run_pass, "on_gpu", False) else None)
+        # the pass's options: the library's defaults (`PassOptions`), with the operator's image limits and spill
+        self.options = PassOptions(limits=config.limits, spill=self.spill)
         self.run_relevance = gpu_pass(add_relevance)  # LeGrad and AttnLRP on demand, the same way
         self.default_label = public_name(config.model)  # the operator's model as the dropdown shows it
         self.order = DrawOrder()  # a panel shows the newest of a session's overlapping draws
@@ -203,14 +206,14 @@ class Inspector:
 
     def _pass(self, handle: ViTHandle, source, geometry: InputGeometry, target=None, contrast=None,
               relevance: bool = False) -> ImageAnalysis:
-        return self.run_pass(handle, source, target=target, contrast=contrast, limits=self.config.limits,
-                             geometry=geometry, relevance=relevance, spill=self.spill)
+        return self.run_pass(handle, source, target, self.options.replace(geometry=geometry, relevance=relevance),
+                             contrast=contrast)
 
     def with_relevance(self, session: Session, progress=None) -> Session:
         """The session with LeGrad and AttnLRP for the pass it shows (one more forward, at most)."""
         if progress is not None and not computed(session):
             progress(0.2, desc="Adding AttnLRP and LeGrad (one more forward and backward pass)")
-        return with_relevance(session, self.handle(session.model), self.run_relevance, self.config.limits,
+        return with_relevance(session, self.handle(session.model), self.run_relevance, self.options,
                               results_nbytes)
 
     @shows_errors

@@ -44,10 +44,10 @@ def dear_methods() -> dict:
     return {name: m for name, m in added().items() if m.reads == "own passes"}
 
 
-def with_relevance(session, handle, run: Callable, limits, nbytes_of: Callable):
+def with_relevance(session, handle, run: Callable, options, nbytes_of: Callable):
     """The session with LeGrad and AttnLRP, and the maps of `dear_methods`, added to the pass it shows, stored
     back in its slot (the byte-bounded store counts them); ``run`` is `passes.pipeline.add_relevance` or its
-    ZeroGPU wrapper. The session itself when they were computed already or the model has no head (no class to
+    ZeroGPU wrapper, ``options`` the app's `PassOptions` (the session's geometry replaces its own). The session itself when they were computed already or the model has no head (no class to
     explain). An evicted result raises `ResultDropped` (a sentence), as every other action does."""
     result = session.result
     if result.target is None:
@@ -56,7 +56,7 @@ def with_relevance(session, handle, run: Callable, limits, nbytes_of: Callable):
     if computed(session) and not dear:
         return session
     if not computed(session):
-        result = run(handle, result, session.source, limits=limits, geometry=session.geometry)
+        result = run(handle, result, session.source, options.replace(geometry=session.geometry))
     compute_maps(MethodContext(result, handle), dear)  # kept in result.method_maps, failures with them
     results = dict(session.results)
     results[session.target] = result

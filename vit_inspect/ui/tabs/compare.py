@@ -26,6 +26,7 @@ from vit_inspect.analysis.dino import BACKGROUND_THRESHOLD, DINO_MASS, feature_p
 from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.geometry import parse_size
 from vit_inspect.core.images import load_image
+from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
@@ -268,7 +269,8 @@ class CompareTab:
             progress((done, len(uploads)), unit="images")
             picture = load_image(source, self.app.config.limits)
             for index in range(2):
-                result = self.app.run_pass(handles[index], picture, input_size=sizes[index], gradients=False)
+                result = self.app.run_pass(handles[index], picture, None,
+                                           STUDY_OPTIONS.replace(input_size=sizes[index], gradients=False))
                 features[index].append(result.patch_features.astype(np.float32))
                 crops[index].append(result.rgb)
             names.append(file_name)

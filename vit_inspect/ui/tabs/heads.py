@@ -33,6 +33,7 @@ from vit_inspect.analysis.logit_lens import lens_probs, lens_ranks
 from vit_inspect.analysis.rank_correlation import spearman
 from vit_inspect.core.errors import Cancelled, InputError
 from vit_inspect.passes.interventions import ABLATION_MODES, HeadMeans, mean_head_outputs, model_heads, parse_heads
+from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
@@ -326,9 +327,10 @@ class HeadsTab:
         mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
         progress(0.5, desc="The ablated model: one forward and one backward pass")
         result = session.result
+        # its panels show attention, rollout and Grad-CAM only; a study's pass, spilling nothing
         ablated = self.run_ablated(handle, session.source, pairs, mode, means, target=result.target,
-                                  limits=self.app.config.limits, geometry=session.geometry,
-                                  relevance=False)  # its panels show attention, rollout and Grad-CAM only
+                                  options=STUDY_OPTIONS.replace(limits=self.app.config.limits,
+                                                                geometry=session.geometry, relevance=False))
         words = f"ablated: heads {heads_text(pairs)}, mode {mode}" + (f" ({reference})" if reference else "")
         state = replace(state, ablated_slot=self._keep(state.ablated_slot, ablated, ablated.nbytes()),
                         ablated_heads=pairs, ablated_words=words, basis=Basis.of(session, None),
