@@ -47,8 +47,9 @@ def dear_methods() -> dict:
 def with_relevance(session, handle, run: Callable, options, nbytes_of: Callable):
     """The session with LeGrad and AttnLRP, and the maps of `dear_methods`, added to the pass it shows, stored
     back in its slot (the byte-bounded store counts them); ``run`` is `passes.pipeline.add_relevance` or its
-    ZeroGPU wrapper, ``options`` the app's `PassOptions` (the session's geometry replaces its own). The session itself when they were computed already or the model has no head (no class to
-    explain). An evicted result raises `ResultDropped` (a sentence), as every other action does."""
+    ZeroGPU wrapper, ``options`` the app's `PassOptions` (the session's geometry replaces its own). The session
+    itself when they were computed already or the model has no head (no class to explain). An evicted result
+    raises `ResultDropped` (a sentence), as every other action does."""
     result = session.result
     if result.target is None:
         return session
