@@ -209,7 +209,7 @@ def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
     record = agreement_record(pair, aligned_maps(pair, layer_a=0))
     assert [(r["layer_a"], r["layer_b"]) for r in record["attention_by_layer"]] == [(0, 1), (1, 3)]
     assert record["maps"]["attention"]["layer_b"] == 1 and record["depth_b"] == 4
-    assert set(record["maps"]) == {"attention", "rollout", "gradcam", "relevance"}
+    assert set(record["maps"]) == {"attention", "rollout", "gradcam", "chefer"}
     assert pair.nbytes() == pair.a.nbytes() + pair.b.nbytes()
 
 
@@ -409,7 +409,7 @@ def test_compare_command_writes_figures_and_agreement_json(capsys, tmp_path):
     assert record["input_size_b"] == [224, 320] and record["label_b"].startswith("B: deit_tiny")
     assert record["maps"]["attention"]["layer_a"] == record["maps"]["attention"]["layer_b"] == 5
     # the same weights on a wider crop of the same photo: the maps agree, not perfectly
-    for kind in ("attention", "rollout", "gradcam", "relevance"):
+    for kind in ("attention", "rollout", "gradcam", "chefer"):
         assert 0.5 < record["maps"][kind]["spearman"] < 1.0, kind
     assert record["maps"]["rollout"]["grid"] == [14, 14]  # A's crop lies inside B's: A's grid covers the region
     assert json.loads((tmp_path / "out" / "agreement.json").read_text())[0]["maps"] == record["maps"]

@@ -9,7 +9,7 @@ from support import tiny_handle
 from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import Inspector, Session
+from vit_inspect.ui.inspector import Inspector
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.view import READOUT, View
@@ -20,13 +20,12 @@ CONTROLS = dict(layer=1, head=0, mean_heads=True, query=READOUT, row=0, col=0, h
 
 
 def session_of():
+    """(Inspector, tiny handle, a new session on a 48 x 40 noise image), as the page's image pass makes it."""
     handle = tiny_handle("cls")
     inspector = Inspector(AppConfig(device="cpu"), ModelCache(loader=lambda *a, **k: handle))
     picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8))
-    result = inspector._pass(handle, picture, InputGeometry())
-    session = Session(model=inspector.default_key, source=picture, name="noise.png", target=(result.target, None),
-                      slot=inspector.store.put({(result.target, None): result}, result.nbytes()),
-                      distance=None, labels=handle.labels, model_label="tiny")
+    session = inspector._new_session(handle, inspector.default_key, picture, "noise.png", InputGeometry(),
+                                     False, lambda *a, **k: None)
     return inspector, handle, session
 
 

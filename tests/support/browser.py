@@ -10,6 +10,7 @@ from playwright import sync_api
 
 from support import REPO
 from vit_inspect.plots.canvas import SMALL_TEXT
+from vit_inspect.studies.faithfulness import faithfulness_methods
 from vit_inspect.ui.style import PICTURE, PROGRESS_SLOT
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,7 +49,10 @@ SECTION_OF = {  # each view's section: its sub-tabs are shown only once the sect
     **dict.fromkeys(("All heads", "Ablate & rank"), "Heads"),
     **dict.fromkeys(("Filters & positions", "Attention distance"), "How it sees"),
 }
-FIRST_VIEW = ("first-attention", "first-rollout", "first-relevance")  # the first view's maps
+FIRST_VIEW = ("first-attention", "first-rollout", "first-chefer")  # the first view's maps
+# The maps the Overview's Score ranks on the example: every method the faithfulness study scores (the random
+# floor, the built-ins, the installed plugins) and the Attention view's own choice (head 0 of the last layer)
+SCORED = len(faithfulness_methods()) + 1
 
 
 def open_tab(page, name: str) -> None:

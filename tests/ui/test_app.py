@@ -113,7 +113,7 @@ def test_a_cat_photo_is_a_cat(client):
     assert result["target"]["value"] == "285"  # Egyptian cat, the top class, is Grad-CAM's target
     for name in FIRST_PANELS:  # the first view's three maps, at the crop's own size with a colour bar
         assert pixels(result[name]).shape[1] == 224 + COLORBAR_PIXELS
-    for name in ("attention", "rollout", "gradcam", "relevance"):  # the Explain section's maps: 448 pixels wide
+    for name in ("attention", "rollout", "gradcam", "chefer"):  # the Explain section's maps: 448 pixels wide
         assert pixels(result[name]).shape[1] == 448 + COLORBAR_PIXELS
     for name, tab in LATER_PANELS.items():  # cleared by the answer, then drawn only for the view shown
         drawn = dict(zip(LATER_PANELS, client.predict(tab, api_name="/panels_of_new_image")))

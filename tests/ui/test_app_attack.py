@@ -453,7 +453,7 @@ def test_a_hostile_prompt_to_an_openclip_app_gets_a_sentence(clip_server, prompt
     is refused with one sentence in the page's notice line (no toast), the event completes, and the page keeps
     its maps."""
     client = Client(clip_server.url, verbose=False)
-    shown = analyze(client)["first_relevance"]
+    shown = analyze(client)["first_chefer"]
     cases = [(prompt, "", "The prompt")] + ([("a photo of a cat", prompt, "The versus prompt")]
                                             if prompt.strip() else [])  # an empty versus box is no versus prompt
     for typed, versus, what in cases:
@@ -462,7 +462,7 @@ def test_a_hostile_prompt_to_an_openclip_app_gets_a_sentence(clip_server, prompt
         was_refused, sentence = outcome(messages[-1])
         assert was_refused and says.replace("The prompt", what) in sentence
         assert not any(raw in sentence for raw in RAW_PYTHON) and len(sentence) < 200
-    assert analyze(client, CHELSEA.with_name("coffee.png"))["first_relevance"] != shown  # still serving
+    assert analyze(client, CHELSEA.with_name("coffee.png"))["first_chefer"] != shown  # still serving
 
 
 def test_a_100_kb_prompt_is_refused_before_the_app_with_a_sentence(clip_server):

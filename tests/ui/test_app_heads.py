@@ -191,7 +191,7 @@ def test_importance_equals_the_library_and_a_click_selects_its_cell(served):
     assert state.importance.logit_drop.shape == (12, 3)
     np.testing.assert_allclose(state.importance.logit_drop, expected.logit_drop, atol=1e-4)
     assert f"**{spearman(result.heads.first_order, expected.logit_drop):.3f}**" in note
-    assert importance.ndim == 3 and first.ndim == 3 and tab.running == {}
+    assert importance.ndim == 3 and first.ndim == 3 and tab.cancels.running == {}
 
     boxes = dict(state.boxes)
     # what the page gets to turn a click into a cell itself (PICK_CELL_JS): the same boxes, the model's grid
@@ -236,7 +236,7 @@ def test_cancel_stops_importance_before_its_next_batch(served):
         hook.remove()
     assert forwards == [16]  # one batch of 16 rows of the 37, then stopped
     assert "cancelled after 16 of 37 rows" in note
-    assert state.importance is None and importance == gr.skip() and geometry == gr.skip() and tab.running == {}
+    assert state.importance is None and importance == gr.skip() and geometry == gr.skip() and tab.cancels.running == {}
 
 
 def test_lens_table_has_a_row_per_block(served):

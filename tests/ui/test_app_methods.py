@@ -88,3 +88,21 @@ def test_faithfulness_scores_added_methods_and_names_the_failing_one(added_metho
     assert "twice_first_layer" in [row[0] for row in rows]
     assert "Left out: always_fails: always_fails raised RuntimeError." in note and "/secret" not in note
     assert dear.calls == 1  # computed once for the pass, with LeGrad and AttnLRP, and scored from there
+
+
+def test_downloads_carry_the_added_maps_the_pass_holds(added_methods, tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    cheap, dear, failing = added_methods
+    inspector, handle, session = session_of()
+    _, paths, _ = inspector.downloads(session, **CONTROLS)
+    files = {Path(path).suffix: Path(path) for path in paths}
+    record = json.loads(files[".json"].read_text())
+    arrays = np.load(files[".npz"])
+    expected = 2.0 * session.result.attention_map(0)
+    np.testing.assert_allclose(record["twice_first_layer"], np.round(expected, 6), atol=1e-6)
+    np.testing.assert_allclose(arrays["twice_first_layer"], expected)
+    assert "own_logit" not in record and record["left_out"]["own_logit"].startswith("own_logit: not computed")
+    assert record["left_out"]["always_fails"] == "always_fails: always_fails raised RuntimeError."
+    assert dear.calls == 0  # a download never runs a method's own passes

@@ -104,9 +104,9 @@ def test_a_prompt_drives_every_gradient_map_and_names_itself_everywhere(app, ses
     np.testing.assert_allclose(result.chefer, expected.chefer, rtol=1e-5, atol=1e-9)
     assert all(isinstance(p, np.ndarray) for p in panels)  # the first view's relevance, Grad-CAM, ..., All maps
     view = View.from_controls(result, **CONTROLS)
-    for name in ("gradcam", "relevance"):
+    for name in ("gradcam", "chefer"):
         assert f"prompt '{CAT}' versus prompt '{DOG}'" in caption(shown, view, name, "")
-    assert unit(result, "relevance") == "relevance (cosine units)" and unit(session.result, "relevance") == (
+    assert unit(result, "chefer") == "relevance (cosine units)" and unit(session.result, "chefer") == (
         "relevance (cosine units)")  # a zero-shot label of a CLIP model is explained by its similarity too
     assert "label " in session.target_words() and shown.target_words() == f"prompt '{CAT}' versus prompt '{DOG}'"
     again, *_ = app.set_target(shown, "", "a photo of a sofa", progress=progress, **CONTROLS)

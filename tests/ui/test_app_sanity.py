@@ -100,7 +100,7 @@ def test_cancel_stops_before_the_next_pass_and_leaves_the_weights():
     with pytest.raises(Cancelled, match="after 3 of"):
         checks.run(_session(handle), None, None, request, progress)
     assert all(torch.equal(v, before[k]) for k, v in handle.model.state_dict().items())
-    assert checks.running == {}  # the flag is gone with its run
+    assert checks.cancels.running == {}  # the flag is gone with its run
     handler = checks.handler(lambda scored, checked: "table")
     progress = Progress(on_pass=lambda done: done == 2 and checks.cancel(request))
     outputs = handler(_session(handle), None, None, None, request, progress)

@@ -130,7 +130,7 @@ def test_a_new_image_clears_what_the_old_one_was_scored_and_compared_with(client
     assert not cleared[elem(client, "compare-top-a")]  # a label cleared: no classes (gradio_client gives {})
     for elem_id in ("faithfulness-table", "compare-table", "ablate-top"):  # a table cleared keeps its headers
         assert cleared[elem(client, elem_id)]["data"] == [], elem_id
-    verdicts = [cleared[elem(client, f"verdict-{name}")] for name in ("attention", "rollout", "relevance")]
+    verdicts = [cleared[elem(client, f"verdict-{name}")] for name in ("attention", "rollout", "chefer")]
     assert all("not scored yet" in v for v in verdicts)
     again = outputs(client, "stale_check_image")  # nothing left to clear: every output left as it is
     assert all(value == {"__type__": "update"} for value in again.values())

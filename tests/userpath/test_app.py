@@ -86,7 +86,7 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     names_this_image(page, "predictions")
     done(page, "01_upload")
 
-    for view, elem_id in (("Overview", "first-relevance"), ("Attention", "attention-map"), ("Rollout", "rollout-map"),
+    for view, elem_id in (("Overview", "first-chefer"), ("Attention", "attention-map"), ("Rollout", "rollout-map"),
                           ("Grad-CAM", "gradcam-map"), ("All maps", "compare-maps")):
         open_tab(page, view)
         expect(page.locator(f"#{elem_id} img")).to_be_visible()
@@ -95,7 +95,7 @@ def test_every_section_on_an_upload(served, page, tiny_weights):
     open_tab(page, "Overview")
     page.locator("#overview-score").click()
     verdict = re.compile(r"Faithfulness: \d+\w\w of \d+ maps")
-    answered(page, page.locator("#verdict-relevance").filter(has_text=verdict), "03_scored")
+    answered(page, page.locator("#verdict-chefer").filter(has_text=verdict), "03_scored")
     for name in ("attention", "rollout"):
         expect(page.locator(f"#verdict-{name}")).to_contain_text(verdict)
     open_tab(page, "Faithfulness")

@@ -49,7 +49,7 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
         for ax, result, name, grid_map, layer in ((axes[0], a, name_a, item.map_a, item.layer_a),
                                                   (axes[1], b, name_b, item.map_b, item.layer_b)):
             ax.imshow(overlay(result.rgb, grid_map, relu=item.kind == "gradcam"))
-            where = ", all layers" if item.kind in ("rollout", "relevance") else (
+            where = ", all layers" if item.kind in ("rollout", "chefer") else (
                 f", {layer_words(layer, result.depth)}")
             target = "" if result.target is None else f", class {result.target}"
             ax.set_title(textwrap.fill(f"{name}{where}{target}", TITLE_CHARS), fontsize="small")
@@ -85,7 +85,7 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
         panels = []
         for index, (result, name, grid_map, layer) in enumerate(((a, name_a, item.map_a, item.layer_a),
                                                                   (b, name_b, item.map_b, item.layer_b))):
-            where = ", all layers" if item.kind in ("rollout", "relevance") else (
+            where = ", all layers" if item.kind in ("rollout", "chefer") else (
                 f", {layer_words(layer, result.depth)}")
             target = "" if result.target is None or item.kind in ("attention", "rollout") else (
                 f", class {classes[index] if classes else result.target}")

@@ -21,9 +21,9 @@ from vit_inspect.core.images import ImageLimits, load_image
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
 
-MAP_KINDS = ("attention", "rollout", "gradcam", "relevance")  # per-image maps compared across models
+MAP_KINDS = ("attention", "rollout", "gradcam", "chefer")  # per-image maps compared across models
 MAP_TITLES = {"attention": "raw attention (mean of heads)", "rollout": "attention rollout (mean fusion)",
-              "gradcam": "Grad-CAM", "relevance": "gradient-weighted attention (Chefer et al. 2021)"}
+              "gradcam": "Grad-CAM", "chefer": "gradient-weighted attention (Chefer et al. 2021)"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def same_labels(handle_a: ViTHandle, handle_b: ViTHandle) -> bool:
 
 def result_map(result: ImageAnalysis, kind: str, layer: int, query=None) -> np.ndarray | None:
     """A raw (grid_h, grid_w) map of one of MAP_KINDS; `layer` is used by attention and Grad-CAM.
-    None for Grad-CAM and relevance of a model without a head."""
+    None for Grad-CAM and gradient-weighted attention of a model without a head."""
     if kind == "attention":
         return result.attention_map(layer, None, query)
     if kind == "rollout":

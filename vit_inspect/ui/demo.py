@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import gradio as gr
 
-from vit_inspect.ui import clicks, inputs, sanity, sections, style
-from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, says_refusals, upload_folders, upload_source
+from vit_inspect.ui import clicks, inputs, sections, style
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MODEL_PASS, RAW, says_refusals
 from vit_inspect.ui.config import AppConfig
-from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector, download_options
+from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.inspector import CLASS_PANELS, FIRST_TAB, LATER_PANELS, Inspector
 from vit_inspect.ui.model_cache import ModelCache
 from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS
-from vit_inspect.ui.stale import KEEP, NOTE, Tracked, refresh, refresh_io
-from vit_inspect.ui.tabs import all_maps, attention, compare, distance, downloads, faithfulness, heads, model, overview
-from vit_inspect.ui.view import View
+from vit_inspect.ui.stale import refresh, refresh_io
 
 INTRO = ("# vit_inspect\nLook inside a Vision Transformer: what it predicts, where it attends and how it sees. "
          "The page opens on an example; upload your own image or pick another, and every slider and click "
          "redraws from one pass of the model. Every map has a colour bar with its unit and a caption with its "
          "settings.")
-API_NAMES = {"relevance": "gradient_weighted_attention"}  # a redraw whose panel's name is another event's api_name
 CACHE_SECONDS = (3600, 7200)  # Gradio deletes its temporary files every hour once they are 2 hours old
 
 
@@ -39,13 +37,12 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             given = inputs.layout(models, app.default_label, config.first_image)
             with gr.Column(scale=4, min_width=640):
                 shown_tab = gr.Textbox(FIRST_TAB, visible=False, elem_id="shown-tab")  # the sub-tab in view
-                page = sections.layout(models, len(inputs.EXAMPLES), config.session_ttl_s)
+                page = sections.layout(PageSettings(models, len(inputs.EXAMPLES), config.session_ttl_s))
 
         # Events are registered in the order below, and the page runs the listeners of one trigger in that order.
-        compare_b = compare.wire(page.compare, compare.CompareTab(app, upload_source), given.image, key, session)
         panel = dict(zip(FIRST_VIEW, page.overview.maps)) | {
             "attention": page.attention.panel, "distance": page.distance.panel, "rollout": page.rollout.panel,
-            "gradcam": page.gradcam.panel, "relevance": page.gradcam.relevance, "compare": page.all_maps.panel,
+            "gradcam": page.gradcam.panel, "chefer": page.gradcam.chefer, "compare": page.all_maps.panel,
             "heads": page.all_heads.panel}
         controls = dict(layer=page.attention.layer, head=page.attention.head, mean_heads=page.attention.mean_heads,
                         query=page.attention.query, row=page.attention.row, col=page.attention.col,
@@ -96,59 +93,31 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         analyzed.success(app.redraw_shown(LATER_PANELS), inputs=[session, shown_tab], inputs_kwargs=controls,
                          outputs=[panel[n] for n in LATER_PANELS], api_name="panels_of_new_image",
                          show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)  # those in view
-        # Each panel redraws from the session's pass when a control it shows changes (maps with a colour range
-        # also on the colour scale); panels showing other tabs' controls redraw when their tab opens.
-        # A view drawn out of sight is drawn when it opens, or its section does (the view it shows then).
-        redraws = {"attention": [*page.attention.redraw_on, given.scale.input, page.attention.tab.select],
-                   "gradcam": [*page.gradcam.redraw_on, given.scale.input, page.gradcam.tab.select],
-                   "relevance": [page.gradcam.tab.select],
-                   "heads": [*page.all_heads.redraw_on, page.heads_section.select, given.scale.input],
-                   "distance": [*page.distance.redraw_on, page.sees.select],
-                   "compare": page.all_maps.redraw_on}
-        for name, triggers in redraws.items():
-            gr.on(triggers, app.redraw(name), inputs=[session], inputs_kwargs=controls, outputs=panel[name],
-                  api_name=API_NAMES.get(name, name), trigger_mode="always_last", show_progress="hidden",
-                  concurrency_limit=DRAW_CONCURRENCY, **RAW)
-        gr.on([*page.rollout.redraw_on, given.scale.input, page.rollout.tab.select], app.redraw_rollout,
-              inputs=[session], inputs_kwargs=controls,
-              outputs=[page.rollout.panel, page.rollout.first_layer, page.rollout.last_layer], api_name="rollout",
-              trigger_mode="always_last", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
         explain = {name: tab for name, tab in LATER_PANELS.items() if tab in page.labels(page.explain)}
         gr.on([page.explain.select], app.redraw_shown(explain), inputs=[session, shown_tab], inputs_kwargs=controls,
               outputs=[panel[n] for n in explain], js=sections.shown_js(page, page.explain, position=1),
               api_name="explain_opened", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
-        gr.on([given.scale.input], app.redraw_many(FIRST_VIEW), inputs=[session], inputs_kwargs=controls,
-              outputs=list(page.overview.maps), api_name="first_view", trigger_mode="always_last",
-              show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
-
-        attention.wire(page.attention, app, session, controls)
         retargeted, searched, prompted = inputs.wire_classes(given, app, session, controls, class_outputs=[
             session, given.target, *[panel[n] for n in CLASS_PANELS]], notice=notice)
         inputs.wire_mode(given, [demo.load, key.change], key)  # a prompt box for a model with a text tower
-        all_maps.wire(page.all_maps, app, session, controls, notice)
-        faithfulness.wire(page.faithfulness, faithfulness.FaithfulnessTab(app.handle, app.with_relevance),
-                          sanity.SanityChecks(app.handle, app.store), session, key, controls,
-                          also=[page.overview.score.click], verdicts=list(page.overview.verdicts),
-                          also_progress=[page.overview.progress])
-        heads_tab = heads.HeadsTab(app, inputs.EXAMPLE_PATHS, upload_folders, View.from_controls)
-        heads.wire(page.heads, heads_tab, session, controls, refreshed=[analyzed, retargeted, searched, prompted],
-                   follow=[(name, app.redraw_if_shown(name, LATER_PANELS.get(name)), panel[name])
-                           for name in ("attention", "distance")],
-                   shown_tab=shown_tab, opened=sections.opened(page.heads_section, page.heads.tab))
-        distance.wire(page.distance, distance.DistanceTab(app), key)
-        model_tab = model.ModelTab(app.handle, app.cache.max_size)
-        model.wire(page.model, model_tab, key, opened=sections.opened(page.sees, page.model.tab))
-        downloads.wire(page.downloads, app, session, key, controls)
+
+        # Each view's own events, in page order (`sections.SECTIONS`): its redraws from the session's pass,
+        # its buttons, and its results put under the stale-result check below.
+        ctx = TabContext(app=app, session=session, key=key, controls=controls, image=given.image, scale=given.scale,
+                         notice=notice, shown_tab=shown_tab, page=page, panels=panel,
+                         events=dict(image=analyzed, model=loaded, **{"class": retargeted}, search=searched,
+                                     prompt=prompted))
+        for name, module in sections.modules().items():
+            module.wire(page.views[name], ctx)
 
         # One check against stale results (`ui.stale`) after every change of model, image, class or model B; the
         # downloads, which depend on every setting, also when a tab opens or the colour scale changes.
-        tracked = tracked_results(page, heads_tab, model_tab)
-        for event, name in ((analyzed, "image"), (retargeted, "class"), (searched, "search"), (prompted, "prompt"),
-                            (loaded, "model"), (compare_b, "model_b")):
+        tracked = tuple(ctx.tracked)
+        for name, event in ctx.events.items():
             checked = check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
-            checked.success(faithfulness.table_label, inputs=[page.faithfulness.scored],  # scores cleared: its label
-                            outputs=[page.faithfulness.table], api_name=f"faithfulness_label_{name}",
-                            show_progress="hidden")
+            for fn, fn_inputs, fn_outputs, api_name in ctx.after_checks:
+                checked.success(fn, inputs=fn_inputs, outputs=fn_outputs, api_name=f"{api_name}_{name}",
+                                show_progress="hidden")
         # A result whose event began before a new image (or model, class) was in place is checked again once it
         # is written: whichever of the two finishes last, the check after it sees both.
         check(lambda **kw: gr.on([item.made_from.change for item in tracked], trigger_mode="always_last", **kw),
@@ -158,34 +127,6 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
         check(lambda **kw: gr.on([tab.select for tab in every_tab] + [given.scale.input], **kw),
               by_settings, session, key, shown_tab, controls, "stale_check_settings")
     return demo
-
-
-def tracked_results(page: sections.Sections, heads_tab: heads.HeadsTab, model_tab: model.ModelTab) -> tuple:
-    """The results that cost model passes or files, each with what it depends on and what recomputes it."""
-    verdicts = (overview.NOT_SCORED,) * len(page.overview.verdicts)
-    return (
-        Tracked("faithfulness", page.faithfulness.scored,
-                (page.faithfulness.figure, page.faithfulness.table, page.faithfulness.note, *page.overview.verdicts),
-                (None, None, NOTE, *verdicts), "class", f"**{overview.SCORE_LABEL}** (Overview) or **Score the maps**"),
-        Tracked("sanity", page.faithfulness.checked,
-                (page.faithfulness.sanity_strip, page.faithfulness.sanity_curves, page.faithfulness.sanity_table,
-                 page.faithfulness.sanity_note), (None, None, None, NOTE), "class", f"**{sanity.PRESS}**",
-                reset=sanity.released),
-        Tracked("compare", page.compare.made_from, (page.compare.state, *page.compare.results),
-                (None, KEEP, NOTE, *[None] * (len(page.compare.results) - 2)), "class", f"**{compare.PRESS}**",
-                extra=page.compare.key_b),
-        Tracked("heads", page.heads.state,
-                (page.heads.effect, page.heads.top, *page.heads.maps, page.heads.importance, page.heads.importance_note),
-                (heads.cleared_ablation, None, *[None] * len(page.heads.maps), None, heads.cleared_ranking), "class",
-                "**Ablate these heads** or **Rank every head**", reset=heads_tab.reset),
-        Tracked("model", page.model.made_from, tuple(page.model.figure_outputs), (None, None, None, None, NOTE),
-                "model", "nothing: they are drawn again when this tab opens", tab=page.model.tab.label,
-                recompute=model_tab.recompute),
-        Tracked("dataset_distance", page.distance.made_from, (page.distance.dataset_plot, page.distance.dataset_note),
-                (None, NOTE), "model", "**Average over these images**"),
-        Tracked("downloads", page.downloads.made_from, (page.downloads.files, page.downloads.note), (None, NOTE),
-                "options", f"**{downloads.PRESS}**", options=download_options),
-    )
 
 
 def check(register, tracked: tuple, session, key, shown_tab, controls: dict, api_name: str):

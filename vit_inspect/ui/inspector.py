@@ -20,7 +20,7 @@ from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.passes.pipeline import add_relevance, analyze_image
 from vit_inspect.core.open_clip_models import is_open_clip_name
-from vit_inspect.passes.records import analysis_record, target_record
+from vit_inspect.passes.records import analysis_record, rounded, target_record
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.spill import SpillFolder
 from vit_inspect.plots import distance as distance_plots
@@ -32,20 +32,20 @@ from vit_inspect.ui.common import (REFUSED, describe, download_folder, geometry_
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.ordering import DrawOrder, session_hash
-from vit_inspect.ui.panels import FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, view_map
-from vit_inspect.ui.relevance import computed, with_relevance
+from vit_inspect.ui.panels import (FIRST_VIEW, IMAGE_PANELS, MAP_NAMES, draw_panels, main_scale, map_geometry,
+                                  view_map)
+from vit_inspect.ui.relevance import added_maps, computed, with_relevance
 from vit_inspect.ui.session_store import ResultDropped, SessionStore, Slot, module_nbytes
 from vit_inspect.ui.stale import Basis
-from vit_inspect.ui.tabs.attention import map_geometry
 from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, flag, plain_markdown, prompt_text, text
-from vit_inspect.ui.view import PATCH, READOUT, View
+from vit_inspect.ui.view import PATCH, READOUT, View, download_options
 from vit_inspect.ui.zerogpu import gpu_pass
 
 log = logging.getLogger("vit_inspect.app")
 
 GEOMETRIES = {"model's centre crop": "crop", "whole image, squashed": "squash", "whole image, aspect kept": "keep"}
 MAX_TARGETS_PER_SESSION = 8  # passes kept per image, one per target class
-CLASS_PANELS = ("first_relevance", "gradcam", "relevance", "rollout", "compare")  # the panels a new class redraws
+CLASS_PANELS = ("first_chefer", "gradcam", "chefer", "rollout", "compare")  # the panels a new class redraws
 CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # no class to switch to: the session, the list and its panels
 
 # A new image's answer carries the first view's maps (`panels.FIRST_VIEW`), so the first view shows as soon as
@@ -53,7 +53,7 @@ CLASS_SKIP = (gr.skip(),) * (2 + len(CLASS_PANELS))  # no class to switch to: th
 # for DeiT-Ti) only if the page shows their tab then, else the tab draws them when it opens: nothing drawn out
 # of view competes with the browser fetching the first view. panel -> its tab
 FIRST_PANELS = FIRST_VIEW
-LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "relevance": "Grad-CAM",
+LATER_PANELS = {"attention": "Attention", "rollout": "Rollout", "gradcam": "Grad-CAM", "chefer": "Grad-CAM",
                 "compare": "All maps", "heads": "All heads", "distance": "Attention distance"}
 FIRST_TAB = "Overview"  # the tab a page opens on
 # `analyze`'s answer when nothing changes, one skip per output: session, top-5, crop, class list, the image panels,
@@ -109,14 +109,6 @@ class Session:
 def input_digest(rgb: np.ndarray) -> str:
     """A digest of the (H, W, 3) input a pass saw: equal for equal inputs, whatever upload gave them."""
     return hashlib.blake2b(np.ascontiguousarray(rgb).tobytes(), digest_size=16).hexdigest()
-
-
-def download_options(session: Session, controls: dict) -> dict:
-    """The settings the downloads depend on (`View.record`), or a mark that the controls are unreadable."""
-    try:
-        return View.from_controls(session.result, **controls).record()
-    except InputError:
-        return {"unreadable": True}
 
 
 def results_nbytes(results: dict[tuple[int | None, int | None], ImageAnalysis]) -> int:
@@ -507,13 +499,18 @@ class Inspector:
                     "contrast": target_record(handle, result.contrast, result.versus),
                     "relevance": computed(session)}  # False: LeGrad and AttnLRP were not computed (the toggle)
         settings |= view.record()
+        plugged, missing = added_maps(session)  # the registry's added methods this pass holds (`relevance`)
         record = analysis_record(handle, result, session.name) | {"model": settings["model"], "settings": settings}
+        record |= {name: rounded(values) for name, values in plugged.items() if name not in record}
+        if missing:
+            record["left_out"] = missing
         paths.append(folder / f"{stem}.json")
         paths[-1].write_text(json.dumps(record, indent=1))
         arrays = result.attention_arrays() | {"mean_distance": result.mean_distance, "probs": result.probs,
                   "rgb": result.rgb, "gradcam": result.gradcam, "chefer": result.chefer, "legrad": result.legrad,
                   "attnlrp": result.attnlrp, "settings_json": np.array(json.dumps(settings))}
         arrays |= {f"{name}_map": view_map(result, view, name) for name in MAP_NAMES}
+        arrays |= {name: values for name, values in plugged.items() if name not in arrays}
         paths.append(folder / f"{stem}.npz")
         np.savez_compressed(paths[-1], **{k: v for k, v in arrays.items() if v is not None})
         basis = Basis.of(session, key or session.model, download_options(session, controls))

@@ -17,9 +17,9 @@ from vit_inspect.plots import canvas
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.relevance import added_maps, present, relevance_words
 
-MAP_NAMES = ("attention", "rollout", "gradcam", "relevance")  # the maps drawn over the image
-FIRST_VIEW = ("first_attention", "first_rollout", "first_relevance")  # the first view's three maps, fixed settings
-IMAGE_PANELS = (*FIRST_VIEW, "attention", "distance", "rollout", "gradcam", "relevance", "compare", "heads")
+MAP_NAMES = ("attention", "rollout", "gradcam", "chefer")  # the maps drawn over the image
+FIRST_VIEW = ("first_attention", "first_rollout", "first_chefer")  # the first view's three maps, fixed settings
+IMAGE_PANELS = (*FIRST_VIEW, "attention", "distance", "rollout", "gradcam", "chefer", "compare", "heads")
 # The widest picture a section shows at its own size: the sections' column is 1006 pixels wide in a 1366-pixel
 # window (measured in Chromium, tests/ui/browser), so a picture no wider keeps its 12-13 px text legible there.
 FIGURE_PIXELS = 1000
@@ -28,17 +28,17 @@ MAIN_MAP_PIXELS = 448  # a view's main map is drawn at least this wide (the crop
 FIRST_VIEW_WORDS = {  # what each of the first view's maps is, and why it is there
     "first_attention": "what the class token reads in the last layer",
     "first_rollout": "attention carried through every layer",
-    "first_relevance": "of the maps one pass draws, the most faithful on 200 ImageNet photos (docs: Which map to trust)",
+    "first_chefer": "of the maps one pass draws, the most faithful on 200 ImageNet photos (docs: Which map to trust)",
 }
 UNITS = {"attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
-         "gradcam": "Grad-CAM (activation × gradient)", "relevance": "relevance (logit units)",
+         "gradcam": "Grad-CAM (activation × gradient)", "chefer": "relevance (logit units)",
          "heads": "attention weight (probability)"}
 
 
 def unit(result: ImageAnalysis, name: str) -> str:
     """The colour bar's unit of a panel: relevance is in the units of the score the gradient maps explain
     (``result.score``: logit, or cosine for a text prompt's similarity with the image)."""
-    return f"relevance ({result.score} units)" if name == "relevance" else UNITS[name]
+    return f"relevance ({result.score} units)" if name == "chefer" else UNITS[name]
 
 
 def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
@@ -58,8 +58,17 @@ def view_map(result: ImageAnalysis, view, name: str) -> np.ndarray | None:
 
 def main_scale(result: ImageAnalysis) -> int:
     """The whole factor a view's main map enlarges the crop by: at least MAIN_MAP_PIXELS wide (2 for a 224-pixel
-    crop; 1 from 448 pixels up). A click's pixel on such a map is divided by it (`attention.map_geometry`)."""
+    crop; 1 from 448 pixels up). A click's pixel on such a map is divided by it (`map_geometry`)."""
     return max(1, math.ceil(MAIN_MAP_PIXELS / result.layout.input_size[1]))
+
+
+def map_geometry(result: ImageAnalysis) -> dict:
+    """What the browser needs to turn a clicked pixel of the map into a patch: the whole factor the map
+    enlarges the crop by (`main_scale`), the input's (height, width), the patch's (height, width) in
+    input pixels and the grid's (rows, columns)."""
+    tokens = result.layout
+    return {"scale": main_scale(result), "input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
+            "grid": [tokens.grid_h, tokens.grid_w]}
 
 
 def first_view(result: ImageAnalysis, view):
@@ -92,7 +101,7 @@ def caption(session, view, name: str, range_words: str) -> str:
     """What a map shows: model, map and settings, class, colour range (and the prefix share for attention)."""
     result = session.result
     lines = [f"{session.model_label} · {view.titles()[name]}"]
-    if name in ("gradcam", "relevance") or (name == "rollout" and view.rollout_method == "gradient"):
+    if name in ("gradcam", "chefer") or (name == "rollout" and view.rollout_method == "gradient"):
         lines.append(session.target_words())
     if name == "attention":
         lines.append(share_text(result.prefix_share(view.layer, view.head, view.patch)))
@@ -158,7 +167,7 @@ def draw_panels(names: tuple[str, ...], session, view, scale: int | None = None)
             drawn.append(map_plots.maps_panel(  # PIL panels: ≈ 40x faster than a matplotlib figure
                 result.rgb, {titles[k]: v for k, v in shown.items()} | extra | plugged,
                 relu_names=(titles["gradcam"], *(k for k, m in registered.items() if m.relu)),
-                units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "relevance") for k in extra}
+                units={titles[k]: unit(result, k) for k in shown} | {k: unit(result, "chefer") for k in extra}
                 | {k: m.unit.replace("{score}", result.score) for k, m in registered.items()},
                 ranges={titles[k]: r for k, r in ranges.items()} | {  # a signed map: centred on zero
                     k: (-float(np.abs(plugged[k]).max()), float(np.abs(plugged[k]).max()))

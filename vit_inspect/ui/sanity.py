@@ -15,7 +15,6 @@ the maps go) and what they were computed from (`stale.Basis`), for the page's st
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,6 +27,7 @@ from vit_inspect.plots.faithfulness import paper_name
 from vit_inspect.plots.sanity import cascading_panel, similarity_panel
 from vit_inspect.studies.robustness import RobustnessSettings
 from vit_inspect.studies.sanity import PASS_THRESHOLD, SANITY_METHODS, ImageSanity, SanitySettings, sanity_check
+from vit_inspect.ui.cancel import Cancels
 from vit_inspect.ui.common import public_message, public_name
 from vit_inspect.ui.panels import FIGURE_PIXELS
 from vit_inspect.ui.session_store import Slot
@@ -113,7 +113,9 @@ class SanityChecks:
     def __init__(self, handle_of: Callable, store):
         self.handle_of = handle_of
         self.store = store
-        self.running: dict[str, threading.Event] = {}  # session hash -> its run's cancel flag
+        self.cancels = Cancels("Nothing to cancel: no sanity checks are running for you.",
+                               "Cancelling: the sanity checks stop before their next pass, and the model's weights "
+                               "are restored.")
         self.run_checks = gpu_pass(checks_of_crop)
 
     def run(self, current, checked: Checked | None, key, request: gr.Request | None,
@@ -130,17 +132,12 @@ class SanityChecks:
                                   "prompt, then run them.")
         prompt = getattr(result, "prompt", None)
         handle = self.handle_of(current.model)
-        session_id = getattr(request, "session_hash", None) or "anonymous"
-        stop = self.running[session_id] = threading.Event()
         total = passes_of(handle.depth)
         progress(0, desc=f"Sanity checks: {total} analysis passes")
-        try:
+        with self.cancels.run(request) as stop:
             checks = self.run_checks(handle, result.rgb, result.target if prompt is None else prompt,
                                      cancelled=stop.is_set,
                                      progress=lambda done, all_: progress((done, all_), unit="passes"))
-        finally:
-            if self.running.get(session_id) is stop:
-                del self.running[session_id]
         nbytes = sum(np.asarray(m).nbytes for maps in checks.maps.values() for m in maps)
         slot = checked.slot if checked is not None else None
         if slot is None:
@@ -181,12 +178,7 @@ class SanityChecks:
 
     def cancel(self, request: gr.Request | None) -> str:
         """Stop this browser session's run before its next pass."""
-        session_id = getattr(request, "session_hash", None) or "anonymous"
-        stop = self.running.get(session_id)
-        if stop is None:
-            return "Nothing to cancel: no sanity checks are running for you."
-        stop.set()
-        return "Cancelling: the sanity checks stop before their next pass, and the model's weights are restored."
+        return self.cancels.cancel(request)
 
     def handler(self, table: Callable[[object, Checked | None], object]):
         """The event's function: `run`, its library errors as sentences (a cancelled run a note, leaving the

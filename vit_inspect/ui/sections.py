@@ -8,33 +8,39 @@ showed (its first at the start). Handlers read it to draw only what is in view (
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-
 import gradio as gr
 
+from vit_inspect.ui.context import PageSettings
 from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, distance, downloads, faithfulness, gradcam,
                                  heads, model, overview, rollout)
 
+# The page's sections in order: (name, label, elem_id, its views as (name, tab module)); a section of one view
+# has no sub-tabs (label and elem_id None: the view's own tab is the section). A new view is one tab module
+# (`ui.context`: layout and wire) and one entry here.
+SECTIONS = (
+    ("explain", "Explain", "explain-section", (("overview", overview), ("attention", attention), ("rollout", rollout),
+                                               ("gradcam", gradcam), ("all_maps", all_maps),
+                                               ("faithfulness", faithfulness))),
+    ("heads_section", "Heads", "heads-section", (("all_heads", all_heads), ("heads", heads))),
+    ("sees", "How it sees", "sees-section", (("model", model), ("distance", distance))),
+    ("compare", None, None, (("compare", compare),)),
+    ("downloads", None, None, (("downloads", downloads),)),
+)
 
-@dataclass(frozen=True)
+
 class Sections:
-    """Every section's tab and every sub-tab's view."""
+    """Every section's tab (``sections``: name -> gr.Tab) and every view (``views``: name -> the tab module's
+    View), each also an attribute by its name (``page.attention``, ``page.explain``)."""
 
-    explain: gr.Tab
-    heads_section: gr.Tab
-    sees: gr.Tab
-    overview: overview.OverviewView
-    attention: attention.AttentionView
-    rollout: rollout.RolloutView
-    gradcam: gradcam.GradcamView
-    all_maps: all_maps.AllMapsView
-    faithfulness: faithfulness.FaithfulnessView
-    all_heads: all_heads.AllHeadsView
-    heads: heads.HeadsView
-    model: model.ModelView
-    distance: distance.DistanceView
-    compare: compare.CompareView
-    downloads: downloads.DownloadsView
+    def __init__(self, sections: dict[str, gr.Tab], views: dict[str, object]):
+        self.sections, self.views = sections, views
+
+    def __getattr__(self, name: str):
+        for table in ("sections", "views"):
+            found = self.__dict__.get(table, {})
+            if name in found:
+                return found[name]
+        raise AttributeError(f"the page has no section or view {name!r}")
 
     def labels(self, section: gr.Tab) -> set[str]:
         """The labels of a section's views."""
@@ -42,29 +48,27 @@ class Sections:
 
     def groups(self) -> list[tuple[gr.Tab, list[gr.Tab]]]:
         """(section tab, its sub-tabs) in page order; a section without sub-tabs is its own only one."""
-        return [(self.explain, [self.overview.tab, self.attention.tab, self.rollout.tab, self.gradcam.tab,
-                                self.all_maps.tab, self.faithfulness.tab]),
-                (self.heads_section, [self.all_heads.tab, self.heads.tab]),
-                (self.sees, [self.model.tab, self.distance.tab]),
-                (self.compare.tab, [self.compare.tab]), (self.downloads.tab, [self.downloads.tab])]
+        return [(self.sections[name] if label else self.views[views[0][0]].tab,
+                 [self.views[view].tab for view, _ in views]) for name, label, _, views in SECTIONS]
 
 
-def layout(models, examples: int, session_ttl_s: float) -> Sections:
-    """The sections, inside the page's right-hand column; ``models`` are the choices model B's picker offers,
-    ``examples`` the number of example photos (the Heads tab's default reference set)."""
+def layout(settings: PageSettings) -> Sections:
+    """The sections, inside the page's right-hand column: each view is its tab module's `layout(settings)`."""
+    sections, views = {}, {}
     with gr.Tabs(elem_id="sections", overflow_behavior="wrap"):
-        with gr.Tab("Explain", elem_id="explain-section") as explain:
-            with gr.Tabs(elem_id="explain-tabs", overflow_behavior="wrap"):
-                views = dict(overview=overview.layout(), attention=attention.layout(), rollout=rollout.layout(),
-                             gradcam=gradcam.layout(), all_maps=all_maps.layout(), faithfulness=faithfulness.layout())
-        with gr.Tab("Heads", elem_id="heads-section") as heads_section:
-            with gr.Tabs(elem_id="heads-tabs", overflow_behavior="wrap"):
-                views |= dict(all_heads=all_heads.layout(), heads=heads.layout(examples, session_ttl_s))
-        with gr.Tab("How it sees", elem_id="sees-section") as sees:
-            with gr.Tabs(elem_id="sees-tabs", overflow_behavior="wrap"):
-                views |= dict(model=model.layout(), distance=distance.layout())
-        views |= dict(compare=compare.layout(models, session_ttl_s), downloads=downloads.layout())
-    return Sections(explain=explain, heads_section=heads_section, sees=sees, **views)
+        for name, label, elem_id, members in SECTIONS:
+            if label is None:
+                views |= {view: module.layout(settings) for view, module in members}
+                continue
+            with gr.Tab(label, elem_id=elem_id) as sections[name]:
+                with gr.Tabs(elem_id=elem_id.replace("-section", "-tabs"), overflow_behavior="wrap"):
+                    views |= {view: module.layout(settings) for view, module in members}
+    return Sections(sections, views)
+
+
+def modules() -> dict[str, object]:
+    """view name -> its tab module, in page order (the order their events are registered in, `build_demo`)."""
+    return {view: module for *_, members in SECTIONS for view, module in members}
 
 
 def record_shown(sections: Sections, shown: gr.Textbox) -> None:
@@ -91,7 +95,3 @@ def shown_js(sections: Sections, section: gr.Tab, position: int) -> str:
     Gradio selects the first section when the page mounts: then the view is the first view."""
     return f"(...values) => {{ values[{position}] = {remembered(sections, section)}; return values; }}"
 
-
-def opened(section: gr.Tab, tab: gr.Tab) -> list:
-    """The events on which a sub-tab comes into view: its own select, and its section's."""
-    return [tab.select, section.select]

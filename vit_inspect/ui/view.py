@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vit_inspect.core.errors import InputError
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag
 
@@ -81,7 +82,7 @@ class View:
                 "rollout": f"{rollout}, layers {self.first_layer}-{self.last_layer}"
                            + (SWAPPED if self.swapped else "") + (discard if self.discard_ratio > 0 else ""),
                 "gradcam": f"Grad-CAM (ReLU), block {self.gradcam_layer}",
-                "relevance": "gradient-weighted attention (Chefer et al.)"}
+                "chefer": "gradient-weighted attention (Chefer et al.)"}
 
     def record(self) -> dict:
         """These settings for the downloads."""
@@ -92,3 +93,12 @@ class View:
                             "first_layer": self.first_layer, "last_layer": self.last_layer},
                 "gradcam_block": self.gradcam_layer, "colour_scale": self.scale,
                 "threshold_mass": self.threshold}
+
+
+def download_options(session, controls: dict) -> dict:
+    """The settings a session's downloads depend on (`View.record` of its pass shown), or a mark that the
+    controls are unreadable."""
+    try:
+        return View.from_controls(session.result, **controls).record()
+    except InputError:
+        return {"unreadable": True}

@@ -25,7 +25,7 @@ def test_a_rejected_upload_reads_once_in_the_page_and_leaves_every_panel(server,
     expect = sync_api.expect
     page.set_viewport_size({"width": 1366, "height": 768})
     first_view(page)  # chelsea.png, analysed on page load
-    maps = {elem_id: image_src(page, elem_id) for elem_id in ("first-attention", "first-rollout", "first-relevance")}
+    maps = {elem_id: image_src(page, elem_id) for elem_id in ("first-attention", "first-rollout", "first-chefer")}
     notice = page.locator("#notice")
 
     text = tmp_path / "holiday.jpg"

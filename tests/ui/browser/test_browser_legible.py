@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright import sync_api
 from support.app import APP_MARKS
-from support.browser import ARTIFACTS, first_view, illegible, open_tab
+from support.browser import ARTIFACTS, SCORED, first_view, illegible, open_tab
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app, DeiT-Ti's sanity checks
 
@@ -28,8 +28,8 @@ def test_results_are_legible_at_1366_and_1920(server, page):
     expect(page.locator(f"#overview-progress {RUNNING}")).to_be_visible()
     assert illegible(page) == []
     assert page.locator(f"[id^='verdict-'] {RUNNING}").count() == 0
-    for name in ("attention", "rollout", "relevance"):
-        expect(page.locator(f"#verdict-{name}")).to_contain_text(re.compile(r"Faithfulness: \d+\w\w of 9 maps"))
+    for name in ("attention", "rollout", "chefer"):
+        expect(page.locator(f"#verdict-{name}")).to_contain_text(re.compile(rf"Faithfulness: \d+\w\w of {SCORED} maps"))
 
     open_tab(page, "Faithfulness")
     page.locator("#sanity-run").click()

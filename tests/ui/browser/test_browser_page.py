@@ -10,7 +10,7 @@ import re
 import pytest
 from playwright import sync_api
 from support.app import APP_MARKS, REPO
-from support.browser import ARTIFACTS, FIRST_VIEW, PHOTOS, SECTION_OF, first_view, illegible, open_tab
+from support.browser import ARTIFACTS, SCORED, FIRST_VIEW, PHOTOS, SECTION_OF, first_view, illegible, open_tab
 
 from vit_inspect.plots.canvas import COLORBAR_PIXELS
 from vit_inspect.plots.faithfulness import paper_name
@@ -81,8 +81,8 @@ def test_first_view_sections_a_second_image_and_compare(server, page, tiny_weigh
     # Score faithfulness for image 1: the verdicts under the first view's maps, and the table by paper name.
     open_tab(page, "Overview")
     page.locator("#overview-score").click()
-    for name in ("attention", "rollout", "relevance"):
-        expect(page.locator(f"#verdict-{name}")).to_contain_text(re.compile(r"Faithfulness: \d+\w\w of 9 maps"))
+    for name in ("attention", "rollout", "chefer"):
+        expect(page.locator(f"#verdict-{name}")).to_contain_text(re.compile(rf"Faithfulness: \d+\w\w of {SCORED} maps"))
     shot(page, "1366_02_first_view_scored")
     open_tab(page, "Faithfulness")
     table = page.locator("#faithfulness-table")
@@ -99,7 +99,7 @@ def test_first_view_sections_a_second_image_and_compare(server, page, tiny_weigh
         text = visible_text(page)
         assert not CHELSEA_CLASSES.search(text), f"{view} shows image 1's classes: {CHELSEA_CLASSES.search(text)[0]}"
     open_tab(page, "Overview")
-    for name in ("attention", "rollout", "relevance"):
+    for name in ("attention", "rollout", "chefer"):
         expect(page.locator(f"#verdict-{name}")).to_contain_text("not scored yet")
     shot(page, "1366_03_second_image")
 

@@ -34,15 +34,15 @@ def submit(page, elem_id: str, value: str) -> None:
 
 def test_the_prompt_box_drives_every_map_the_scores_and_the_downloads(page):
     expect = sync_api.expect
-    expect(page.locator("#first-relevance img")).to_be_visible()  # the example's first view, no control touched
+    expect(page.locator("#first-chefer img")).to_be_visible()  # the example's first view, no control touched
     expect(page.locator("#prompt")).to_be_visible()
     expect(page.locator("#class-search")).to_be_hidden()
     expect(page.locator("#predictions")).to_contain_text("coffee")  # the zero-shot list's top-5
     shot(page, "first_view")
 
-    before = source(page, "first-relevance")
+    before = source(page, "first-chefer")
     submit(page, "prompt", CAT)
-    expect(page.locator("#first-relevance img")).not_to_have_attribute("src", before)
+    expect(page.locator("#first-chefer img")).not_to_have_attribute("src", before)
     shot(page, "cat")
     open_tab(page, "Grad-CAM")
     expect(page.locator("#gradcam-map img")).to_be_visible()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import FIGURE_OUT, OutputImage
+from vit_inspect.ui.context import PageSettings, TabContext
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class AllHeadsView:
         return [self.tab.select, self.threshold_on.input, self.threshold.release]
 
 
-def layout() -> AllHeadsView:
+def layout(settings: PageSettings) -> AllHeadsView:
     """The tab, its mask controls and its figure, inside the page's ``gr.Tabs``."""
     with gr.Tab("All heads", elem_id="all-heads-tab") as tab:
         gr.Markdown("Every head of the layer chosen under **Explain → Attention**, from the same query (the "
@@ -41,3 +42,9 @@ def layout() -> AllHeadsView:
             threshold = gr.Slider(10, 100, value=60, step=5, label="Attention mass kept (%)", elem_id="threshold")
         panel = OutputImage(label="All heads", elem_id="heads-grid", **FIGURE_OUT)
     return AllHeadsView(tab, threshold_on, threshold, panel)
+
+
+def wire(view: AllHeadsView, ctx: TabContext) -> None:
+    """Every head redrawn from the session's pass when its options change, the tab or its section opens, or
+    the colour scale changes."""
+    ctx.redraw("heads", [*view.redraw_on, *ctx.opened(view.tab)[1:], ctx.scale.input])

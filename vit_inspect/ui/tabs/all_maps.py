@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import FIGURE_OUT, MODEL_PASS, RAW, OutputImage, says_refusals
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.relevance import toggle_label
 
 
@@ -26,7 +27,7 @@ class AllMapsView:
         return [self.tab.select]
 
 
-def layout() -> AllMapsView:
+def layout(settings: PageSettings) -> AllMapsView:
     """The tab, its toggle and its figure, inside the page's ``gr.Tabs``."""
     with gr.Tab("All maps", elem_id="all-maps-tab") as tab:
         gr.Markdown("Every map on the same input, each with the options set in its own tab: "
@@ -40,10 +41,12 @@ def layout() -> AllMapsView:
     return AllMapsView(tab, relevance_toggle, panel)
 
 
-def wire(view: AllMapsView, app, session: gr.State, controls: dict, notice: gr.Markdown) -> None:
-    """The tab's event: the toggle adds LeGrad and AttnLRP to the pass shown, or leaves them out of later
+def wire(view: AllMapsView, ctx: TabContext) -> None:
+    """The tab's events: the figure redrawn when the tab opens; the toggle adds LeGrad and AttnLRP to the pass shown, or leaves them out of later
     passes (the page's `Inspector` ``app``: ``set_relevance``), and redraws the figure; a refusal is a sentence
     in the page's ``notice`` line."""
-    gr.on([view.relevance_toggle.input], says_refusals(app.set_relevance, notice, appended=""),
-          inputs=[session, view.relevance_toggle], inputs_kwargs=controls, outputs=[session, view.panel, notice],
+    ctx.redraw("compare", view.redraw_on)
+    gr.on([view.relevance_toggle.input], says_refusals(ctx.app.set_relevance, ctx.notice, appended=""),
+          inputs=[ctx.session, view.relevance_toggle], inputs_kwargs=ctx.controls,
+          outputs=[ctx.session, view.panel, ctx.notice],
           api_name="relevance", show_progress_on=[view.panel], **RAW, **MODEL_PASS)  # on the maps, not the notice

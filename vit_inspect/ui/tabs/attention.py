@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.ui.clicks import MAP_ID, clicked_pixel
 from vit_inspect.ui.common import DRAW_CONCURRENCY, MAP_OUT, RAW, OutputImage
-from vit_inspect.ui.panels import main_scale
+from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.panels import map_geometry  # noqa: F401  (the patch grid each map is sent with)
 from vit_inspect.ui.view import PATCH, READOUT
 
 # On the map's select event: the remembered pixel, divided by the whole factor the map enlarges the crop by,
@@ -60,7 +60,7 @@ class AttentionView:
         return [self.layer.input, self.head.input, self.mean_heads.input, self.query.input]
 
 
-def layout() -> AttentionView:
+def layout(settings: PageSettings) -> AttentionView:
     """The tab, its map and its controls, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Attention", elem_id="attention-tab") as tab:
         gr.Markdown("One layer's attention from a query token. **Click the map** (or type a row and column) to "
@@ -84,19 +84,12 @@ def layout() -> AttentionView:
     return AttentionView(tab, panel, layer, head, mean_heads, query, row, col, geometry)
 
 
-def map_geometry(result: ImageAnalysis) -> dict:
-    """What the browser needs to turn a clicked pixel of the map into a patch: the whole factor the map
-    enlarges the crop by (`panels.main_scale`), the input's (height, width), the patch's (height, width) in
-    input pixels and the grid's (rows, columns)."""
-    tokens = result.layout
-    return {"scale": main_scale(result), "input": list(tokens.input_size), "patch": [tokens.patch_h, tokens.patch_w],
-            "grid": [tokens.grid_h, tokens.grid_w]}
-
-
-def wire(view: AttentionView, app, session: gr.State, controls: dict) -> None:
+def wire(view: AttentionView, ctx: TabContext) -> None:
     """The tab's own events: a click or a typed patch sets the query in the browser at once and draws it on the
     server (the page's `Inspector` ``app``: ``pick_patch``, ``type_patch``); "mean of heads" greys out the head
-    slider. Its slider redraws are wired with the other panels' (`build_demo`)."""
+    slider; the map is redrawn from the session's pass when a control, the colour scale or the tab changes."""
+    app, session, controls = ctx.app, ctx.session, ctx.controls
+    ctx.redraw("attention", [*view.redraw_on, ctx.scale.input, view.tab.select])
     gr.on([view.panel.select], None, inputs=[view.geometry, view.row, view.col, view.query],
           outputs=[view.row, view.col, view.query], js=PICK_JS, queue=False)
     gr.on([view.panel.select], app.pick_patch, inputs=[session], inputs_kwargs=controls,

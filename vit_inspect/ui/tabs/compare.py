@@ -32,9 +32,10 @@ from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps
                                             last_layer_heads, layer_words, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
 from vit_inspect.ui.common import (MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_name, says_refusals,
-                                   shows_errors)
+                                   shows_errors, upload_source)
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.session_store import Slot
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import KEEP, NOTE, Basis, Tracked
 from vit_inspect.ui.untrusted import client_files, finite_float, finite_int, flag, text
 
 MAX_PCA_IMAGES = 8  # images in one joint feature PCA, the comparison's own included
@@ -73,7 +74,7 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
     rows = []
     for item in aligned_maps(comparison, layer_a=layer):
         score = item.agreement
-        layers = "all" if item.kind in ("rollout", "relevance") else f"{item.layer_a} ↔ {item.layer_b}"
+        layers = "all" if item.kind in ("rollout", "chefer") else f"{item.layer_a} ↔ {item.layer_b}"
         rows.append([MAP_TITLES[item.kind], layers, _rho(score.spearman), f"{score.top_overlap:.2f}",
                      f"{score.grid[0]}×{score.grid[1]}"])
     for label, result in zip(state.labels, (comparison.a, comparison.b)):
@@ -318,9 +319,10 @@ class CompareView:
                 self.similarity, self.heads_a, self.heads_b, self.pca_a, self.pca_b]
 
 
-def layout(models, session_ttl_s: float) -> CompareView:
-    """The tab, its controls and figures, inside the page's sections; ``models`` are the (label, name) choices
-    model B's picker offers."""
+def layout(settings: PageSettings) -> CompareView:
+    """The tab, its controls and figures, inside the page's sections; ``settings.models`` are the choices model
+    B's picker offers."""
+    models, session_ttl_s = settings.models, settings.session_ttl_s
     figure_out = MAP_OUT | dict(buttons=["download"])  # figures title themselves
     with gr.Tab("Compare", elem_id="compare-tab") as tab:
         gr.Markdown("The same image through a second model (B), next to the model loaded on the left (A). Both "
@@ -379,12 +381,13 @@ def layout(models, session_ttl_s: float) -> CompareView:
                        heads_b, remove_background, threshold, pca_files, pca_button, pca_a, pca_b)
 
 
-def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State, session: gr.State):
+def wire(view: CompareView, ctx: TabContext) -> None:
     """The tab's events: model B loaded on its button, both passes on Compare (the page's ``image`` through
     model A of ``key`` and model B), the slider and PCA options redrawn from the session's comparison, and
     more images added to the joint PCA; every handler's library exceptions become one sentence (a refused
-    load in model B's status line, a refused comparison or PCA in the tab's note, every result left as it was). Returns model
-    B's loading, for the page's stale-result check."""
+    load in model B's status line, a refused comparison or PCA in the tab's note, every result left as it was).
+    The comparison is under the page's stale-result check, which model B's loading triggers too."""
+    handlers, image, key, session = CompareTab(ctx.app, upload_source), ctx.image, ctx.key, ctx.session
     loaded = gr.on([view.load_b.click], says_refusals(handlers.load_second, view.status_b),
                    inputs=[view.name_b, view.weights_b],
                    outputs=[view.key_b, view.status_b], api_name="compare_load_model",
@@ -407,4 +410,7 @@ def wire(view: CompareView, handlers: CompareTab, image: gr.Image, key: gr.State
           inputs=[view.state, view.pca_files, key, view.key_b, view.remove_background, view.threshold],
           outputs=[view.state, view.pca_a, view.pca_b, view.note], api_name="compare_joint_pca",
           show_progress_on=[view.pca_a, view.pca_b], **RAW, **MODEL_PASS)  # on the pictures it draws, not the note
-    return loaded
+    ctx.events["model_b"] = loaded
+    ctx.track(Tracked("compare", view.made_from, (view.state, *view.results),
+                      (None, KEEP, NOTE, *[None] * (len(view.results) - 2)), "class", f"**{PRESS}**",
+                      extra=view.key_b))

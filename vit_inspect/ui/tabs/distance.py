@@ -15,8 +15,9 @@ from vit_inspect.jobs.distance import dataset_attention_distance
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shown_model, shows_errors,
                                    upload_folders)
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.model_cache import CacheKey
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import NOTE, Basis, Tracked
 from vit_inspect.ui.untrusted import client_files, redact_paths
 
 MAX_DATASET_IMAGES = 64  # images per attention-distance average
@@ -40,7 +41,7 @@ class DistanceView:
         return [self.tab.select]
 
 
-def layout() -> DistanceView:
+def layout(settings: PageSettings) -> DistanceView:
     """The tab, its two plots and the images to average, inside the How it sees section's ``gr.Tabs``."""
     with gr.Tab("Attention distance", elem_id="distance-tab") as tab:
         gr.Markdown("Mean attention distance per head (ViT paper, Fig. 7 right): how far, in pixels, "
@@ -89,10 +90,15 @@ class DistanceTab:
         return Basis(model=key, model_words=shown_model(handle)), image, note
 
 
-def wire(view: DistanceView, handlers: DistanceTab, key: gr.State) -> None:
-    """The tab's event: its button averages the uploaded images' attention distance with the model of ``key``;
-    a refusal is a sentence in the note under it."""
+def wire(view: DistanceView, ctx: TabContext) -> None:
+    """The tab's events: this image's scatter redrawn from the session's pass when the tab or its section
+    opens; its button averages the uploaded images' attention distance with the page's model, a refusal a
+    sentence in the note under it, the average under the page's stale-result check."""
+    handlers, key = DistanceTab(ctx.app), ctx.key
+    ctx.redraw("distance", [*view.redraw_on, *ctx.opened(view.tab)[1:]])
     gr.on([view.dataset_button.click], says_refusals(handlers.dataset_distance, view.dataset_note),
           inputs=[view.dataset_files, key],
           outputs=[view.made_from, view.dataset_plot, view.dataset_note], api_name="dataset_distance",
           show_progress_on=[view.dataset_plot], **RAW, **MODEL_PASS)  # on the plot it draws, not over the note
+    ctx.track(Tracked("dataset_distance", view.made_from, (view.dataset_plot, view.dataset_note), (None, NOTE),
+                      "model", "**Average over these images**"))

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import RAW, progress_slot, says_refusals
+from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.stale import NOTE, Tracked
+from vit_inspect.ui.view import download_options
 
 PRESS = "Prepare downloads"
 
@@ -25,7 +28,7 @@ class DownloadsView:
     made_from: gr.State
 
 
-def layout() -> DownloadsView:
+def layout(settings: PageSettings) -> DownloadsView:
     """The tab, its button and its files, inside the page's sections."""
     with gr.Tab("Downloads", elem_id="downloads-tab") as tab:
         gr.Markdown("The current image's figures as PNG, its numbers as JSON (the command line's "
@@ -40,10 +43,13 @@ def layout() -> DownloadsView:
     return DownloadsView(tab, button, progress, files, note, made_from)
 
 
-def wire(view: DownloadsView, app, session: gr.State, key: gr.State, controls: dict) -> None:
+def wire(view: DownloadsView, ctx: TabContext) -> None:
     """The tab's event: its button writes the session's downloads for the controls as they are (the page's
     `Inspector` ``app``: ``downloads``, which draws every panel of the session's image); a refusal is a sentence
     in the tab's note."""
-    gr.on([view.button.click], says_refusals(app.downloads, view.note), inputs=[session, key], inputs_kwargs=controls,
+    gr.on([view.button.click], says_refusals(ctx.app.downloads, view.note), inputs=[ctx.session, ctx.key],
+          inputs_kwargs=ctx.controls,
           outputs=[view.made_from, view.files, view.note], api_name="downloads", show_progress_on=[view.progress],
           **RAW)
+    ctx.track(Tracked("downloads", view.made_from, (view.files, view.note), (None, NOTE), "options", f"**{PRESS}**",
+                      options=download_options))

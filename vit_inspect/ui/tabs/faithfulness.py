@@ -35,7 +35,8 @@ from vit_inspect.studies.faithfulness import (faithfulness_methods, image_permut
 from vit_inspect.ui import sanity
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_message, public_name,
                                    says_refusals, shows_errors)
-from vit_inspect.ui.stale import Basis, result_key
+from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.stale import NOTE, Basis, Tracked, result_key
 from vit_inspect.ui.untrusted import finite_float, finite_int, flag, redact_paths
 from vit_inspect.ui.view import SWAPPED
 
@@ -152,7 +153,7 @@ class FaithfulnessView:
         return [self.checked, self.sanity_strip, self.sanity_curves, self.sanity_table, self.sanity_note, self.table]
 
 
-def layout() -> FaithfulnessView:
+def layout(settings: PageSettings) -> FaithfulnessView:
     """The tab, its button and its results, inside the page's ``gr.Tabs``."""
     with gr.Tab("Faithfulness", elem_id="faithfulness-tab") as tab:
         gr.Markdown("Which map can you trust for this image? Each map's most relevant patches are removed "
@@ -286,15 +287,19 @@ class FaithfulnessTab:
         return Scored(key=key, curves=known, words=explained), image, rows, note
 
 
-def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.SanityChecks, session: gr.State,
-         key: gr.State, controls: dict, also: list, verdicts: list, also_progress: list) -> None:
-    """The tab's events: its button (and the ``also`` triggers: the first view's Score) scores the session's
-    maps on the model-pass queue, writing the tab's figure, table and note and the first view's ``verdicts``,
-    then the table's label, its progress shown in the tab's slot and the ``also_progress`` slots (the first
-    view's); the sanity checks' button runs ``checks`` on the same queue (they change the model's weights
-    while they run), writing their pictures, table and note and the faithfulness table's verdict column;
-    Cancel stops them before their next pass, off the queue. A refusal is a sentence in the note under the
-    button pressed, every result left as it was."""
+def wire(view: FaithfulnessView, ctx: TabContext) -> None:
+    """The tab's events: its button (and the first view's Score) scores the session's maps on the model-pass
+    queue, writing the tab's figure, table and note and the first view's verdicts, then the table's label, its
+    progress shown in the tab's slot and the first view's; the sanity checks' button runs `sanity.SanityChecks`
+    on the same queue (they change the model's weights while they run), writing their pictures, table and note
+    and the faithfulness table's verdict column; Cancel stops them before their next pass, off the queue. A
+    refusal is a sentence in the note under the button pressed, every result left as it was. Both results are
+    under the page's stale-result check."""
+    handlers = FaithfulnessTab(ctx.app.handle, ctx.app.with_relevance)
+    checks = sanity.SanityChecks(ctx.app.handle, ctx.app.store)
+    first = ctx.page.overview  # the first view: its Score button, its verdicts and its progress slot
+    session, key, controls = ctx.session, ctx.key, ctx.controls
+    also, verdicts, also_progress = [first.score.click], list(first.verdicts), [first.progress]
     scored = gr.on([view.button.click, *also], says_refusals(handlers.score, view.note),
                    inputs=[session, view.scored, key, view.checked],
                    inputs_kwargs=controls, outputs=[*view.outputs, *verdicts], api_name="faithfulness",
@@ -307,6 +312,13 @@ def wire(view: FaithfulnessView, handlers: FaithfulnessTab, checks: sanity.Sanit
           **MODEL_PASS)
     gr.on([view.sanity_cancel.click], shows_errors(checks.cancel), outputs=[view.sanity_note],
           api_name="cancel_sanity_checks", show_progress="hidden", queue=False, **RAW)
+    ctx.track(Tracked("faithfulness", view.scored, (view.figure, view.table, view.note, *verdicts),
+                      (None, None, NOTE, *(first.not_scored,) * len(verdicts)), "class",
+                      f"**{first.score_label}** (Overview) or **Score the maps**"))
+    ctx.track(Tracked("sanity", view.checked, (view.sanity_strip, view.sanity_curves, view.sanity_table,
+                                               view.sanity_note), (None, None, None, NOTE), "class",
+                      f"**{sanity.PRESS}**", reset=sanity.released))
+    ctx.after_check(table_label, [view.scored], [view.table], "faithfulness_label")  # scores cleared: its label
 
 
 def table_label(scored: Scored | None):

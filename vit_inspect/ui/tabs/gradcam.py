@@ -11,16 +11,17 @@ from dataclasses import dataclass
 import gradio as gr
 
 from vit_inspect.ui.common import MAP_OUT, OutputImage
+from vit_inspect.ui.context import PageSettings, TabContext
 
 
 @dataclass(frozen=True)
 class GradcamView:
-    """The Grad-CAM tab's components (``relevance``: the gradient-weighted attention map)."""
+    """The Grad-CAM tab's components (``chefer``: the gradient-weighted attention map, Chefer et al. 2021)."""
 
     tab: gr.Tab
     layer: gr.Slider
     panel: gr.Image
-    relevance: gr.Image
+    chefer: gr.Image
 
     @property
     def redraw_on(self) -> list:
@@ -28,7 +29,7 @@ class GradcamView:
         return [self.layer.input]
 
 
-def layout() -> GradcamView:
+def layout(settings: PageSettings) -> GradcamView:
     """The tab, its block slider and its maps, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Grad-CAM", elem_id="gradcam-tab") as tab:
         gr.Markdown("Why this class, or this prompt? Grad-CAM (Selvaraju et al. 2017) of one block, and "
@@ -43,6 +44,13 @@ def layout() -> GradcamView:
                             "**Faithfulness** tab scores it signed and as drawn.")
         with gr.Row():
             with gr.Column(scale=3, min_width=580):
-                relevance = OutputImage(elem_id="relevance-map", **MAP_OUT)
+                chefer = OutputImage(elem_id="chefer-map", **MAP_OUT)
             gr.Column(scale=2, min_width=260)
-    return GradcamView(tab, layer, panel, relevance)
+    return GradcamView(tab, layer, panel, chefer)
+
+
+def wire(view: GradcamView, ctx: TabContext) -> None:
+    """Grad-CAM redrawn from the session's pass when its block, the colour scale or the tab changes; the
+    gradient-weighted attention map beside it when the tab opens (it has no options of its own)."""
+    ctx.redraw("gradcam", [*view.redraw_on, ctx.scale.input, view.tab.select])
+    ctx.redraw("chefer", [view.tab.select], api_name="gradient_weighted_attention")

@@ -21,7 +21,6 @@ dropped to make room (the session is then told so, and the means are averaged ag
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,13 +37,18 @@ from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.plots import heads as head_plots
 from vit_inspect.studies.ablation import HeadImportance, ablation_effect, analyze_ablated, head_importance
 from vit_inspect.ui.clicks import HEATMAP_IDS, clicked_pixel
+from vit_inspect.ui.cancel import Cancels
 from vit_inspect.ui.common import (FIGURE_OUT, MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, says_refusals,
-                                   shows_errors, still_showing)
+                                   shows_errors, still_showing, upload_folders)
+from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.inputs import EXAMPLE_PATHS
+from vit_inspect.ui.inspector import LATER_PANELS
 from vit_inspect.ui.lens_table import lens_table, lens_widths
 from vit_inspect.ui.panels import draw_panels
 from vit_inspect.ui.session_store import DROPPED, Detached, ResultDropped, Slot
-from vit_inspect.ui.stale import Basis, own_sentence, result_key
+from vit_inspect.ui.stale import Basis, Tracked, own_sentence, result_key
 from vit_inspect.ui.untrusted import client_files, finite_float, text
+from vit_inspect.ui.view import View
 from vit_inspect.ui.zerogpu import gpu_pass
 
 MAX_REFERENCE_IMAGES = 32  # uploaded images one mean ablation averages over
@@ -214,9 +218,10 @@ class HeadsView:
     state: gr.State
 
 
-def layout(examples: int, session_ttl_s: float) -> HeadsView:
-    """The tab, its controls and results, inside the page's ``gr.Tabs``; ``examples`` is the number of example
-    photos mean ablation averages over when no reference images are uploaded."""
+def layout(settings: PageSettings) -> HeadsView:
+    """The tab, its controls and results, inside the page's ``gr.Tabs``; ``settings.examples`` is the number of
+    example photos mean ablation averages over when no reference images are uploaded."""
+    examples, session_ttl_s = settings.examples, settings.session_ttl_s
     with gr.Tab("Ablate & rank", elem_id="heads-tab") as tab:
         gr.Markdown("What does a head do for this prediction? Ablate heads and see the prediction and maps "
                     "change (one forward and one backward pass), rank every head by the drop of the class's "
@@ -275,7 +280,8 @@ class HeadsTab:
         self.view_of = view_of  # View.from_controls: raw controls -> what to draw
         self.reference_images = reference_images  # the default reference set of mean ablation
         self.upload_folders = upload_folders
-        self.running: dict[str, threading.Event] = {}  # session hash -> its importance run's cancel flag
+        self.cancels = Cancels("Nothing to cancel: no head importance is running for you.",
+                               "Cancelling: head importance stops before its next batch.")
         self.run_ablated = gpu_pass(analyze_ablated)  # the ablated pass, under ZeroGPU like the main pass
         self.run_importance = gpu_pass(importance_of_crop)  # and the importance forwards
 
@@ -399,17 +405,13 @@ class HeadsTab:
                                         "Head importance needs a classification head: this model has none.")
         mode, state, means, reference = self._reference(state, handle, session, mode, files, progress)
         result = session.result
-        session_id = getattr(request, "session_hash", None) or "anonymous"
-        stop = self.running[session_id] = threading.Event()
         try:
-            ranked = self.run_importance(handle, result.rgb, target=result.target, mode=mode, mean=means,
-                                     batch_size=IMPORTANCE_BATCH, cancelled=stop.is_set,
-                                     progress=lambda done, total: progress((done, total), unit="rows"))
+            with self.cancels.run(request) as stop:
+                ranked = self.run_importance(handle, result.rgb, target=result.target, mode=mode, mean=means,
+                                             batch_size=IMPORTANCE_BATCH, cancelled=stop.is_set,
+                                             progress=lambda done, total: progress((done, total), unit="rows"))
         except Cancelled as exc:
             return state, gr.skip(), gr.skip(), f"{exc.public} Nothing was changed.", gr.skip()
-        finally:
-            if self.running.get(session_id) is stop:
-                del self.running[session_id]
         words = f"mode {mode}" + (f", {reference}" if reference else "")
         state = replace(state, importance=ranked, importance_words=words, basis=Basis.of(session, None),
                         ablated_words=state.ablated_words if state.ablated_slot is not None else "")
@@ -419,12 +421,7 @@ class HeadsTab:
 
     def cancel(self, request: gr.Request) -> str:
         """Stop this browser session's importance run before its next batch."""
-        session_id = getattr(request, "session_hash", None) or "anonymous"
-        stop = self.running.get(session_id)
-        if stop is None:
-            return "Nothing to cancel: no head importance is running for you."
-        stop.set()
-        return "Cancelling: head importance stops before its next batch."
+        return self.cancels.cancel(request)
 
     def selected(self, controls: dict) -> tuple[int, int] | None:
         return None if controls.get("mean_heads") is True else (controls.get("layer"), controls.get("head"))
@@ -535,15 +532,21 @@ class HeadsTab:
                                                     importance_words="")
 
 
-def wire(view: HeadsView, handlers: HeadsTab, session: gr.State, controls: dict, refreshed: list, follow: list,
-         shown_tab: gr.Textbox, opened: list) -> None:
-    """Events: the tab opening (``opened``: its and its section's select) and the `refreshed` dependencies
-    (new image, new class) redraw from the
-    cache, the latter only while the page shows the tab (`shown_tab`: the label of the tab it shows), as
-    does a change of layer or head (the heatmaps' outlined cell, the ablated maps);
-    `follow` is [(name, handler, output)] run after a cell click (the panels showing layer and head;
-    each handler takes the session and `shown_tab`, and draws only what it wants drawn in that tab);
-    `controls` are the shared controls (layer, head, ...)."""
+def wire(view: HeadsView, ctx: TabContext) -> None:
+    """Events: the tab opening (its and its section's select) and the page's new image or class redraw from
+    the cache, the latter only while the page shows the tab (``ctx.shown_tab``), as does a change of layer or
+    head (the heatmaps' outlined cell, the ablated maps); a cell click sets layer and head, then redraws the
+    Attention and distance panels where they are in view. The ablation and ranking are under the page's
+    stale-result check."""
+    handlers = HeadsTab(ctx.app, EXAMPLE_PATHS, upload_folders, View.from_controls)
+    session, controls, shown_tab, opened = ctx.session, ctx.controls, ctx.shown_tab, ctx.opened(view.tab)
+    refreshed = [ctx.events[name] for name in ("image", "class", "search", "prompt")]
+    follow = [(name, ctx.app.redraw_if_shown(name, LATER_PANELS.get(name)), ctx.panels[name])
+              for name in ("attention", "distance")]
+    ctx.track(Tracked("heads", view.state, (view.effect, view.top, *view.maps, view.importance,
+                                            view.importance_note),
+                      (cleared_ablation, None, *[None] * len(view.maps), None, cleared_ranking), "class",
+                      "**Ablate these heads** or **Rank every head**", reset=handlers.reset))
     layer, head, mean_heads = controls["layer"], controls["head"], controls["mean_heads"]
     redrawn = [*view.maps, view.importance, view.first_order]
     overview = dict(fn=shows_errors(handlers.overview), inputs=[session, view.state], inputs_kwargs=controls,

@@ -22,8 +22,9 @@ from vit_inspect.plots import model as model_plots
 from vit_inspect.studies.model_report import pos_similarity_at
 from vit_inspect.ui.common import (FIGURE_OUT, MODEL_PASS, RAW, OutputImage, download_folder, progress_slot,
                                    public_name, says_refusals, shown_model, shows_errors, weights_label)
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.model_cache import CacheKey
-from vit_inspect.ui.stale import Basis
+from vit_inspect.ui.stale import NOTE, Basis, Tracked
 from vit_inspect.ui.untrusted import finite_int
 
 MAX_SIMILARITY_GRID = 20  # patches per side in a position-similarity figure (one tile per patch)
@@ -131,7 +132,7 @@ class ModelView:
         return [self.pca, self.similarity, self.similarity_other, self.files, self.note]
 
 
-def layout() -> ModelView:
+def layout(settings: PageSettings) -> ModelView:
     """The tab and its figures, inside the How it sees section's ``gr.Tabs``."""
     with gr.Tab("Filters & positions", elem_id="model-tab") as tab:
         gr.Markdown("The model's own parameters, no image needed (ViT paper, Fig. 7 left and centre).")
@@ -157,11 +158,13 @@ def layout() -> ModelView:
                      progress, files, note, made_from)
 
 
-def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> None:
-    """The tab's events: its figures drawn when the tab opens (``opened``: the tab's and its section's select
-    events), the other-size figure and the downloads on their buttons, each for the model of ``key``. They
-    read the model's weights, so they run on the model-pass queue: never while the sanity checks hold
-    re-drawn weights in the model. A refusal is a sentence in the tab's note (a success of a button clears it)."""
+def wire(view: ModelView, ctx: TabContext) -> None:
+    """The tab's events: its figures drawn when the tab or its section opens, the other-size figure and the
+    downloads on their buttons, each for the page's model. They read the model's weights, so they run on the
+    model-pass queue: never while the sanity checks hold re-drawn weights in the model. A refusal is a sentence
+    in the tab's note (a success of a button clears it). The figures are under the page's stale-result check:
+    another model redraws them while the tab is shown."""
+    handlers, key, opened = ModelTab(ctx.app.handle, ctx.app.cache.max_size), ctx.key, ctx.opened(view.tab)
     gr.on(opened, says_refusals(handlers.figures, view.note, appended=gr.skip()), inputs=[key],
           outputs=[view.made_from, view.pca, view.similarity, view.note], api_name="model_figures",
           show_progress_on=[view.pca, view.similarity], **MODEL_PASS)  # on the figures, not the note
@@ -171,3 +174,6 @@ def wire(view: ModelView, handlers: ModelTab, key: gr.State, opened: list) -> No
     gr.on([view.download_button.click], says_refusals(handlers.model_downloads, view.note, appended=""),
           inputs=[key, view.height, view.width], outputs=[view.files, view.note], api_name="model_downloads",
           show_progress_on=[view.progress], **RAW, **MODEL_PASS)
+    ctx.track(Tracked("model", view.made_from, tuple(view.figure_outputs), (None, None, None, None, NOTE), "model",
+                      "nothing: they are drawn again when this tab opens", tab=view.tab.label,
+                      recompute=handlers.recompute))

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import MAP_OUT, OutputImage, progress_slot
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MAP_OUT, RAW, OutputImage, progress_slot
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.panels import FIRST_VIEW
 
 NOT_SCORED = "*Faithfulness: not scored yet (press Score faithfulness, below).*"
-VERDICT_METHODS = {"first_attention": "attention", "first_rollout": "rollout", "first_relevance": "chefer"}
+VERDICT_METHODS = {"first_attention": "attention", "first_rollout": "rollout", "first_chefer": "chefer"}
 SCORE_LABEL = "Score faithfulness (about 30 batched forward passes per map)"
 
 
@@ -36,8 +37,17 @@ class OverviewView:
     crop: gr.Image
     seen: gr.Image
 
+    @property
+    def not_scored(self) -> str:
+        """What a verdict says before its map is scored."""
+        return NOT_SCORED
 
-def layout() -> OverviewView:
+    @property
+    def score_label(self) -> str:
+        return SCORE_LABEL
+
+
+def layout(settings: PageSettings) -> OverviewView:
     """The tab, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Overview", elem_id="overview-tab") as tab:
         maps, verdicts = [], []
@@ -57,3 +67,11 @@ def layout() -> OverviewView:
                 gr.Markdown("**Your upload**: the outlined region is what the model saw")
                 seen = OutputImage(elem_id="seen-region", height=240, **MAP_OUT)
     return OverviewView(tab, tuple(maps), tuple(verdicts), score, progress, crop, seen)
+
+
+def wire(view: OverviewView, ctx: TabContext) -> None:
+    """The first view's maps redrawn when the colour scale changes; the image pass draws them
+    (`Inspector.analyze`) and the Faithfulness tab's event writes the verdicts (its Score button is a trigger)."""
+    gr.on([ctx.scale.input], ctx.app.redraw_many(FIRST_VIEW), inputs=[ctx.session], inputs_kwargs=ctx.controls,
+          outputs=list(view.maps), api_name="first_view", trigger_mode="always_last", show_progress="hidden",
+          concurrency_limit=DRAW_CONCURRENCY, **RAW)

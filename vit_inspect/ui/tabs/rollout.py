@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from vit_inspect.ui.common import MAP_OUT, OutputImage
+from vit_inspect.ui.common import DRAW_CONCURRENCY, MAP_OUT, RAW, OutputImage
+from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.view import DISCARDS, HEAD_FUSIONS, ROLLOUTS
 
 
@@ -33,7 +34,7 @@ class RolloutView:
                 self.method.input, self.discard.input]
 
 
-def layout() -> RolloutView:
+def layout(settings: PageSettings) -> RolloutView:
     """The tab, its map and its options, inside the Explain section's ``gr.Tabs``."""
     with gr.Tab("Rollout", elem_id="rollout-tab") as tab:
         gr.Markdown("Attention carried through the layers (Abnar & Zuidema 2020), or weighed by its gradient for "
@@ -56,3 +57,11 @@ def layout() -> RolloutView:
                 first_layer = gr.Slider(0, 11, value=0, step=1, label="From layer (0-based)", elem_id="first-layer")
                 last_layer = gr.Slider(0, 11, value=11, step=1, label="To layer (included)", elem_id="last-layer")
     return RolloutView(tab, panel, method, head_fusion, discard_ratio, discard, first_layer, last_layer)
+
+
+def wire(view: RolloutView, ctx: TabContext) -> None:
+    """The map redrawn from the session's pass when an option, the colour scale or the tab changes; the layer
+    range comes back as drawn (a backward range swapped)."""
+    gr.on([*view.redraw_on, ctx.scale.input, view.tab.select], ctx.app.redraw_rollout, inputs=[ctx.session],
+          inputs_kwargs=ctx.controls, outputs=[view.panel, view.first_layer, view.last_layer], api_name="rollout",
+          trigger_mode="always_last", show_progress="hidden", concurrency_limit=DRAW_CONCURRENCY, **RAW)
