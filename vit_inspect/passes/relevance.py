@@ -60,8 +60,8 @@ class LRPRules:
 
 
 def stabilize(x: torch.Tensor, epsilon: float) -> torch.Tensor:
-    """x + ε·sign(x), with sign(0) = +1 (zennit's `stabilize`)."""
-    return x + ((x == 0).to(x) + x.sign()) * epsilon
+    """x + ε·sign(x), with sign(0) = +1 (zennit's `stabilize`); one select instead of sign, compare and cast."""
+    return torch.where(x < 0, x - epsilon, x + epsilon)
 
 
 class _State:
@@ -103,7 +103,8 @@ def identity_rule(x: torch.Tensor, y: torch.Tensor, grad: torch.Tensor) -> torch
 
 def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
                weight: torch.Tensor, bias: torch.Tensor | None, gamma: float, stabilizer: float,
-               channels_first: bool = False) -> Rule:
+               channels_first: bool = False,
+               transposed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Rule:
     """zennit's generalised Gamma rule for a linear map y = forward(x, W, b), in gradient form.
 
     With R_j = y_j g_j, W± = W + γ·W^±, for outputs y_j > 0:
@@ -114,8 +115,11 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
     and a = f(|x|, |W|), x⁺·W^+ + x⁻·W^- = (z + a)/2 and x⁺·W^- + x⁻·W^+ = (z - a)/2, so the denominators
     are z + γ(z ± a)/2 + b + γ b^±; with u, l the y > 0 and y < 0 parts of R / denominator, s = u + l and
     d = u - l, R_i = (1 + γ/2) x_i fᵀ(s; W)_i + (γ/2) |x_i| fᵀ(d; |W|)_i (fᵀ the transposed map, one
-    backward each). tests/passes/test_relevance.py checks it against the four-product form. ``channels_first``:
-    the output's channels are its axis 1 (a convolution), not its last axis (a Linear).
+    backward each). Only one of u, l is non-zero per output, so s = R / den and d = ±s, den the denominator
+    of the output's sign. ``transposed(g, W)``: fᵀ itself (`linear_transposed`), the product autograd's backward
+    would take; without it fᵀ is taken by autograd. tests/passes/test_relevance.py checks it against the
+    four-product form. ``channels_first``: the output's channels are its axis 1 (a convolution), not its last
+    axis (a Linear).
     """
     weight, magnitude = weight.float(), weight.abs().float()  # the rule runs in float32, also under autocast
     bias_pos = None if bias is None else (bias + gamma * bias.clamp(min=0)).float()
@@ -125,19 +129,31 @@ def gamma_rule(forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | Non
         dtype = x.dtype
         x, y, grad = x.float(), y.float(), grad.float()
         relevance_out = grad * y
-        with torch.enable_grad(), torch.autocast(x.device.type, enabled=False):
-            signed, absolute = x.detach().requires_grad_(), x.detach().abs().requires_grad_()
+        x_abs = x.abs()
+        with torch.set_grad_enabled(transposed is None), torch.autocast(x.device.type, enabled=False):
+            signed, absolute = ((x, x_abs) if transposed
+                                else (x.detach().requires_grad_(), x_abs.detach().requires_grad_()))
             z, a = forward(signed, weight, None), forward(absolute, magnitude, None)
             upper_den, lower_den = z + gamma / 2 * (z + a), z + gamma / 2 * (z - a)
             if bias is not None:
                 shape = (-1, *[1] * (z.ndim - 2)) if channels_first else (-1,)
                 upper_den, lower_den = upper_den + bias_pos.view(shape), lower_den + bias_neg.view(shape)
-            upper = (y > 0) * relevance_out / stabilize(upper_den.detach(), stabilizer)
-            lower = (y < 0) * relevance_out / stabilize(lower_den.detach(), stabilizer)
-            through_w, through_abs = torch.autograd.grad((z, a), (signed, absolute), (upper + lower, upper - lower))
-        relevance_in = (1 + gamma / 2) * x * through_w + gamma / 2 * x.abs() * through_abs
+            positive = y > 0
+            ratio = relevance_out.detach() / stabilize(torch.where(positive, upper_den, lower_den).detach(), stabilizer)
+            signed_ratio = torch.where(positive, ratio, -ratio)
+            if transposed:
+                through_w, through_abs = transposed(ratio, weight), transposed(signed_ratio, magnitude)
+            else:
+                through_w, through_abs = torch.autograd.grad((z, a), (signed, absolute), (ratio, signed_ratio))
+        relevance_in = (1 + gamma / 2) * x * through_w + gamma / 2 * x_abs * through_abs
         return (relevance_in / stabilize(x, 1e-10)).to(dtype)
     return rule
+
+
+def linear_transposed(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(…, in) the transposed map of ``F.linear(·, weight)`` applied to (…, out) ``grad``: the product its
+    backward takes (grad · W over the flattened leading axes)."""
+    return grad.reshape(-1, weight.shape[0]).mm(weight).view(*grad.shape[:-1], weight.shape[1])
 
 
 def _linear_rule(module: nn.Module, gamma: float, stabilizer: float) -> Rule:
@@ -145,7 +161,7 @@ def _linear_rule(module: nn.Module, gamma: float, stabilizer: float) -> Rule:
         return gamma_rule(module._conv_forward, module.weight.detach(),
                           None if module.bias is None else module.bias.detach(), gamma, stabilizer, channels_first=True)
     return gamma_rule(F.linear, module.weight.detach(), None if module.bias is None else module.bias.detach(),
-                      gamma, stabilizer)
+                      gamma, stabilizer, transposed=linear_transposed)
 
 
 class RelevanceRecorder:
