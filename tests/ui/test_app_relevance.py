@@ -23,6 +23,7 @@ gr = pytest.importorskip("gradio")
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
 from vit_inspect.core.images import ImageLimits  # noqa: E402
 from vit_inspect.methods import added  # noqa: E402
+from vit_inspect.passes.options import PassOptions  # noqa: E402
 from vit_inspect.passes.pipeline import add_relevance, analyze_image  # noqa: E402
 from vit_inspect.studies.faithfulness import faithfulness_methods  # noqa: E402
 from vit_inspect.ui.common import upload_folders
@@ -276,8 +277,9 @@ def test_heads_and_compare_passes_leave_the_two_maps_out():
     seen = []
 
     def recording(fn):
-        def run(*args, **kwargs):
-            seen.append(kwargs.get("relevance"))
+        def run(*args, **kwargs):  # whether this pass computes them: its `PassOptions`, or a keyword override
+            options = kwargs.get("options") or next((a for a in args if isinstance(a, PassOptions)), None)
+            seen.append(kwargs.get("relevance", getattr(options, "relevance", None)))
             return fn(*args, **kwargs)
         return run
 
