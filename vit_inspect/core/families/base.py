@@ -117,3 +117,15 @@ def no_head_ablation(handle: ViTHandle) -> InterventionError:
     """The refusal of a head ablation, for a family whose head outputs vit_inspect does not know."""
     return InterventionError(f"Head ablation supports timm and Hugging Face ViTs; {handle.name!r} is a "
                              f"{handle.family!r} model.")
+
+
+class RefusesHeadAblation:
+    """The ablation verbs of a family whose head outputs vit_inspect does not know (hand-written models, OpenCLIP):
+    each refuses with `no_head_ablation`. Listed before `FamilyAdapter` (or its subclass) in a class's bases."""
+
+    def head_output_module(self, handle: ViTHandle, attn: nn.Module) -> nn.Module | None:
+        raise no_head_ablation(handle)
+
+    def uniform_attention(self, handle: ViTHandle, layer: int, probs_hook: Hook,
+                          values_hook: Hook) -> AbstractContextManager[bool]:
+        raise no_head_ablation(handle)

@@ -11,19 +11,19 @@ Adding a family: one module like this one, answering every verb of `FamilyAdapte
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from torch import nn
 
 from vit_inspect.core.errors import UnsupportedModelError
-from vit_inspect.core.families.base import FamilyAdapter, Hook, QueryKey, Readout, no_head_ablation
+from vit_inspect.core.families.base import FamilyAdapter, Hook, QueryKey, Readout, RefusesHeadAblation
 from vit_inspect.core.families.hf import hf_query_keys
 from vit_inspect.core.families.timm import timm_query_keys
 from vit_inspect.core.handle import ViTHandle
 
 
-class ModuleSpecAdapter(FamilyAdapter):
+class ModuleSpecAdapter(RefusesHeadAblation, FamilyAdapter):
     """A hand-written model's answers (see the module docstring)."""
 
     name = "module"
@@ -61,13 +61,6 @@ class ModuleSpecAdapter(FamilyAdapter):
 
     def lrp_constants(self, handle: ViTHandle, attn: nn.Module) -> tuple[nn.Module, ...]:
         raise UnsupportedModelError(self.lrp_unsupported(handle))
-
-    def head_output_module(self, handle: ViTHandle, attn: nn.Module) -> nn.Module | None:
-        raise no_head_ablation(handle)
-
-    def uniform_attention(self, handle: ViTHandle, layer: int, probs_hook: Hook,
-                          values_hook: Hook) -> AbstractContextManager[bool]:
-        raise no_head_ablation(handle)
 
     def initialise(self, model: nn.Module) -> None:
         self.reset_parameters(model)

@@ -12,16 +12,15 @@ Adding a family: one module like this one, answering every verb of `FamilyAdapte
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Iterator
 
 from torch import nn
 
-from vit_inspect.core.families.base import Hook, Readout, no_head_ablation
+from vit_inspect.core.families.base import Readout, RefusesHeadAblation
 from vit_inspect.core.families.timm import TimmAdapter
 from vit_inspect.core.handle import ViTHandle
 
-class OpenClipAdapter(TimmAdapter):
+class OpenClipAdapter(RefusesHeadAblation, TimmAdapter):
     """OpenCLIP's answers (see the module docstring): timm's attention, the tower's own readouts."""
 
     name = "open_clip"
@@ -42,13 +41,6 @@ class OpenClipAdapter(TimmAdapter):
     def lrp_modules(self, handle: ViTHandle) -> Iterator[nn.Module]:
         yield from handle.model.visual.modules()
         yield from handle.clip.head.modules()
-
-    def head_output_module(self, handle: ViTHandle, attn: nn.Module) -> nn.Module | None:
-        raise no_head_ablation(handle)
-
-    def uniform_attention(self, handle: ViTHandle, layer: int, probs_hook: Hook,
-                          values_hook: Hook) -> AbstractContextManager[bool]:
-        raise no_head_ablation(handle)
 
     def initialise(self, model: nn.Module) -> None:
         self.reset_parameters(model)
