@@ -22,7 +22,7 @@ class Cancels:
 
     @contextmanager
     def run(self, request):
-        """The flag of this session's new run, forgotten when the run ends (however it ends)."""
+        """The flag of this browser session's new run, forgotten when the run ends (however it ends)."""
         session_id = session_of(request)
         stop = self.running[session_id] = threading.Event()
         try:
@@ -32,7 +32,7 @@ class Cancels:
                 del self.running[session_id]
 
     def cancel(self, request) -> str:
-        """Set this session's flag; the sentence the Cancel button shows."""
+        """Set this browser session's flag; the sentence the Cancel button shows."""
         stop = self.running.get(session_of(request))
         if stop is None:
             return self.nothing
