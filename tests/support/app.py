@@ -24,7 +24,6 @@ from vit_inspect.ui.model_cache import CacheKey, ModelCache
 from vit_inspect.ui.panels import IMAGE_PANELS
 
 
-
 def _patient_url_ok(url: str) -> bool:
     """Gradio's launch probes its own page with a HEAD of 3 s timeout and gives up (a ValueError saying localhost
     is not accessible) at the first timeout. Late in a full run on two loaded cores the first page render of a
@@ -42,6 +41,18 @@ def _patient_url_ok(url: str) -> bool:
 
 
 gradio.networking.url_ok = _patient_url_ok  # every launch in the tests imports this module first
+
+
+def _patient_client(init):
+    """gradio_client posts each call (`/queue/join`) with httpx's default 5 s read timeout. Late in a full run on
+    two loaded cores the server can take longer to answer that post while it serves another; the tests' clients
+    wait up to 120 s (the server sends a heartbeat every 15 s while a call runs), unless a test gives its own timeout."""
+    def patient_init(self, *args, httpx_kwargs=None, **kwargs):
+        init(self, *args, httpx_kwargs={"timeout": 120, **(httpx_kwargs or {})}, **kwargs)
+    return patient_init
+
+
+Client.__init__ = _patient_client(Client.__init__)  # every served-app test imports this module before its client
 
 WEIGHTS = REPO / "checkpoints" / "deit_tiny_patch16_224.safetensors"
 CHELSEA = REPO / "assets" / "chelsea.png"
