@@ -126,7 +126,7 @@ def test_in_the_app(plugin, monkeypatch):
     np.testing.assert_array_equal(after["maps"][NAME], expected)
     assert after["units"][NAME] == plugin.unit and NAME not in after["notes"]
     scored, _, rows, note = FaithfulnessTab._score(lambda key: handle, ticked, None, lambda *a, **k: None, {})
-    assert NAME in scored.curves and NAME in [row[0] for row in rows] and "Left out" not in note
+    assert NAME in scored.curves and plugin.title in [row[0] for row in rows] and "Left out" not in note
     checks = app_sanity.checks_of_crop(handle, ticked.result.rgb, ticked.result.target)
     assert NAME in checks.cascading and checks.failures == {}
-    assert NAME in [row[0] for row in app_sanity.table_rows(checks)]
+    assert plugin.title in [row[0] for row in app_sanity.table_rows(checks)]  # named by its title

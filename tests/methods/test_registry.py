@@ -38,7 +38,7 @@ def test_built_ins_keep_the_studies_lists_and_units():
     assert {k: v for k, v in faithfulness_methods().items() if k in ("random", *BUILT_IN)} == {
         "random": "random map (the floor)",
         "attention": "raw attention, last layer, mean of heads",
-        "rollout": "attention rollout, defaults",
+        "rollout": "attention rollout (Abnar & Zuidema 2020), defaults",
         "gradcam": "Grad-CAM last block, signed",
         "gradcam_relu": "Grad-CAM last block, ReLU'd (as drawn)",
         "chefer": "gradient-weighted attention (Chefer et al. 2021)",

@@ -25,7 +25,7 @@ def constant(pos: float, neg: float, deletion: float, insertion: float) -> Curve
 def test_ranked_rows_best_first_by_mean_rank_with_paper_names_and_marks():
     rows = ranked_rows({"random": constant(0.6, 0.6, 0.4, 0.45), "chefer": constant(0.2, 0.8, 0.1, 0.6),
                         "bad": constant(0.7, 0.4, 0.5, 0.5)})
-    assert [r[0] for r in rows] == ["gradient-weighted attention (Chefer et al.)", "random map (the floor)", "bad"]
+    assert [r[0] for r in rows] == ["gradient-weighted attention (Chefer et al. 2021)", "random map (the floor)", "bad"]
     assert rows[0][1:] == ["1.00", "18.0", "72.0", "0.100", "0.600", "better on 4 of 4"]  # pos/neg AUC 90·c
     assert rows[1][1] == "2.25" and rows[1][-1] == "the floor"  # 2nd, 2nd, 2nd, 3rd
     assert rows[2][1:] == ["2.75", "63.0 ⚠", "36.0 ⚠", "0.500 ⚠", "0.500", "⚠ better on 1 of 4"]  # ins .5 > .45

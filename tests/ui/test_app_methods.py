@@ -85,8 +85,8 @@ def test_faithfulness_scores_added_methods_and_names_the_failing_one(added_metho
     scored, _, rows, note = FaithfulnessTab._score(lambda key: handle, session, None, lambda *a, **k: None, {},
                                                    inspector.with_relevance)
     assert {"twice_first_layer", "own_logit"} <= set(scored.curves) and "always_fails" not in scored.curves
-    assert "twice_first_layer" in [row[0] for row in rows]
-    assert "Left out: always_fails: always_fails raised RuntimeError." in note and "/secret" not in note
+    assert "first layer's attention, doubled" in [row[0] for row in rows]  # named by its title
+    assert "Left out: fails: always_fails raised RuntimeError." in note and "/secret" not in note
     assert dear.calls == 1  # computed once for the pass, with LeGrad and AttnLRP, and scored from there
 
 

@@ -245,7 +245,7 @@ def test_faithfulness_adds_the_two_maps_before_scoring():
     # without the on-demand path the note names the two maps it could not score
     bare, _, rows, note = FaithfulnessTab._score(lambda key: handle, replace_result(session), None, progress, {})
     assert "legrad" not in bare.curves and len(rows) == len(scored_names) - 2
-    assert "Not scored: LeGrad (Bousselham et al.), AttnLRP (Achtibat et al.) (not computed" in note
+    assert "Not scored: LeGrad (Bousselham et al. 2025); AttnLRP (Achtibat et al. 2024) (not computed" in note
 
 
 def replace_result(session):

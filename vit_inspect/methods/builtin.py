@@ -57,7 +57,7 @@ register(Method(
     paper="Vaswani et al. 2017, Eq. 1 (softmax(QK^T / sqrt(d_k))), the readout query's row",
     reads="attention", compute=attention, record=False))
 register(Method(
-    name="rollout", title="attention rollout, defaults", unit="rollout weight (fraction)",
+    name="rollout", title="attention rollout (Abnar & Zuidema 2020), defaults", unit="rollout weight (fraction)",
     paper="Abnar & Zuidema 2020, Sec. 3 (attention rollout, residual folded in as 0.5 A + 0.5 I)",
     reads="attention", compute=rollout))
 register(Method(

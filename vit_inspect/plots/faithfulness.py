@@ -1,5 +1,5 @@
 """Faithfulness results -> a picture of the curves (PIL), a ranked table and one-line verdicts (numbers in,
-no torch, no gradio). Methods are shown by their paper names (`paper_name`), each line in a colour of the
+no gradio). Methods are shown by their registered titles (`paper_name`), each line in a colour of the
 Okabe-Ito palette (safe for the common colour-vision deficiencies) and a line style of its own, so no two
 methods differ by colour alone."""
 from __future__ import annotations
@@ -7,23 +7,19 @@ from __future__ import annotations
 import numpy as np
 from PIL import ImageDraw
 
-from vit_inspect.analysis.faithfulness import CURVES, DEL_INS_FRACTIONS, LOWER_IS_BETTER, Curves, better
+from vit_inspect.analysis.faithfulness import (
+    CURVES,
+    DEL_INS_FRACTIONS,
+    LOWER_IS_BETTER,
+    Curves,
+    better,
+)
 from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, plot_axes, titled
 
 RANDOM = "random"
 CURVE_PLOT_PIXELS = (400, 260)  # (width, height) of one curve plot's axes
 LEGEND_LINE_PIXELS = 16  # one method's line in a legend
 LEGEND_SAMPLE_PIXELS = 32  # length of a legend's line sample
-PAPER_NAMES = {  # the standard maps (`studies.faithfulness.METHODS`) as the papers name them
-    "random": "random map (the floor)",
-    "attention": "raw attention, last layer",
-    "rollout": "attention rollout (Abnar & Zuidema)",
-    "gradcam": "Grad-CAM, last block (signed)",
-    "gradcam_relu": "Grad-CAM, last block (ReLU, as drawn)",
-    "chefer": "gradient-weighted attention (Chefer et al.)",
-    "legrad": "LeGrad (Bousselham et al.)",
-    "attnlrp": "AttnLRP (Achtibat et al.)",
-}
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies;
 # its black is the random map's and its yellow is too pale on white to draw a line with
 OKABE_ITO = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (0, 114, 178), (213, 94, 0), (204, 121, 167))
@@ -35,8 +31,14 @@ SORTED_BY = "mean rank over pos, neg, del and ins (1 = best on all four)"
 
 
 def paper_name(method: str) -> str:
-    """A method as the figure and table name it: the paper's name for a standard map, else as given."""
-    return PAPER_NAMES.get(method, method)
+    """A method as the figures and tables name it: its registered title (the paper's name and its settings), the
+    random map's name for the floor, else the name as given (a method no longer registered)."""
+    from vit_inspect.methods import methods
+    from vit_inspect.studies.faithfulness import (
+        faithfulness_methods,  # the registry (and torch) when one is named
+    )
+
+    return (faithfulness_methods() | {name: m.title for name, m in methods().items()}).get(method, method)
 
 
 def method_styles(methods: list[str]) -> dict[str, tuple[tuple[int, int, int], tuple[int, ...] | None]]:

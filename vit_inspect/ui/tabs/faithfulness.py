@@ -277,13 +277,13 @@ class FaithfulnessTab:
         note = f"Scored {len(known)} maps for {explained}" + (f" of {upload}" if upload else "") + f". {how}"
         absent = [paper_name(name) for name in ("legrad", "attnlrp") if name not in maps]
         if absent:
-            note += (f"\n\nNot scored: {', '.join(absent)} ("
+            note += (f"\n\nNot scored: {'; '.join(absent)} ("
                      + ("not available for this model)" if relevance is not None else "not computed for this pass)"))
         if failures:
             note += "\n\nLeft out: " + "; ".join(f"{paper_name(name)}: {failure.public}"
                                                    for name, failure in failures.items())
         if flagged:
-            note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {', '.join(flagged)}.**"
+            note += f"\n\n**⚠ Worse than the random map on at least two of the four scores: {'; '.join(flagged)}.**"
         return Scored(key=key, curves=known, words=explained), image, rows, note
 
 
