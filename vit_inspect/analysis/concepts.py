@@ -24,8 +24,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.decomposition import NMF
-from sklearn.exceptions import ConvergenceWarning
 
 MAX_ITER = 200  # NMF iterations at most (scikit-learn's default, the reference's)
 
@@ -74,6 +72,10 @@ def deep_feature_factorization(tokens: np.ndarray, k: int, seed: int = 0, max_it
     if not 1 <= k <= min(patches, channels):
         raise ValueError(f"k={k} concepts: choose 1 to {min(patches, channels)} for {patches} patches of "
                          f"{channels} channels")
+    # imported on use: scikit-learn's decomposition takes seconds to import, and only this analysis needs it here
+    from sklearn.decomposition import NMF
+    from sklearn.exceptions import ConvergenceWarning
+
     shifted, offset = shifted_channels(tokens)
     model = NMF(n_components=k, init="random", random_state=seed, max_iter=max_iter)
     with warnings.catch_warnings():
