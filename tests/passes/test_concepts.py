@@ -12,7 +12,7 @@ from PIL import Image
 from pytorch_grad_cam.feature_factorization.deep_feature_factorization import DeepFeatureFactorization
 from pytorch_grad_cam.utils.image import scale_cam_image
 from scipy.optimize import linear_sum_assignment
-from support import PHOTOS, TINY_TIMM, tiny_handle
+from support import PHOTOS, TINY_TIMM, tiny_handle, tiny_hf
 
 from vit_inspect.analysis.similarity import cosine_similarity
 from vit_inspect.core.errors import InputError
@@ -101,6 +101,19 @@ def test_concepts_of_every_layout(kind):
                                [np.argsort(-class_logits)], rtol=1e-5)
 
 
+@pytest.mark.parametrize("distilled", [False, True])
+def test_concepts_of_a_hugging_face_vit(distilled):
+    from vit_inspect.core.hf_models import handle_from_hf
+
+    handle = handle_from_hf(tiny_hf(distilled, seed=2), device="cpu")
+    result = analyze_image(handle, noise(tuple(2 * s for s in handle.input_size)), relevance=False)
+    for kept, plain in zip(result.block_tokens, forward_tokens(handle, result.rgb)):  # blocks return tuples
+        np.testing.assert_allclose(kept, plain, rtol=2e-3, atol=2e-3)
+    concepts = image_concepts(handle, result, k=2)
+    assert concepts.logits.shape == (2, len(handle.labels)) and np.isfinite(concepts.logits).all()
+    assert concepts.heatmaps.shape == (2, result.layout.grid_h, result.layout.grid_w)
+
+
 def test_the_class_head_reads_a_class_token_concept_alone():
     handle, result = tiny_result("cls")
     concepts = image_concepts(handle, result, k=2, target=7)
@@ -136,6 +149,14 @@ def test_equals_pytorch_grad_cams_deep_feature_factorization():
     rows, cols = linear_sum_assignment(-corr)
     assert corr[rows, cols].min() >= 0.95
     np.testing.assert_allclose(ours.logits[rows], outputs[cols], rtol=0.05, atol=0.05)
+
+
+def test_a_target_that_is_no_class_of_the_head_reads_the_top_class():
+    """A pass that explained a text prompt has its column of the zero-shot head as target, after the classes."""
+    handle, result = tiny_result("cls")
+    prompt_column = dataclasses.replace(result, target=10)  # the tiny head has classes 0 to 9
+    assert image_concepts(handle, prompt_column, k=2).target == int(np.argmax(result.probs))
+    assert image_concepts(handle, prompt_column, k=2, target=4).target == 4
 
 
 @pytest.mark.parametrize("call, message", [

@@ -74,9 +74,11 @@ def concept_logits(handle: ViTHandle, embeddings: np.ndarray, layout: TokenLayou
 
 def explained_class(result: ImageAnalysis, target: int | None, num_classes: int) -> int:
     """The class a concept's logit is read for: ``target`` if given (an `InputError` when the head has no such
-    class), else the pass's target, else its top class."""
+    class), else the pass's target, else its top class (also for a pass that explained a text prompt, whose
+    column of a CLIP-style model's zero-shot head is not one of the head's classes)."""
     if target is None:
-        return int(result.target) if result.target is not None else int(np.argmax(result.probs))
+        chosen = result.target
+        return int(chosen) if chosen is not None and chosen < num_classes else int(np.argmax(result.probs))
     if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or not 0 <= target < num_classes:
         raise InputError(f"Class {target!r} does not exist: the model has classes 0 to {num_classes - 1}.")
     return int(target)
