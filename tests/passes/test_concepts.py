@@ -114,6 +114,22 @@ def test_concepts_of_a_hugging_face_vit(distilled):
     assert concepts.heatmaps.shape == (2, result.layout.grid_h, result.layout.grid_w)
 
 
+def test_a_model_without_a_head_orders_its_concepts_by_area():
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vit_inspect.core.timm_models import handle_from_timm
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0,
+                              dynamic_img_size=True).eval()
+    handle = handle_from_timm(model, device="cpu")
+    result = analyze_image(handle, noise((64, 64)))
+    concepts = image_concepts(handle, result, k=3)
+    assert concepts.logits is None and concepts.target is None
+    assert concepts.class_logits() is None and concepts.class_probabilities() is None
+    assert (np.diff(concepts.areas) <= 0).all() and concepts.areas.sum() == pytest.approx(1.0)
+
+
 def test_the_class_head_reads_a_class_token_concept_alone():
     handle, result = tiny_result("cls")
     concepts = image_concepts(handle, result, k=2, target=7)
