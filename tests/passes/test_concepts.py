@@ -217,7 +217,7 @@ def test_real_deit_has_a_concept_of_the_cats_eyes(deit):
     """chelsea.png is a close-up of a cat's face: the whole crop is the cat, and in the middle blocks one of four
     concepts holds the two eyes (its 8 strongest patches all lie on them)."""
     result = analyze_image(deit, PHOTOS / "chelsea.png", gradients=False, relevance=False)
-    eyes = np.zeros((14, 14), bool)
+    eyes = np.zeros((result.layout.grid_h, result.layout.grid_w), bool)  # 14 x 14
     eyes[3:8, 2:7] = True  # the left eye, rows 3-7 and columns 2-6 of the crop's patch grid
     eyes[4:8, 10:14] = True  # the right eye
     for layer in (2, 5, 8):

@@ -14,6 +14,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
                                  method_record, methods)
 from vit_inspect.notebook.display import preview_tag, topk_table
+from vit_inspect.passes.block_tokens import checked_layer
 from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, ImageConcepts, image_concepts, patch_similarity
 from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
@@ -152,7 +153,7 @@ class Analysis:
         from vit_inspect.plots.concepts import similarity_figure
 
         own, theirs = self.similarity(patch, layer, other)
-        block = self.result.depth - 1 if layer is None else layer % self.result.depth
+        block = checked_layer(layer, self.result.depth)
         row, col = patch
         maps = {f"{Path(self.image).name}, patch ({row}, {col})": (self.result.rgb, own)}
         if other is not None:
