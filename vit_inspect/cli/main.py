@@ -2,8 +2,9 @@
 
 `analyze` prints one JSON object per image on its own line and writes figures under `--out`; `model`
 prints one JSON object with the model-level (ViT Fig. 7) analyses; `heads`, `evaluate` and `compare`
-likewise print JSON; `methods` lists the registered methods; `sanity` prints a table per image, or with
-`--json` one JSON object per line. Progress goes to stderr (one line rewritten on a terminal, a line per update
+likewise print JSON; `concepts` prints a table of one image's concepts, or with `--json` one JSON object;
+`methods` lists the registered methods; `sanity` prints a table per image, or with `--json` one JSON object per
+line. Progress goes to stderr (one line rewritten on a terminal, a line per update
 elsewhere); an error is one line on stderr and a non-zero exit. An image too small for the model to see more than
 a blur of it (`core.geometry.enlarged_blur`) is analysed, with a "warning:" line on stderr.
 """
@@ -13,12 +14,12 @@ import argparse
 import sys
 import warnings
 
-from vit_inspect.cli import analyze, compare, evaluate, heads, methods, model, sanity
+from vit_inspect.cli import analyze, compare, concepts, evaluate, heads, methods, model, sanity
 from vit_inspect.cli.common import end_progress_line
 from vit_inspect.core.errors import SmallImageWarning, VitInspectError
 
 # each adds its subcommand with `add_parser(sub)`
-COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods)
+COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods, concepts)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,8 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
                                  method_record, methods)
 from vit_inspect.notebook.display import preview_tag, topk_table
+from vit_inspect.passes.block_tokens import checked_layer
+from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, ImageConcepts, image_concepts, patch_similarity
 from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -120,6 +122,44 @@ class Analysis:
 
         return attention_distance_figure(self.result.mean_distance, image_width=self.result.layout.input_size[1],
                                          title=f"mean attention distance: {self.title()}")
+
+    def concepts(self, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0) -> ImageConcepts:
+        """The ``k`` concepts of this image at block ``layer`` (default the last): deep feature factorisation
+        (Collins et al. 2018) of the block's output patch tokens, each concept with its (grid_h, grid_w)
+        heatmap, its area and its logits through the model's head (`passes.concepts.image_concepts`). Read from
+        the pass's tokens, without the model, where the result kept them."""
+        return image_concepts(self.handle, self.result, k, layer, seed)
+
+    def show_concepts(self, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0):
+        """`concepts` as a matplotlib Figure: the crop, then each concept's heatmap with its colour bar, area,
+        logit and the classes it reads as (`plots.concepts.concepts_figure`)."""
+        from vit_inspect.plots.concepts import concepts_figure
+
+        return concepts_figure(self.result.rgb, self.concepts(k, layer, seed), self.handle.label,
+                               Path(self.image).name)
+
+    def similarity(self, patch: tuple[int, int], layer: int | None = None,
+                   other: Analysis | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """(this image's, ``other``'s or None) (grid_h, grid_w) cosine similarity of patch ``patch`` = (row, col)'s
+        token at block ``layer`` (default the last) to every patch token (`passes.concepts.patch_similarity`);
+        ``other`` is an `Analysis` of another image through the same model."""
+        if other is not None and other.handle.name != self.handle.name:
+            raise ValueError(f"other is an analysis of {other.handle.name}, not of {self.handle.name}")
+        return patch_similarity(self.handle, self.result, patch, layer, None if other is None else other.result)
+
+    def show_similarity(self, patch: tuple[int, int], layer: int | None = None, other: Analysis | None = None):
+        """`similarity` as a matplotlib Figure on the fixed range [-1, 1], the query patch outlined
+        (`plots.concepts.similarity_figure`)."""
+        from vit_inspect.plots.concepts import similarity_figure
+
+        own, theirs = self.similarity(patch, layer, other)
+        block = checked_layer(layer, self.result.depth)
+        row, col = patch
+        maps = {f"{Path(self.image).name}, patch ({row}, {col})": (self.result.rgb, own)}
+        if other is not None:
+            maps[Path(other.image).name] = (other.result.rgb, theirs)
+        return similarity_figure(maps, (int(row), int(col)), f"{self.handle.name} · cosine similarity of patch "
+                                 f"({row}, {col})'s token at block {block} output to every patch token")
 
     def record(self) -> dict:
         """The JSON object `vit-inspect analyze` prints for this image (`methods.method_record`): model,

@@ -27,6 +27,7 @@ from vit_inspect.core.open_clip_models import prompt_view, score_factor, score_k
 from vit_inspect.core.prompts import Prompt
 from vit_inspect.core.tokens import TokenLayout
 from vit_inspect.passes.attention_store import HALF_PASS_TOLERANCE, TOLERANCE, keeps_maps, query_vector
+from vit_inspect.passes.block_tokens import keeps_block_tokens, stacked_patch_tokens
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.gradient_rollouts import KEEP_FRACTION, gradient_rollouts
 from vit_inspect.passes.head_pass import HeadStatsStream, build_head_pass
@@ -84,7 +85,8 @@ def analyze_image(handle: ViTHandle, image: Image.Image | str | os.PathLike | by
     later (one more forward, `relevance_maps`).
     `autocast=True` runs the pass under `torch.autocast` in half precision (`autocast_dtype`); the
     maps then agree with float32 to the tolerance stated in tests/passes/test_pipeline.py.
-    The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA).
+    The last block's output patch tokens are kept too (`patch_features`, for the DINOv2-style feature PCA), and
+    where they are small every block's (`block_tokens`, for concepts and patch similarity at any block).
 
     ``geometry`` chooses what the model sees (`geometry.InputGeometry`: the model's crop, the whole image
     squashed, or the whole image with its aspect ratio on a non-square grid); without it, the model's
@@ -200,6 +202,8 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
         logits = handle.forward(pixels)  # (1, num_classes) or (1, D)
     # (P, D) float16, rounded once by torch (numpy's float32 -> float16 conversion is 8x slower)
     features = layout.patches(rec.residual(handle.depth - 1)[0], axis=0).float().to(torch.float16).cpu().numpy()
+    blocks = (stacked_patch_tokens([rec.residual(i) for i in range(handle.depth)], layout)
+              if keeps_block_tokens(handle.depth, layout.num_patches, handle.embed_dim) else None)  # (depth, P, D)
     # over the labels: a CLIP-style model's prompt columns follow its zero-shot labels and are not among them
     probs = (logits.detach()[0, :len(handle.labels)].float().softmax(-1).cpu().numpy() if handle.has_head
              else np.zeros(0, np.float32))
@@ -234,7 +238,7 @@ def _analyze_input(handle, pixels, rgb, box, preview, source_size, geometry_mode
         patch_features=features.reshape(layout.grid_h, layout.grid_w, -1),
         contrast=contrast if use_grad else None, gradient=gradient,
         geometry=geometry_mode, seen_box=box, preview=preview, source_size=source_size, prompt=prompt, versus=versus,
-        score=kind)
+        score=kind, block_tokens=blocks)
 
 
 def model_input(handle: ViTHandle, picture: Image.Image, input_size: tuple[int, int] | None = None,

@@ -48,6 +48,8 @@ class ImageAnalysis:
     prompt: Prompt | None = None  # the text target: `target` is its column of the zero-shot head
     versus: Prompt | None = None  # the text contrast: `contrast` is its column
     score: str = "logit"  # what the gradient maps explain: "logit", or "cosine" (image-text cosine similarity)
+    # (depth, P, D) float16 every block's output patch tokens, where small (`block_tokens.keeps_block_tokens`)
+    block_tokens: np.ndarray | None = None
     _rollouts: OrderedDict = field(default_factory=OrderedDict, compare=False, repr=False)  # options -> map
     # registered method -> its map at its default options for this pass (an array), None where the pass cannot
     # have it, or why it failed (`methods.MethodFailure`): filled once per method by `methods.compute_maps`.
@@ -138,9 +140,9 @@ class ImageAnalysis:
 
     def nbytes(self) -> int:
         """Memory held by the arrays of this result: its attention store, gradient rollout, LeGrad, AttnLRP,
-        the patch features, the preview, the head statistics and the cached rollouts included."""
+        the patch features, every block's tokens, the preview, the head statistics and the cached rollouts included."""
         arrays = (self.rgb, self.probs, self.mean_distance, self.gradcam, self.chefer, self.legrad, self.attnlrp,
-                  self.patch_features, self.preview, *self._rollouts.values(),
+                  self.patch_features, self.block_tokens, self.preview, *self._rollouts.values(),
                   *(v for v in self.method_maps.values() if isinstance(v, np.ndarray)))
         return (self.attention_store.nbytes() + sum(a.nbytes for a in arrays if a is not None)
                 + (self.gradient.nbytes() if self.gradient is not None else 0)

@@ -1,0 +1,63 @@
+"""`vit-inspect concepts`: the JSON values, the table, the figure, and one-line errors for untrusted flags."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from support import PHOTOS, run_cli
+
+from vit_inspect.passes.concepts import image_concepts
+from vit_inspect.passes.pipeline import analyze_image
+
+CAT = {"Egyptian cat", "tabby", "tiger cat"}
+
+
+def test_json_values_equal_the_librarys(capsys, tmp_path, deit_args, deit):
+    code, out, err = run_cli(capsys, "concepts", str(PHOTOS / "chelsea.png"), "--layer", "5", "--k", "4", "--json",
+                             "--out", str(tmp_path), *deit_args)
+    assert code == 0, err
+    record = json.loads(out)
+    assert set(record) == {"model", "weights", "image", "layer", "k", "seed", "target", "reconstruction_error",
+                           "iterations", "concepts"}
+    assert (record["model"], record["layer"], record["k"], record["seed"]) == ("deit_tiny_patch16_224", 5, 4, 0)
+    assert record["target"]["label"].split(",")[0] in CAT
+    assert 0 < record["reconstruction_error"] < 1
+    expected = image_concepts(deit, analyze_image(deit, PHOTOS / "chelsea.png", gradients=False, relevance=False),
+                              k=4, layer=5)
+    assert record["target"]["index"] == expected.target
+    entries = record["concepts"]
+    assert [e["concept"] for e in entries] == [1, 2, 3, 4]
+    assert sum(e["area"] for e in entries) == pytest.approx(1.0)
+    np.testing.assert_allclose([e["class_logit"] for e in entries], expected.class_logits(), rtol=1e-5)
+    assert [e["class_logit"] for e in entries] == sorted((e["class_logit"] for e in entries), reverse=True)
+    np.testing.assert_allclose([e["class_probability"] for e in entries], expected.class_probabilities(), rtol=1e-5)
+    for entry, heatmap, logits in zip(entries, expected.heatmaps, expected.logits):
+        np.testing.assert_allclose(entry["heatmap"], heatmap, atol=1e-6)
+        assert [top["index"] for top in entry["top"]] == list(np.argsort(-logits)[:2])
+    assert (tmp_path / "chelsea_concepts_block5.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_has_a_row_per_concept(capsys, deit_args):
+    code, out, _ = run_cli(capsys, "concepts", str(PHOTOS / "coffee.png"), "--k", "3", "--target", "967", *deit_args)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("deit_tiny_patch16_224 · coffee.png · block 11 · k=3 · class espresso (#967)")
+    assert len(lines) == 3 + 3 and all(line.startswith(f"| {j} |") for j, line in enumerate(lines[3:], 1))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--k", "0"], "number of concepts must be a whole number from 1 to 20, not 0"),
+    (["--k", "500"], "from 1 to 20, not 500"),
+    (["--layer", "12"], "Block 12 does not exist: this model has blocks 0 to 11"),
+    (["--target", "1000"], "Class 1000 does not exist: the model has classes 0 to 999"),
+])
+def test_out_of_range_flags_are_one_line(capsys, deit_args, flags, message):
+    code, out, err = run_cli(capsys, "concepts", str(PHOTOS / "chelsea.png"), *flags, *deit_args)
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_a_folder_says_class_concepts_are_not_available_yet(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--model", "no_such_model")
+    assert code == 1 and out == ""
+    assert "concepts of a class over many images (CRAFT) are not available yet" in err and err.count("\n") == 1

@@ -1,0 +1,91 @@
+"""`vit-inspect concepts IMAGE`: the concepts of one image at one block, by deep feature factorisation
+(`passes.concepts.image_concepts`): a table of each concept's area, its logit for the class and the classes its
+embedding reads as, or with `--json` one JSON object; with `--out` the figure of every concept's heatmap.
+
+One pass without gradients (the forward with capture, which keeps every block's tokens where they are small);
+the factorisation and the head's readings of the concepts follow from its tokens. Concepts of a class over many
+images (CRAFT) are not available yet: a folder is refused with a sentence saying so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vit_inspect.cli.common import model_options, save_png
+from vit_inspect.core.errors import InputError
+from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.load import load_model
+from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, MAX_CONCEPTS, ImageConcepts, image_concepts
+from vit_inspect.passes.options import PassOptions
+from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.passes.records import rounded
+from vit_inspect.plots.concepts import TOP_CLASSES, concepts_figure
+
+NOT_YET = ("{path} is a folder: concepts of a class over many images (CRAFT) are not available yet; "
+           "give one image file.")
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("concepts", help="the concepts of one image at one block (deep feature factorisation)")
+    parser.add_argument("image", metavar="IMAGE")
+    parser.add_argument("--layer", type=int, help="0-based block whose output tokens are factorised; negative "
+                                                  "counts from the end (default: the last)")
+    parser.add_argument("--k", type=int, default=DEFAULT_CONCEPTS,
+                        help=f"number of concepts, 1 to {MAX_CONCEPTS} (default {DEFAULT_CONCEPTS})")
+    parser.add_argument("--seed", type=int, default=0, help="the NMF's random initialisation (default 0)")
+    parser.add_argument("--target", type=int, help="class index each concept's logit is read for (default: the "
+                                                   "top prediction)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    model_options(parser, out_help="folder for the PNG figure of the concepts")
+    parser.set_defaults(func=run)
+
+
+def concepts_record(handle: ViTHandle, concepts: ImageConcepts, image: str) -> dict:
+    """The JSON object of one image's concepts: model, image, block, settings, the class, and per concept its
+    area, class logit and probability, top classes and (grid_h, grid_w) heatmap, rounded for JSON."""
+    logits, probs = concepts.class_logits(), concepts.class_probabilities()
+    entries = []
+    for j in range(concepts.k):
+        entry = {"concept": j + 1, "area": float(concepts.areas[j]), "class_logit": None, "class_probability": None,
+                 "top": [], "heatmap": rounded(concepts.heatmaps[j])}
+        if logits is not None:
+            order = concepts.logits[j].argsort()[::-1][:TOP_CLASSES]
+            entry.update(class_logit=float(logits[j]), class_probability=float(probs[j]),
+                         top=[{"index": int(i), "label": handle.label(int(i)), "logit": float(concepts.logits[j, i])}
+                              for i in order])
+        entries.append(entry)
+    target = None if concepts.target is None else {"index": concepts.target, "label": handle.label(concepts.target)}
+    return {"model": handle.name, "weights": handle.weights, "image": image, "layer": concepts.layer,
+            "k": concepts.k, "seed": concepts.seed, "target": target, "reconstruction_error": concepts.error,
+            "iterations": concepts.iterations, "concepts": entries}
+
+
+def concepts_table(record: dict) -> str:
+    """The record as a title line and a Markdown table, one row per concept."""
+    target = record["target"]
+    title = (f"{record['model']} · {Path(record['image']).name} · block {record['layer']} · k={record['k']} · "
+             + ("no classification head" if target is None else f"class {target['label']} (#{target['index']})"))
+    lines = [title, "| concept | area | class logit | class probability | reads as |", "| --- |" + " --- |" * 4]
+    for entry in record["concepts"]:
+        logit = "—" if entry["class_logit"] is None else f"{entry['class_logit']:.2f}"
+        prob = "—" if entry["class_probability"] is None else f"{100 * entry['class_probability']:.2f} %"
+        reads = ", ".join(top["label"].split(",")[0] for top in entry["top"]) or "—"
+        lines.append(f"| {entry['concept']} | {100 * entry['area']:.0f} % | {logit} | {prob} | {reads} |")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> None:
+    path = Path(args.image)
+    if path.is_dir():
+        raise InputError(NOT_YET.format(path=path))
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    result = analyze_image(handle, path, options=PassOptions(gradients=False, relevance=False))
+    concepts = image_concepts(handle, result, args.k, args.layer, args.seed, args.target)
+    record = concepts_record(handle, concepts, str(path))
+    print(json.dumps(record) if args.json else concepts_table(record), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        save_png(concepts_figure(result.rgb, concepts, handle.label, path.name),
+                 out / f"{path.stem}_concepts_block{concepts.layer}.png")
