@@ -401,8 +401,9 @@ def test_nbytes_counts_the_store_legrad_attnlrp_features_gradient_preview_and_he
     result = analyze_image(handle, _image())
     assert result.legrad is not None and result.attnlrp is not None and result.heads is not None
     assert result.patch_features is not None and result.preview is not None and result.gradient.fused is not None
+    assert result.block_tokens is not None  # every block's patch tokens: small for a tiny model
     arrays = (result.rgb, result.probs, result.mean_distance, result.gradcam, result.chefer, result.legrad,
-              result.attnlrp, result.patch_features, result.preview, result.gradient.fused)
+              result.attnlrp, result.patch_features, result.block_tokens, result.preview, result.gradient.fused)
     expected = result.attention_store.nbytes() + sum(a.nbytes for a in arrays) + result.heads.nbytes()
     assert result.heads.nbytes() > 0 and result.nbytes() == expected
     cached = result.rollout(head_fusion="max")  # a cached rollout counts too
