@@ -30,7 +30,7 @@ class TrainOptions:
 
     features: int  # F, dictionary size
     k: int  # active features per token
-    epochs: int = 20  # passes over the spilled tokens
+    epochs: int = 12  # passes over the spilled tokens
     batch_tokens: int = 1024  # tokens per Adam step
     lr: float = 1e-3  # Adam's learning rate before the final decay
     buffer_bytes: int = 64 * 2 ** 20  # float32 tokens the shuffle buffer holds at most
