@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from support import tiny_handle, write_folder
 
 from vit_inspect.core.errors import VitInspectError
@@ -45,8 +46,7 @@ def test_the_activation_pass_stops_after_the_block_and_spills_its_tokens(tmp_pat
     assert rows.shape == (2 * layout.num_patches, handle.embed_dim)
     outputs = []
     with torch.no_grad(), block_output(handle, 0, outputs.append):
-        handle.forward(torch.cat([handle.preprocess.apply(__import__("PIL.Image").Image.fromarray(i))[0]
-                                  for i in images]))
+        handle.forward(torch.cat([handle.preprocess.apply(Image.fromarray(i))[0] for i in images]))
     assert np.allclose(rows, outputs[0][:, layout.patch_slice].reshape(-1, handle.embed_dim).numpy(), atol=1e-6)
     assert np.allclose(sums.arrays["sum"], rows.astype(np.float64).sum(0)) and sums.arrays["tokens"][0] == len(rows)
 

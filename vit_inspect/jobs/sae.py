@@ -33,6 +33,12 @@ def _pixels(handle: ViTHandle, images: Sequence[np.ndarray]) -> torch.Tensor:
     return torch.cat([handle.preprocess.apply(Image.fromarray(rgb))[0] for rgb in images])  # (B, 3, H, W)
 
 
+def _require_images(sums: Sums, skipped: Skipped) -> None:
+    if sums.count == 0:
+        raise VitInspectError("None of the images could be read."
+                              + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
+
+
 @dataclass(frozen=True)
 class ActivationStats:
     """What the activation pass wrote and the statistics the SAE's input normalisation takes from it."""
@@ -91,9 +97,7 @@ class SAEActivationJob:
         return a + b
 
     def finalize(self, sums: Sums, skipped: Skipped) -> ActivationStats:
-        if sums.count == 0:
-            raise VitInspectError("None of the images could be read."
-                                  + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
+        _require_images(sums, skipped)
         n = int(sums.arrays["tokens"][0])
         mean = sums.arrays["sum"] / n
         centred = max(float(sums.arrays["squares"][0]) / n - float((mean ** 2).sum()), 1e-12)  # E‖x - mean‖²
@@ -174,9 +178,7 @@ class SAEEvalJob:
         return a + b
 
     def finalize(self, sums: Sums, skipped: Skipped) -> SAEQuality:
-        if sums.count == 0:
-            raise VitInspectError("None of the images could be read."
-                                  + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
+        _require_images(sums, skipped)
         a = sums.arrays
         n = int(a["tokens"][0])
         ve = variance_explained(float(a["error"][0]), float(a["squares"][0]), torch.from_numpy(a["sum"]), n)
