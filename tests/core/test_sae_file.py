@@ -162,3 +162,16 @@ def test_saev_file_carrying_code_is_refused_and_the_code_never_runs(tmp_path, mo
     path.write_bytes((json.dumps(saev_header()) + "\n").encode() + b"not a zip at all")
     with pytest.raises(WeightsError, match="unreadable"):
         load_sae(path, layer=0)
+
+
+def test_saev_tensors_that_are_views_of_one_storage_are_read_at_their_offsets(tmp_path):
+    """torch.save keeps a view's whole storage with its offset and strides; each tensor is read from its own place."""
+    torch.manual_seed(2)
+    shared = torch.randn(D * F * 2 + F + D + 5)
+    w_enc = shared[5:5 + D * F].view(D, F)
+    w_dec = shared[5 + D * F:5 + 2 * D * F].view(D, F).T  # strided: (F, D) with strides (1, F)
+    b_enc, b_dec = shared[-F - D:-D], shared[-D:]
+    write_saev(tmp_path / "views", {"W_enc": w_enc, "b_enc": b_enc, "W_dec": w_dec, "b_dec": b_dec}, saev_header())
+    sae = load_sae(tmp_path / "views", layer=0)
+    assert torch.equal(sae.W_enc, w_enc) and torch.equal(sae.W_dec, w_dec) and torch.equal(sae.b_dec, b_dec)
+    assert torch.allclose(sae.b_enc, b_enc + b_dec @ w_enc)
