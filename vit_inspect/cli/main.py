@@ -14,12 +14,12 @@ import argparse
 import sys
 import warnings
 
-from vit_inspect.cli import analyze, compare, concepts, evaluate, heads, methods, model, sanity
+from vit_inspect.cli import analyze, compare, concepts, evaluate, heads, methods, model, sae, sanity
 from vit_inspect.cli.common import end_progress_line
 from vit_inspect.core.errors import SmallImageWarning, VitInspectError
 
 # each adds its subcommand with `add_parser(sub)`
-COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods, concepts)
+COMMANDS = (analyze, model, heads, evaluate, compare, sanity, methods, concepts, sae)
 
 
 def build_parser() -> argparse.ArgumentParser:

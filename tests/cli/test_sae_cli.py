@@ -1,0 +1,67 @@
+"""`vit-inspect sae train` and `sae eval` on the real DeiT-Ti and a few ImageNet photos, on both engines."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from support import IMAGENET, cli_on_both_engines, run_cli
+
+PHOTOS = ("n01440764_tench.JPEG", "n01443537_goldfish.JPEG", "n02123045_tabby.JPEG", "n02106662_German_shepherd.JPEG",
+          "n07920052_espresso.JPEG", "n03888257_parachute.JPEG")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("photos")
+    for name in PHOTOS:
+        if not (IMAGENET / name).is_file():
+            pytest.skip(f"{name} not found in {IMAGENET}")
+        os.symlink(IMAGENET / name, folder / name)
+    return folder
+
+
+def _train(photos, out, deit_args, *more):
+    return ["sae", "train", str(photos), *deit_args, "--layer", "3", "--features", "96", "--k", "4",
+            "--epochs", "2", "--holdout", "2", "--out", str(out), *more]
+
+
+@pytest.mark.slow
+def test_train_then_eval(photos, tmp_path, capsys, deit_args):
+    out = tmp_path / "sae.safetensors"
+    code, stdout, stderr = run_cli(capsys, *_train(photos, out, deit_args, "--seed", "1"))
+    assert code == 0, stderr
+    info = json.loads(stdout)
+    assert (info["layer"], info["k"], info["F"], info["d"], info["tokens"]) == (3, 4, 96, 192, "all")
+    assert info["training_tokens"] == 2 * 4 * 197  # 2 epochs over 4 images of 197 tokens
+    assert info["metrics"]["held_out"]["images"] == 2
+    code, stdout, stderr = run_cli(capsys, "sae", "eval", str(photos), *deit_args, "--sae", str(out), "--holdout", "2",
+                                   "--json")
+    assert code == 0, stderr
+    quality = json.loads(stdout)
+    assert quality["images"] == 2 and quality["l0"] <= 4
+    for key in ("variance_explained", "dead_fraction", "top1_agreement", "kl"):
+        assert quality[key] == pytest.approx(info["metrics"]["held_out"][key], abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_an_sae_for_another_layer_count_or_a_pickle_is_one_line(photos, tmp_path, capsys, deit_args):
+    (tmp_path / "prisma.pt").write_bytes(b"\x80\x04K\x01.")
+    code, _, stderr = run_cli(capsys, "sae", "eval", str(photos), *deit_args, "--sae", str(tmp_path / "prisma.pt"))
+    assert code == 1 and "pickled checkpoint" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = run_cli(capsys, *_train(photos, tmp_path / "x.safetensors", deit_args)[:-2], "--layer", "12",
+                              "--out", str(tmp_path / "x.safetensors"))
+    assert code == 1 and "--layer must be a block" in stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_trains_the_same_sae(photos, tmp_path, capsys, deit_args):
+    """The activation pass on Ray yields the same tokens; with the same batches, the same SAE."""
+    pytest.importorskip("ray")
+    runs = cli_on_both_engines(capsys, lambda engine: _train(photos, tmp_path / f"{engine}.safetensors", deit_args,
+                                                              "--engine", engine, "--batch-size", "1"))
+    for engine, (code, _, stderr) in runs.items():
+        assert code == 0, (engine, stderr)
+    local, ray = (json.loads(runs[e][1]) for e in ("local", "ray"))
+    assert ray["training"]["epoch_loss"] == pytest.approx(local["training"]["epoch_loss"], rel=1e-4)

@@ -1,0 +1,80 @@
+"""SAE training from a folder: the shuffle buffer's bound and coverage, the activation pass (stopped after the
+block), a tiny seeded run whose loss falls and whose variance explained rises, and the quality job."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from support import tiny_handle, write_folder
+
+from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.images import find_images
+from vit_inspect.jobs.sae import SAEActivationWorker
+from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, train_from_folder
+from vit_inspect.jobs.sae_train import TrainOptions, shuffled_batches
+from vit_inspect.passes.sae import block_output
+
+
+def test_the_buffer_yields_every_token_once_and_holds_at_most_its_bytes(tmp_path):
+    width, files = 4, []
+    for i, rows in enumerate((50, 7, 130, 1)):
+        path = tmp_path / f"tokens-{i}.npy"
+        start = sum(len(np.load(f)) for f in files)
+        np.save(path, (np.arange(start, start + rows, dtype=np.float32)[:, None] * np.ones(width, np.float32)))
+        files.append(path)
+    buffer_bytes = 40 * 4 * width  # 40 tokens
+    batches = list(shuffled_batches(files, width, 8, buffer_bytes, np.random.default_rng(0)))
+    seen = np.concatenate([b[:, 0] for b in batches])
+    assert sorted(seen.tolist()) == list(range(188))
+    assert all(len(b) == 8 for b in batches[:-1]) and 0 < len(batches[-1]) <= 8
+    assert seen.tolist() != list(range(188))  # shuffled
+    again = np.concatenate([b[:, 0] for b in shuffled_batches(files, width, 8, buffer_bytes, np.random.default_rng(0))])
+    assert np.array_equal(seen, again)  # seeded
+
+
+def test_the_activation_pass_stops_after_the_block_and_spills_its_tokens(tmp_path):
+    handle = tiny_handle("reg4")
+    ran = []
+    handle.blocks[1].register_forward_hook(lambda *a: ran.append(1))
+    worker = SAEActivationWorker(handle, 0, "patches", str(tmp_path))
+    images = [np.zeros((32, 32, 3), np.uint8), np.full((32, 32, 3), 200, np.uint8)]
+    sums = worker.map_batch(images, ["a.png", "b.png"])
+    assert not ran  # block 1 never ran
+    rows = np.load(next(tmp_path.glob("tokens-*.npy")))
+    layout = handle.layout()
+    assert rows.shape == (2 * layout.num_patches, handle.embed_dim)
+    outputs = []
+    with torch.no_grad(), block_output(handle, 0, outputs.append):
+        handle.forward(torch.cat([handle.preprocess.apply(Image.fromarray(i))[0] for i in images]))
+    assert np.allclose(rows, outputs[0][:, layout.patch_slice].reshape(-1, handle.embed_dim).numpy(), atol=1e-6)
+    assert np.allclose(sums.arrays["sum"], rows.astype(np.float64).sum(0)) and sums.arrays["tokens"][0] == len(rows)
+
+
+@pytest.mark.slow
+def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
+    write_folder(tmp_path, count=40)
+    files = find_images([tmp_path])
+    handle = tiny_handle("cls")
+    short = TrainOptions(features=64, k=8, epochs=1, batch_tokens=64, lr=3e-3, seed=3)
+    longer = TrainOptions(features=64, k=8, epochs=12, batch_tokens=64, lr=3e-3, seed=3)
+    first = train_from_folder(handle, files[:32], 1, short)
+    trained = train_from_folder(handle, files[:32], 1, longer, spill=str(tmp_path / "spill"))
+    losses = trained.info.training["epoch_loss"]
+    assert losses[-1] < 0.7 * losses[0]
+    assert trained.info.training["dead_strategy"].startswith("AuxK")
+    again = train_from_folder(handle, files[:32], 1, longer)
+    assert torch.equal(again.W_enc, trained.W_enc)  # seeded
+    quality = []
+    for sae, name in ((first, "first"), (trained, "trained")):
+        path = tmp_path / f"{name}.safetensors"
+        save_with_metrics(sae, path, None)
+        quality.append(evaluate_sae(handle, path, files[32:], sae=sae))
+    assert quality[1].variance_explained > quality[0].variance_explained + 0.05
+    assert quality[1].l0 <= 8 and quality[1].images == 8 and 0 <= quality[1].dead_fraction <= 1
+
+
+def test_a_layer_the_model_lacks_is_a_sentence(tmp_path):
+    write_folder(tmp_path, count=1)
+    with pytest.raises(VitInspectError, match="--layer must be a block of 'tiny-cls': 0 to 1"):
+        train_from_folder(tiny_handle("cls"), find_images([tmp_path]), 2, TrainOptions(features=8, k=2))
