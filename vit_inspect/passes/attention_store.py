@@ -146,9 +146,12 @@ class AttentionStore:
         """(heads, N, N) float32 probabilities of one layer, rows = queries."""
         return self.rows(layer, np.arange(self.num_tokens))
 
-    def fused_row_chunks(self, layer: int, tokens, head_fusion: str = "mean") -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def fused_row_chunks(self, layer: int, tokens, head_fusion: str = "mean",
+                         exact_float32: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(chunk of ``tokens``, (len(chunk), N) float64) blocks: those query rows of one layer with the heads
         fused by ``head_fusion`` ("mean", "max", "min"), rebuilt a chunk under CHUNK_BYTES at a time.
+        ``exact_float32``: the max and min come as float32 instead, which holds their float16 values exactly in
+        half the bytes (ranking them, as rollout's discard does, takes about half the time); the mean stays float64.
 
         The values are those of `rows` (float16-valued probabilities): max and min are exact, the mean
         sums the heads in float32 (|error| < 1e-7 of a probability) from Q and K, in float64 from stored
@@ -169,7 +172,7 @@ class AttentionStore:
             for start in range(0, len(tokens), step):
                 block = spilled[start:start + step]
                 yield tokens[start:start + step], (np.divide(block, self.num_heads, dtype=np.float64)
-                                                   if head_fusion == "mean" else block.astype(np.float64))
+                                                   if head_fusion == "mean" else _widened(block, exact_float32))
             return
         keys_t = self._keys_t(layer) if self.maps is None else None  # converted once per layer
         for start in range(0, len(tokens), step):
@@ -181,8 +184,7 @@ class AttentionStore:
             if head_fusion == "mean":  # the float32 sum divided in float64, one pass
                 yield chunk, np.divide(half.float().sum(0).numpy(), half.shape[0], dtype=np.float64)
             else:
-                # exact; float16 -> float32 -> float64 is 3x faster in torch than float16 -> float64
-                yield chunk, (half.amax(0) if head_fusion == "max" else half.amin(0)).float().double().numpy()
+                yield chunk, _widened(half.amax(0) if head_fusion == "max" else half.amin(0), exact_float32)
 
     def fused_layer(self, layer: int, head_fusion: str = "mean") -> np.ndarray:
         """(N, N) float64 heads fused by ``head_fusion`` ("mean", "max", "min"), rebuilt in row chunks
@@ -197,6 +199,13 @@ class AttentionStore:
         if self.maps is not None:
             return self.maps
         return np.stack([self.layer(i).astype(np.float16) for i in range(self.depth)])
+
+
+def _widened(half: np.ndarray | torch.Tensor, exact_float32: bool) -> np.ndarray:
+    """float16 values as float64, or as float32 with ``exact_float32`` (both exact): float16 -> float32 (-> float64)
+    in torch, several times faster than numpy's float16 conversions."""
+    wide = (torch.from_numpy(half) if isinstance(half, np.ndarray) else half).float()
+    return (wide if exact_float32 else wide.double()).numpy()
 
 
 def _fused_stored_rows(maps: np.ndarray, rows: np.ndarray, head_fusion: str) -> np.ndarray:
@@ -321,9 +330,11 @@ def rollout(store: AttentionStore, layout: TokenLayout, head_fusion: str = "mean
             continue
         tokens = np.flatnonzero(vector)  # the rows of A_layer that v^T A_layer reads
         product = np.zeros(store.num_tokens)  # (N,) v^T A_layer
-        for chunk, rows in store.fused_row_chunks(layer, tokens, head_fusion):  # (n,), (n, N)
-            if discard_ratio > 0:
-                zero_masked(rows, row_discard_mask(rows, discard_ratio, keep))
+        # max and min as float32 (their float16 values, exact): the discard ranks half the bytes, the same mask
+        for chunk, rows in store.fused_row_chunks(layer, tokens, head_fusion, exact_float32=True):  # (n,), (n, N)
+            mask = row_discard_mask(rows, discard_ratio, keep) if discard_ratio > 0 else None
+            rows = rows.astype(np.float64, copy=False)  # the products in float64, as before
+            zero_masked(rows, mask)
             product += row_product(vector[chunk], chunk, rows, layer, residual)
         vector = product
     return layout.to_grid(layout.patches(vector))
