@@ -9,13 +9,18 @@ import types
 import numpy as np
 import pytest
 
-from vit_inspect.analysis.craft import concept_coefficients, fit_concept_bank, jansen_total_indices, sobol_design
+from vit_inspect.analysis.craft import (
+    concept_coefficients,
+    fit_concept_bank,
+    jansen_total_indices,
+    sobol_design,
+)
 
 # craft-xai's sampler module imports TensorFlow for its TensorFlow sampler only; the Halton sampler and the
 # estimators used here never touch it
 sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
-from craft.sobol.estimators import JansenEstimator  # noqa: E402
-from craft.sobol.sampler import HaltonSequence  # noqa: E402
+from craft.sobol.estimators import JansenEstimator
+from craft.sobol.sampler import HaltonSequence
 
 
 def test_jansen_on_hand_made_outputs():

@@ -5,14 +5,14 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 from support import PHOTOS, run_cli, write_folder
 
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
-
 from vit_inspect.passes.concepts import image_concepts
 from vit_inspect.passes.pipeline import analyze_image
-from vit_inspect.studies.class_concepts import class_concepts
+from vit_inspect.studies.class_concepts import GALLERY, GALLERY_SIDE, class_concepts
 
 CAT = {"Egyptian cat", "tabby", "tiger cat"}
 
@@ -65,7 +65,7 @@ def test_a_folders_class_concepts_in_json_equal_the_librarys(capsys, tmp_path, t
     write_folder(tmp_path, count=3)
     model = ["--model", "test_vit", "--weights", str(tiny_weights), "--device", "cpu"]
     code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--class", "3", "--k", "3", "--crops", "2", "--json",
-                             *model)
+                             "--out", str(tmp_path / "out"), *model)
     assert code == 0, err
     record = json.loads(out)
     handle = load_model("test_vit", weights=tiny_weights, device="cpu")
@@ -79,6 +79,9 @@ def test_a_folders_class_concepts_in_json_equal_the_librarys(capsys, tmp_path, t
     best = int(np.argmax(expected.crop_coefficients[:, 0]))
     assert [first[key] for key in ("top", "left", "side")] == expected.crop_boxes[best, 1:].tolist()
     assert first["image"] == expected.images[expected.crop_boxes[best, 0]]
+    grid = np.asarray(Image.open(tmp_path / "out" / f"{tmp_path.name}_class3_concepts_block4.png"))
+    assert grid.shape == (3 * GALLERY_SIDE, GALLERY * GALLERY_SIDE, 3)  # a row of top crops per concept
+    np.testing.assert_array_equal(grid[:GALLERY_SIDE, GALLERY_SIDE:2 * GALLERY_SIDE], expected.galleries[0, 1])
     code, out, _ = run_cli(capsys, "concepts", str(tmp_path), "--class", "3", "--k", "3", "--crops", "2", *model)
     lines = out.strip().splitlines()
     assert code == 0 and "3 images of class" in lines[0] and len(lines) == 3 + 3
@@ -98,5 +101,5 @@ def test_a_folders_out_of_range_flags_are_one_line(capsys, tmp_path, tiny_weight
 
 
 def test_an_empty_folder_is_one_line(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--class", "1")
+    code, _out, err = run_cli(capsys, "concepts", str(tmp_path), "--class", "1")
     assert code == 1 and "holds no image files" in err and err.count("\n") == 1

@@ -16,13 +16,18 @@ from support import tiny_handle
 
 from vit_inspect.analysis.craft import concept_coefficients
 from vit_inspect.core.errors import InputError
-from vit_inspect.studies.class_concepts import (GALLERY, GALLERY_SIDE, class_concept_heatmaps, class_concepts,
-                                                random_crops)
+from vit_inspect.studies.class_concepts import (
+    GALLERY,
+    GALLERY_SIDE,
+    class_concept_heatmaps,
+    class_concepts,
+    random_crops,
+)
 
 # craft-xai's sampler module imports TensorFlow for its TensorFlow sampler only; the Halton sampler used here
 # never touches it
 sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
-from craft.craft_torch import Craft  # noqa: E402
+from craft.craft_torch import Craft
 
 TARGET = 3
 
@@ -157,17 +162,17 @@ def test_importance_over_some_of_the_images():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(images=[]), "number of images must be a whole number from 1 to 200"),
-    (dict(k=0), "number of concepts must be a whole number from 1 to 12"),  # 6 images x 2 crops
-    (dict(k=21, crops=10), "from 1 to 20"),
-    (dict(crops=65), "crops per image must be a whole number from 1 to 64"),
-    (dict(layer=1), "the head reads the class token alone"),
-    (dict(layer=2), "blocks 0 to 1"),
-    (dict(target=10), "classes 0 to 9"),
-    (dict(seed=-1), "seed"),
-    (dict(importance_images=0), "images for the importance"),
+    ({"images": []}, "number of images must be a whole number from 1 to 200"),
+    ({"k": 0}, "number of concepts must be a whole number from 1 to 12"),  # 6 images x 2 crops
+    ({"k": 21, "crops": 10}, "from 1 to 20"),
+    ({"crops": 65}, "crops per image must be a whole number from 1 to 64"),
+    ({"layer": 1}, "the head reads the class token alone"),
+    ({"layer": 2}, "blocks 0 to 1"),
+    ({"target": 10}, "classes 0 to 9"),
+    ({"seed": -1}, "seed"),
+    ({"importance_images": 0}, "images for the importance"),
 ])
 def test_out_of_range_inputs_are_sentences(options, message):
-    arguments = dict(images=noise_images(6), target=TARGET, k=2, crops=2) | options
+    arguments = {"images": noise_images(6), "target": TARGET, "k": 2, "crops": 2} | options
     with pytest.raises(InputError, match=message):
         class_concepts(tiny_handle("cls", seed=1), **arguments)

@@ -6,7 +6,8 @@ the factorisation and the head's readings of the concepts follow from its tokens
 
 `vit-inspect concepts FOLDER --class C`: the concepts of class C over the folder's images (CRAFT,
 `studies.class_concepts.class_concepts`): a table of each concept's importance (total-order Sobol index of the
-class logit), the logit lost when it is removed and the images of its top crops, or with `--json` one object.
+class logit), the logit lost when it is removed and the images of its top crops, or with `--json` one object;
+with `--out` a PNG of each concept's top crops, one row per concept by importance.
 """
 from __future__ import annotations
 
@@ -15,20 +16,31 @@ import json
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from vit_inspect.cli.common import model_options, save_png
 from vit_inspect.core.errors import InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
-from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, MAX_CONCEPTS, ImageConcepts, image_concepts
+from vit_inspect.passes.concepts import (
+    DEFAULT_CONCEPTS,
+    MAX_CONCEPTS,
+    ImageConcepts,
+    image_concepts,
+)
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.records import rounded
 from vit_inspect.plots.concepts import TOP_CLASSES, concepts_figure
 from vit_inspect.studies.class_concepts import DEFAULT_CONCEPTS as CLASS_CONCEPTS
-from vit_inspect.studies.class_concepts import DEFAULT_CROPS, GALLERY, MAX_CROPS, ClassConcepts, class_concepts
-
+from vit_inspect.studies.class_concepts import (
+    DEFAULT_CROPS,
+    GALLERY,
+    MAX_CROPS,
+    ClassConcepts,
+    class_concepts,
+)
 
 
 def add_parser(sub) -> None:
@@ -131,6 +143,12 @@ def run_class(args: argparse.Namespace, folder: Path) -> None:
                               args.layer, args.crops, args.seed)
     record = class_record(handle, concepts, str(folder))
     print(json.dumps(record) if args.json else class_table(record), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        k, shown, side = concepts.galleries.shape[:3]  # one row of top crops per concept, by importance
+        grid = concepts.galleries.transpose(0, 2, 1, 3, 4).reshape(k * side, shown * side, 3)
+        Image.fromarray(grid).save(out / f"{folder.name}_class{concepts.target}_concepts_block{concepts.layer}.png")
 
 
 def run(args: argparse.Namespace) -> None:

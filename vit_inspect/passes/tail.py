@@ -8,7 +8,7 @@ found out by `model_tail`'s check, which replays one image and compares with the
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -26,14 +26,20 @@ stream after block l.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vit_inspect.analysis.craft import DESIGN, concept_coefficients, fit_concept_bank, jansen_total_indices, sobol_design
+from vit_inspect.analysis.craft import (
+    DESIGN,
+    concept_coefficients,
+    fit_concept_bank,
+    jansen_total_indices,
+    sobol_design,
+)
 from vit_inspect.core.errors import InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import load_image
