@@ -17,16 +17,18 @@ from vit_inspect.core.load import load_model
 from vit_inspect.core.module_spec import ModuleSpec, handle_from_module
 from vit_inspect.core.timm_models import handle_from_timm
 from vit_inspect.jobs.distance import DatasetDistance, dataset_attention_distance
-from vit_inspect.notebook import Analysis, analyze
+from vit_inspect.notebook import Analysis, analyze, class_concepts
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.studies.class_concepts import ClassConcepts, class_concept_heatmaps
 from vit_inspect.studies.model_report import ModelReport, model_report
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_MODEL", "Analysis", "DatasetDistance", "ImageAnalysis", "ImageLimits", "ModelReport", "ModuleSpec",
-    "PassOptions", "ViTHandle", "VitInspectError", "analyze", "analyze_image", "dataset_attention_distance",
-    "handle_from_hf", "handle_from_module", "handle_from_timm", "load_model", "model_report",
+    "DEFAULT_MODEL", "Analysis", "ClassConcepts", "DatasetDistance", "ImageAnalysis", "ImageLimits", "ModelReport",
+    "ModuleSpec", "PassOptions", "ViTHandle", "VitInspectError", "analyze", "analyze_image", "class_concept_heatmaps",
+    "class_concepts", "dataset_attention_distance", "handle_from_hf", "handle_from_module", "handle_from_timm",
+    "load_model", "model_report",
 ]

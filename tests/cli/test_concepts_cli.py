@@ -5,10 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from support import PHOTOS, run_cli
+from PIL import Image
+from support import PHOTOS, run_cli, write_folder
 
+from vit_inspect.core.images import find_images
+from vit_inspect.core.load import load_model
 from vit_inspect.passes.concepts import image_concepts
 from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.studies.class_concepts import GALLERY, GALLERY_SIDE, class_concepts
 
 CAT = {"Egyptian cat", "tabby", "tiger cat"}
 
@@ -57,7 +61,45 @@ def test_out_of_range_flags_are_one_line(capsys, deit_args, flags, message):
     assert code == 1 and out == "" and message in err and err.count("\n") == 1
 
 
-def test_a_folder_says_class_concepts_are_not_available_yet(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--model", "no_such_model")
-    assert code == 1 and out == ""
-    assert "concepts of a class over many images (CRAFT) are not available yet" in err and err.count("\n") == 1
+def test_a_folders_class_concepts_in_json_equal_the_librarys(capsys, tmp_path, tiny_weights):
+    write_folder(tmp_path, count=3)
+    model = ["--model", "test_vit", "--weights", str(tiny_weights), "--device", "cpu"]
+    code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--class", "3", "--k", "3", "--crops", "2", "--json",
+                             "--out", str(tmp_path / "out"), *model)
+    assert code == 0, err
+    record = json.loads(out)
+    handle = load_model("test_vit", weights=tiny_weights, device="cpu")
+    expected = class_concepts(handle, find_images([tmp_path]), 3, k=3, crops=2)
+    assert (record["layer"], record["k"], record["crops"], record["images"]) == (handle.depth - 2, 3, 6, 3)
+    assert record["target"]["index"] == 3 and record["importance_images"] == ["img0.png", "img1.png", "img2.png"]
+    np.testing.assert_allclose([e["importance"] for e in record["concepts"]], expected.importance, rtol=1e-6)
+    np.testing.assert_allclose([e["logit_drop"] for e in record["concepts"]], expected.logit_drop, rtol=1e-6)
+    assert record["class_logit_model"] == pytest.approx(expected.logit_model)
+    first = record["concepts"][0]["top_crops"][0]
+    best = int(np.argmax(expected.crop_coefficients[:, 0]))
+    assert [first[key] for key in ("top", "left", "side")] == expected.crop_boxes[best, 1:].tolist()
+    assert first["image"] == expected.images[expected.crop_boxes[best, 0]]
+    grid = np.asarray(Image.open(tmp_path / "out" / f"{tmp_path.name}_class3_concepts_block4.png"))
+    assert grid.shape == (3 * GALLERY_SIDE, GALLERY * GALLERY_SIDE, 3)  # a row of top crops per concept
+    np.testing.assert_array_equal(grid[:GALLERY_SIDE, GALLERY_SIDE:2 * GALLERY_SIDE], expected.galleries[0, 1])
+    code, out, _ = run_cli(capsys, "concepts", str(tmp_path), "--class", "3", "--k", "3", "--crops", "2", *model)
+    lines = out.strip().splitlines()
+    assert code == 0 and "3 images of class" in lines[0] and len(lines) == 3 + 3
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "say which class its images are of with --class C"),
+    (["--class", "3", "--crops", "0"], "crops per image must be a whole number from 1 to 64, not 0"),
+    (["--class", "3", "--k", "7"], "number of concepts must be a whole number from 1 to 6, not 7"),
+    (["--class", "1000"], "Class 1000 does not exist"),
+])
+def test_a_folders_out_of_range_flags_are_one_line(capsys, tmp_path, tiny_weights, flags, message):
+    write_folder(tmp_path, count=3)
+    code, out, err = run_cli(capsys, "concepts", str(tmp_path), "--crops", "2", *flags, "--model", "test_vit",
+                             "--weights", str(tiny_weights), "--device", "cpu")
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_an_empty_folder_is_one_line(capsys, tmp_path):
+    code, _out, err = run_cli(capsys, "concepts", str(tmp_path), "--class", "1")
+    assert code == 1 and "holds no image files" in err and err.count("\n") == 1

@@ -11,6 +11,7 @@ from support import tiny_handle
 import vit_inspect as vi
 from vit_inspect.passes.concepts import image_concepts, patch_similarity
 from vit_inspect.plots.concepts import CONCEPT_UNIT, SIMILARITY_UNIT
+from vit_inspect.studies.class_concepts import class_concepts
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +74,13 @@ def test_another_models_analysis_is_refused(two, pictures):
     other = vi.analyze(pictures[1], model=tiny_handle("gap", seed=1))
     with pytest.raises(ValueError, match="not of"):
         two[0].similarity((0, 0), other=other)
+
+
+def test_class_concepts_of_a_folder_are_the_librarys(pictures):
+    handle = tiny_handle("cls", seed=1)
+    concepts = vi.class_concepts(pictures[0].parent, target=2, model=handle, k=2, crops=3)
+    expected = class_concepts(handle, sorted(pictures), 2, k=2, crops=3)
+    assert concepts.images == ("noise0.png", "noise1.png")
+    np.testing.assert_array_equal(concepts.importance, expected.importance)
+    np.testing.assert_array_equal(concepts.galleries, expected.galleries)
+    assert vi.class_concept_heatmaps(handle, concepts, pictures[0]).shape == (2, 4, 4)

@@ -64,6 +64,15 @@ class TokenLayout:
         index[axis] = self.patch_slice
         return prefix, x[tuple(index)]
 
+    def join(self, prefix, patches, axis: int = 1):
+        """The inverse of `split` for torch tensors: prefix tokens then patch tokens along ``axis``."""
+        import torch
+
+        if prefix.shape[axis] != self.num_prefix_tokens or patches.shape[axis] != self.num_patches:
+            raise ValueError(f"expected {self.num_prefix_tokens} prefix and {self.num_patches} patch tokens, got "
+                             f"{prefix.shape[axis]} and {patches.shape[axis]}")
+        return torch.cat([prefix, patches], dim=axis)
+
     def patches(self, x: np.ndarray, axis: int = -1) -> np.ndarray:
         """Only the patch tokens of a token axis."""
         return self.split(x, axis)[1]

@@ -1,7 +1,9 @@
-"""`analyze`: one image through one model, in one call, for notebooks and scripts."""
+"""`analyze`: one image through one model, in one call, for notebooks and scripts; `class_concepts`: the
+concepts of a class over many images (CRAFT)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -9,10 +11,14 @@ from PIL import Image
 
 from vit_inspect.core.geometry import InputGeometry
 from vit_inspect.core.handle import DEFAULT_MODEL, ViTHandle
+from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
 from vit_inspect.notebook.result import Analysis
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
+from vit_inspect.studies.class_concepts import DEFAULT_CONCEPTS as CLASS_CONCEPTS
+from vit_inspect.studies.class_concepts import DEFAULT_CROPS, ClassConcepts
+from vit_inspect.studies.class_concepts import class_concepts as study_class_concepts
 
 MODELS_KEPT = 2  # models `analyze` keeps loaded between calls, least recently used dropped
 
@@ -63,3 +69,16 @@ def analyze(image: str | os.PathLike | Image.Image | bytes, model: str | ViTHand
     result = analyze_image(handle, Path(image) if isinstance(image, os.PathLike) else image, target, options,
                            contrast=contrast)
     return Analysis(handle, result, name)
+
+
+def class_concepts(images: str | os.PathLike | Sequence, target: int, model: str | ViTHandle = DEFAULT_MODEL, *,
+                   weights: str | os.PathLike | None = None, device: str | None = None, k: int = CLASS_CONCEPTS,
+                   layer: int | None = None, crops: int = DEFAULT_CROPS, seed: int = 0) -> ClassConcepts:
+    """CRAFT's ``k`` concepts of class ``target`` over ``images`` (a folder, or a list of paths or PIL images of
+    that class), with their importance, logit drop and galleries (`studies.class_concepts.class_concepts`);
+    ``model`` as for `analyze`. A concept's heatmap on any image: `class_concept_heatmaps`."""
+    handle = model if isinstance(model, ViTHandle) else _model(str(model), None if weights is None else str(weights),
+                                                                 device, None)
+    if isinstance(images, (str, os.PathLike)):
+        images = find_images([images])
+    return study_class_concepts(handle, list(images), target, k, layer, crops, seed)
