@@ -213,6 +213,49 @@ def test_a_model_against_itself_agrees_fully_and_depths_are_aligned():
     assert pair.nbytes() == pair.a.nbytes() + pair.b.nbytes()
 
 
+def _in_their_package(fn):
+    fn.__module__ = "their_package"  # not vit_inspect's own: an added method, as a plugin's is
+    return fn
+
+
+def test_added_methods_computed_from_the_pass_are_compared_too():
+    """A method added to the registry that reads the pass is aligned and scored beside the built-in kinds, under
+    its registered title; one with passes of its own (a comparison keeps no model) and one that fails are left
+    out, and the built-in kinds are unchanged."""
+    from vit_inspect.analysis.compare import map_agreement as agreement_of
+    from vit_inspect.methods import Method, registry
+    from vit_inspect.plots import compare as compare_plots
+
+    added = [Method(name="twice_first_layer", title="first layer's attention, doubled", unit="attention weight × 2",
+                    paper="a test", reads="attention",
+                    compute=_in_their_package(lambda context: 2.0 * context.result.attention_map(0))),
+             Method(name="own_logit", title="the logit, everywhere", unit="{score}", paper="a test",
+                    reads="own passes", forwards=1, sanity=False,
+                    compute=_in_their_package(lambda context: np.ones((4, 4)))),
+             Method(name="always_fails", title="fails", unit="value", paper="a test", reads="attention",
+                    compute=_in_their_package(lambda context: 1 / 0))]
+    for method in added:
+        registry.register(method)
+    try:
+        handle = tiny_handle("cls")
+        pair = compare_images(handle, handle, Image.open(PHOTOS / "chelsea.png"), None, (32, 48))
+        aligned = {item.kind: item for item in aligned_maps(pair)}
+        assert list(aligned) == ["attention", "rollout", "gradcam", "chefer", "twice_first_layer"]
+        item = aligned["twice_first_layer"]
+        assert item.title == "first layer's attention, doubled" and not item.layered and not item.relu
+        np.testing.assert_array_equal(item.map_a, 2.0 * pair.a.attention_map(0))
+        assert item.agreement == agreement_of(item.map_a, item.map_b, pair.box_a, pair.box_b, 0.1)
+        assert aligned["attention"].title == "raw attention (mean of heads)" and aligned["attention"].layered
+        assert aligned["gradcam"].relu and not aligned["rollout"].layered
+        assert set(agreement_record(pair, list(aligned.values()))["maps"]) == set(aligned)
+        with_added = compare_plots.aligned_maps_panel(pair, list(aligned.values()), "A", "B")
+        without = compare_plots.aligned_maps_panel(pair, list(aligned.values())[:4], "A", "B")
+        assert with_added.shape[1] == without.shape[1] and with_added.shape[0] > without.shape[0]  # one row more
+    finally:
+        for method in added:
+            registry.unregister(method.name)
+
+
 # ------------------------------------------------------------------------------------ figures and CLI
 
 def test_figures_name_both_models_layers_and_carry_colour_bars():

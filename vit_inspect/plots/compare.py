@@ -20,7 +20,7 @@ from vit_inspect.plots import canvas
 from vit_inspect.plots import model as model_plots
 from vit_inspect.plots.canvas import SMALL_TEXT, font_of, grid_of, map_range, normalized, plot_axes, rgb_of, titled
 from vit_inspect.plots.maps import PANEL_INCHES, heads_panel, map_panel, overlay
-from vit_inspect.studies.comparison import MAP_TITLES, AlignedMap, Comparison, layer_words
+from vit_inspect.studies.comparison import MAP_KINDS, AlignedMap, Comparison, layer_words
 from vit_inspect.studies.model_report import model_report, pos_similarity_at
 
 MODEL_COLORS = ("tab:blue", "tab:orange")  # model A, model B
@@ -36,6 +36,13 @@ def _scale_bar(fig: Figure, axes, label: str, cmap: str = "inferno", location: s
                  aspect=20 if location == "right" else 30)
 
 
+def _where(item: AlignedMap, layer: int, depth: int) -> str:
+    """A caption's part saying which map of the model: its layer, all layers, or an added method's defaults."""
+    if item.layered:
+        return f", {layer_words(layer, depth)}"
+    return ", all layers" if item.kind in MAP_KINDS else ", at its defaults"
+
+
 def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_a: str, name_b: str) -> Figure:
     """One row per map kind: model A's map on its own crop, model B's at the aligned layer, and the
     agreement numbers (Spearman, top-10 % overlap) in the row title."""
@@ -48,18 +55,17 @@ def aligned_maps_figure(comparison: Comparison, aligned: list[AlignedMap], name_
         axes = sub.subplots(1, 2)
         for ax, result, name, grid_map, layer in ((axes[0], a, name_a, item.map_a, item.layer_a),
                                                   (axes[1], b, name_b, item.map_b, item.layer_b)):
-            ax.imshow(overlay(result.rgb, grid_map, relu=item.kind == "gradcam"))
-            where = ", all layers" if item.kind in ("rollout", "chefer") else (
-                f", {layer_words(layer, result.depth)}")
+            ax.imshow(overlay(result.rgb, grid_map, relu=item.relu))
+            where = _where(item, layer, result.depth)
             target = "" if result.target is None else f", class {result.target}"
             ax.set_title(textwrap.fill(f"{name}{where}{target}", TITLE_CHARS), fontsize="small")
             ax.set_axis_off()
         score = item.agreement
         rho = "n/a" if np.isnan(score.spearman) else f"{score.spearman:.2f}"
-        sub.suptitle(textwrap.fill(f"{MAP_TITLES[item.kind]}: Spearman {rho}, top-{score.fraction:.0%} overlap "
+        sub.suptitle(textwrap.fill(f"{item.title}: Spearman {rho}, top-{score.fraction:.0%} overlap "
                                    f"{score.top_overlap:.2f} (on a {score.grid[0]}×{score.grid[1]} common grid)", 62),
                      fontsize="medium")
-        _scale_bar(sub, axes, "map value, min-max per map" + (" (ReLU)" if item.kind == "gradcam" else ""))
+        _scale_bar(sub, axes, "map value, min-max per map" + (" (ReLU)" if item.relu else ""))
     fig.suptitle(textwrap.fill(f"{name_a} vs {name_b}. Layers (0-based) aligned by relative depth (l+1)/L: "
                                f"B's layer = ceil((l+1)·{b.depth}/{a.depth})−1. Attention: mean of heads, readout "
                                f"{a.readout} / {b.readout} token. Agreement over the image region both crops cover.",
@@ -81,12 +87,11 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
     a, b = comparison.a, comparison.b
     rows = []
     for item in aligned:
-        relu = item.kind == "gradcam"
+        relu = item.relu
         panels = []
         for index, (result, name, grid_map, layer) in enumerate(((a, name_a, item.map_a, item.layer_a),
                                                                   (b, name_b, item.map_b, item.layer_b))):
-            where = ", all layers" if item.kind in ("rollout", "chefer") else (
-                f", {layer_words(layer, result.depth)}")
+            where = _where(item, layer, result.depth)
             target = "" if result.target is None or item.kind in ("attention", "rollout") else (
                 f", class {classes[index] if classes else result.target}")
             low, high = map_range(grid_map, relu)
@@ -94,7 +99,7 @@ def aligned_maps_panel(comparison: Comparison, aligned: list[AlignedMap], name_a
                                     "map value" + (" (ReLU)" if relu else ""), vmin=low, vmax=high, relu=relu))
         score = item.agreement
         rho = "n/a" if np.isnan(score.spearman) else f"{score.spearman:.2f}"
-        rows.append(titled(grid_of(panels, 2), f"{MAP_TITLES[item.kind]}: Spearman {rho}, top-{score.fraction:.0%} "
+        rows.append(titled(grid_of(panels, 2), f"{item.title}: Spearman {rho}, top-{score.fraction:.0%} "
                            f"overlap {score.top_overlap:.2f} (on a {score.grid[0]}×{score.grid[1]} common grid)"))
     return titled(grid_of(rows, 1), f"{name_a} vs {name_b}. Layers (0-based) aligned by relative depth (l+1)/L: "
                   f"B's layer = ceil((l+1)·{b.depth}/{a.depth})−1. Attention: mean of heads, readout {a.readout} / "

@@ -18,6 +18,7 @@ from vit_inspect.analysis.dino import DINO_MASS
 from vit_inspect.analysis.masks import mass_mask
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import ImageLimits, load_image
+from vit_inspect.methods import MethodContext, added, compute_maps, get
 from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
@@ -99,22 +100,46 @@ class AlignedMap:
     map_a: np.ndarray  # (grid_h, grid_w) raw, model A's grid
     map_b: np.ndarray  # (grid_h, grid_w) raw, model B's grid
     agreement: Agreement
+    title: str = ""  # what the map is: `MAP_TITLES`, or an added method's registered title
+    layered: bool = False  # the layers chose the maps (attention, Grad-CAM); else one map of the whole model
+    relu: bool = False  # drawn after a ReLU (Grad-CAM; an added method as it registered)
 
 
-def aligned_maps(comparison: Comparison, layer_a: int | None = None, kinds=MAP_KINDS,
+def added_kinds() -> tuple[str, ...]:
+    """The methods registered beside the built-ins (`methods.added`: plugins, methods registered in code) that a
+    comparison can hold: those computed from what each pass recorded. A method with passes of its own needs its
+    model, which a comparison does not keep, so it is left out."""
+    return tuple(name for name, method in added().items() if method.reads != "own passes")
+
+
+def _kind_map(result: ImageAnalysis, kind: str, layer: int) -> np.ndarray | None:
+    """`result_map` for MAP_KINDS; an added method's map at its defaults (computed once per pass, kept by the
+    pass), or None where it has none or failed."""
+    if kind in MAP_KINDS:
+        return result_map(result, kind, layer)
+    maps, _ = compute_maps(MethodContext(result), (kind,))
+    return maps.get(kind)
+
+
+def aligned_maps(comparison: Comparison, layer_a: int | None = None, kinds: tuple[str, ...] | None = None,
                  fraction: float = 0.1) -> list[AlignedMap]:
-    """Every map kind both models have, model B's layer aligned to model A's `layer_a` (default: the last)
-    by relative depth, with `map_agreement` over the image region both crops cover."""
+    """Every map kind both models have (by default MAP_KINDS, then `added_kinds`), model B's layer aligned to
+    model A's `layer_a` (default: the last) by relative depth, with `map_agreement` over the image region both
+    crops cover. An added method that fails or has no map for either pass is left out, as a missing kind is."""
     a, b = comparison.a, comparison.b
     layer_a = a.depth - 1 if layer_a is None else layer_a
     layer_b = matching_layer(layer_a, a.depth, b.depth)
     aligned = []
-    for kind in kinds:
-        map_a, map_b = result_map(a, kind, layer_a), result_map(b, kind, layer_b)
+    for kind in (MAP_KINDS + added_kinds()) if kinds is None else kinds:
+        map_a, map_b = _kind_map(a, kind, layer_a), _kind_map(b, kind, layer_b)
         if map_a is None or map_b is None:
             continue
+        method = None if kind in MAP_KINDS else get(kind)
         aligned.append(AlignedMap(kind=kind, layer_a=layer_a, layer_b=layer_b, map_a=map_a, map_b=map_b,
-                                  agreement=map_agreement(map_a, map_b, comparison.box_a, comparison.box_b, fraction)))
+                                  agreement=map_agreement(map_a, map_b, comparison.box_a, comparison.box_b, fraction),
+                                  title=MAP_TITLES[kind] if method is None else method.title,
+                                  layered=kind in ("attention", "gradcam"),
+                                  relu=kind == "gradcam" if method is None else method.relu))
     return aligned
 
 

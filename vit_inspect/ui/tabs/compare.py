@@ -29,7 +29,7 @@ from vit_inspect.core.images import load_image
 from vit_inspect.passes.options import STUDY_OPTIONS
 from vit_inspect.plots import compare as compare_plots
 from vit_inspect.plots import model as model_plots
-from vit_inspect.studies.comparison import (MAP_TITLES, Comparison, aligned_maps, compare_images, comparison_label,
+from vit_inspect.studies.comparison import (Comparison, aligned_maps, compare_images, comparison_label,
                                             last_layer_heads, layer_words, same_labels, token_agreement)
 from vit_inspect.studies.model_report import model_report
 from vit_inspect.ui.common import (MAP_OUT, MODEL_PASS, RAW, OutputImage, progress_slot, public_name, says_refusals,
@@ -75,8 +75,8 @@ def agreement_rows(state: CompareSession, layer: int) -> list[list[str]]:
     rows = []
     for item in aligned_maps(comparison, layer_a=layer):
         score = item.agreement
-        layers = "all" if item.kind in ("rollout", "chefer") else f"{item.layer_a} ↔ {item.layer_b}"
-        rows.append([MAP_TITLES[item.kind], layers, _rho(score.spearman), f"{score.top_overlap:.2f}",
+        layers = f"{item.layer_a} ↔ {item.layer_b}" if item.layered else "all"
+        rows.append([item.title, layers, _rho(score.spearman), f"{score.top_overlap:.2f}",
                      f"{score.grid[0]}×{score.grid[1]}"])
     for label, result in zip(state.labels, (comparison.a, comparison.b)):
         if result.layout.num_dist_tokens and result.layout.has_class_token:
