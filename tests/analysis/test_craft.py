@@ -3,11 +3,9 @@ total Sobol indices, the replicated design, and the NMF bank of a rank-k non-neg
 with craft-xai's own sampler and estimator."""
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
+from support.craft import import_craft
 
 from vit_inspect.analysis.craft import (
     concept_coefficients,
@@ -16,11 +14,8 @@ from vit_inspect.analysis.craft import (
     sobol_design,
 )
 
-# craft-xai's sampler module imports TensorFlow for its TensorFlow sampler only; the Halton sampler and the
-# estimators used here never touch it
-sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
-from craft.sobol.estimators import JansenEstimator
-from craft.sobol.sampler import HaltonSequence
+JansenEstimator = import_craft("craft.sobol.estimators").JansenEstimator
+HaltonSequence = import_craft("craft.sobol.sampler").HaltonSequence
 
 
 def test_jansen_on_hand_made_outputs():

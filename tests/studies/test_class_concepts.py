@@ -3,8 +3,6 @@ whole model with block l's output replaced, the importance against craft-xai's `
 galleries and heatmaps, and sentences for out-of-range inputs."""
 from __future__ import annotations
 
-import sys
-import types
 import warnings
 
 import numpy as np
@@ -13,6 +11,7 @@ import torch
 from PIL import Image
 from scipy.stats import spearmanr
 from support import tiny_handle
+from support.craft import import_craft
 
 from vit_inspect.analysis.craft import concept_coefficients
 from vit_inspect.core.errors import InputError
@@ -24,10 +23,7 @@ from vit_inspect.studies.class_concepts import (
     random_crops,
 )
 
-# craft-xai's sampler module imports TensorFlow for its TensorFlow sampler only; the Halton sampler used here
-# never touches it
-sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))
-from craft.craft_torch import Craft
+Craft = import_craft("craft.craft_torch").Craft
 
 TARGET = 3
 
