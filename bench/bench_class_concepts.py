@@ -18,22 +18,16 @@ from __future__ import annotations
 import argparse
 import csv
 import time
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from .common import REPO, SHARED, print_header, report, set_threads, verdict
+from .common import SHARED, print_header, real_weights, report, set_threads, verdict
 
 MODEL = "deit_tiny_patch16_224"
 SAMPLES = SHARED / "data" / "imagenet_samples"
 TARGET_RHO = 0.7
 TARGET_S = 60.0
-
-
-def default_weights() -> Path:
-    local = REPO / "checkpoints" / f"{MODEL}.safetensors"
-    return local if local.is_file() else SHARED / "models" / f"{MODEL}.safetensors"
 
 
 def augmented(photo: Image.Image, count: int, seed: int) -> list[Image.Image]:
@@ -55,7 +49,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--weights", default=str(default_weights()))
+    parser.add_argument("--weights", default=str(real_weights(MODEL)))
     args = parser.parse_args()
     set_threads(args.threads)
 

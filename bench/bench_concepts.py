@@ -19,15 +19,10 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .common import REPO, SHARED, measure, plain_forward, plain_model, print_header, report, set_threads, verdict
+from .common import REPO, measure, plain_forward, plain_model, print_header, real_weights, report, set_threads, verdict
 
 MODEL = "deit_tiny_patch16_224"
 TARGET_S = 1.0  # seconds: DFF of one DeiT-Ti image, at most
-
-
-def default_weights() -> Path:
-    local = REPO / "checkpoints" / f"{MODEL}.safetensors"
-    return local if local.is_file() else SHARED / "models" / f"{MODEL}.safetensors"
 
 
 def main() -> None:
@@ -36,7 +31,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--weights", default=str(default_weights()))
+    parser.add_argument("--weights", default=str(real_weights(MODEL)))
     args = parser.parse_args()
     set_threads(args.threads)
 

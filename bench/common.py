@@ -33,6 +33,12 @@ RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().paren
 CONTEXT = ("threads", "date", "command", "machine")  # columns every results row ends with
 
 
+def real_weights(model: str) -> Path:
+    """The real weights of timm ``model``: checkpoints/ of this checkout, else the data folder beside it."""
+    local = REPO / "checkpoints" / f"{model}.safetensors"
+    return local if local.is_file() else SHARED / "models" / f"{model}.safetensors"
+
+
 def other_module(package, *paths: str):
     """A module of another version's package by the first of ``paths`` (dotted, below the package) it has: a
     version from before the layered subpackages kept, say, `pipeline` where this one has `passes.pipeline`."""
