@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from vit_inspect.analysis.sae import reconstruct
+from vit_inspect.analysis.sae import encode, normalise, reconstruct
 from vit_inspect.core.errors import CaptureError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.sae_file import SparseAutoencoder
@@ -75,3 +75,19 @@ def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Tok
         yield
     finally:
         removable.remove()
+
+
+def patch_codes(handle: ViTHandle, sae: SparseAutoencoder, pixels: torch.Tensor, logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """((B, P, F) codes z of the patch tokens of block `sae.info.layer`'s output, (B, C) logits or None) for
+    (B, 3, H, W) normalised pixels, without gradients. Only the patch tokens are encoded (a prefix token has no
+    place in the image), whatever tokens the SAE was trained on; the SAE must be on the handle's device. With
+    `logits` the whole forward runs; otherwise it stops after the block."""
+    captured: list[torch.Tensor] = []
+    with torch.no_grad():
+        with block_output(handle, sae.info.layer, captured.append, stop=not logits):
+            out = handle.forward(pixels.to(handle.device))
+        layout = handle.layout(tuple(pixels.shape[-2:]))
+        tokens = layout.patches(captured[0], axis=1).float()  # (B, P, d)
+        codes = encode(normalise(tokens, sae), sae.W_enc, sae.b_enc, sae.b_dec, sae.info.k)  # (B, P, F)
+    return codes, (out if logits else None)
