@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from vit_inspect.analysis.sae import encode, normalise, rank_features, reconstruct
+from vit_inspect.analysis.sae import edited_tokens, encode, normalise, rank_features, reconstruct
 from vit_inspect.core.errors import CaptureError, InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
@@ -149,3 +149,35 @@ def image_features(handle: ViTHandle, sae: SparseAutoencoder, rgb: np.ndarray, t
         rows.append(FeatureActivation(f, float(value), float(column.max()), divmod(peak, layout.grid_w),
                                       index.label(f) if index is not None else ""))
     return ImageFeatures(grid.numpy(), sae.info.layer, patch, tuple(rows))
+
+
+@contextmanager
+def edited_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: TokenLayout, scales: dict[int, float],
+                        patches: Sequence[int] | None = None) -> Iterator[None]:
+    """Forwards run inside see block `sae.info.layer`'s output with the SAE's features scaled
+    (`analysis.sae.edited_tokens`: feature f's code times `scales[f]`, the SAE's error kept) at the SAE's tokens
+    (`token_slice`), or only at the patch tokens numbered `patches` (row-major over the grid, from 0). Gradients
+    flow through the edit."""
+    where = token_slice(layout, sae.info.tokens)
+    count = where.stop - where.start
+    positions = None
+    if patches is not None:
+        offset = layout.patch_slice.start - where.start  # patch p sits at token offset + p within the SAE's slice
+        picked = [offset + int(p) for p in patches]
+        if any(not offset <= i < offset + layout.num_patches for i in picked):
+            raise CaptureError(f"the image has patches 0 to {layout.num_patches - 1}.")
+        positions = torch.zeros(count, dtype=torch.bool)
+        positions[picked] = True
+
+    def hook(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        mask = None if positions is None else positions.to(hidden.device)
+        edited = edited_tokens(hidden[:, where].float(), sae, scales, mask).to(hidden.dtype)
+        replaced = torch.cat([hidden[:, :where.start], edited, hidden[:, where.stop:]], 1)
+        return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
+
+    removable = _block(handle, sae.info.layer).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        removable.remove()
