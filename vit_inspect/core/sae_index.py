@@ -18,7 +18,7 @@ read, and so are builds that would write one.
 
 The header's `__metadata__` holds one JSON string under "vit_inspect.sae_index": the SAE it indexes (model,
 layer, F, d, k, tokens and `digest`, a hash of its tensors), `top`, `crop`, `labels`, `label_source`, the grid,
-the file names of the images it refers to (names only, never folders), the names of the classes its labels
+the patch size, the file names of the images it refers to (names only, never folders), the names of the classes its labels
 use, and the number of images and patch tokens it was built from. Files are untrusted: every name, dtype and
 shape is checked against the metadata before a tensor is read, and every index inside after.
 """
@@ -69,11 +69,12 @@ class SAEIndex:
     images: tuple[str, ...]  # file names the `image` tensor points into
     classes: dict[int, str]  # class index -> name, for the classes the labels use
     grid: tuple[int, int]  # (grid_h, grid_w) of the model's input
+    patch_size: tuple[int, int]  # (ph, pw) pixels of a patch, so a crop's patch can be outlined
     built_from: dict  # {"images": n, "patches": n} the folder contributed
     activation: np.ndarray  # (F, N) float32
     image: np.ndarray  # (F, N) int32
     patch: np.ndarray  # (F, N, 2) int32
-    crops: np.ndarray  # (F, N, S, S, 3) uint8
+    crops: np.ndarray  # (F, N, S, S, 3) uint8; memory-mapped from the file when read (one feature's read on use)
     label_class: np.ndarray  # (F, L) int32
     label_share: np.ndarray  # (F, L) float32
     fired: np.ndarray  # (F,) float32
@@ -87,8 +88,9 @@ class SAEIndex:
         return self.activation.shape[1]
 
     def label(self, feature: int) -> str:
-        """The classes where `feature` fires most with their shares, "tabby 41% · tiger cat 20%"; "" when none."""
-        parts = [f"{self.classes.get(int(c), str(int(c)))} {s:.0%}"
+        """The classes where `feature` fires most with their shares, "tabby 41% · tiger cat 20%" (each class's first
+        name); "" when none."""
+        parts = [f"{self.classes.get(int(c), str(int(c))).split(',')[0]} {s:.0%}"
                  for c, s in zip(self.label_class[feature], self.label_share[feature]) if c >= 0 and s > 0]
         return " · ".join(parts)
 
@@ -100,7 +102,7 @@ class SAEIndex:
         filled = self.image[f] >= 0
         return FeatureEntry(f, self.label(f), float(self.fired[f]), self.activation[f][filled],
                             tuple(self.images[i] for i in self.image[f][filled]), self.patch[f][filled],
-                            self.crops[f][filled])
+                            np.array(self.crops[f][filled]))
 
 
 def index_path(sae_path: str | os.PathLike) -> Path:
@@ -154,7 +156,8 @@ def save_index(index: SAEIndex, path: str | os.PathLike) -> None:
     features, top = index.activation.shape
     check_sizes(features, top, index.crops.shape[2], index.label_class.shape[1])
     meta = {"sae": index.sae, "top": top, "crop": int(index.crops.shape[2]), "labels": int(index.label_class.shape[1]),
-            "label_source": LABEL_SOURCE, "grid": list(index.grid), "images": [n[:MAX_NAME] for n in index.images],
+            "label_source": LABEL_SOURCE, "grid": list(index.grid),
+            "patch_size": list(index.patch_size), "images": [n[:MAX_NAME] for n in index.images],
             "classes": {str(k): v[:MAX_NAME] for k, v in sorted(index.classes.items())},
             "built_from": index.built_from}
     text = json.dumps(meta)
@@ -166,6 +169,11 @@ def save_index(index: SAEIndex, path: str | os.PathLike) -> None:
               "label_class": index.label_class.astype(np.int32), "label_share": index.label_share.astype(np.float32),
               "fired": index.fired.astype(np.float32)}
     save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(path), metadata={INDEX_KEY: text})
+
+
+def _header_length(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return int.from_bytes(handle.read(8), "little")
 
 
 def _metadata(path: Path) -> tuple[dict[str, Any], dict]:
@@ -206,13 +214,14 @@ def read_index(path: str | os.PathLike, sae: SparseAutoencoder | None = None) ->
         record = dict(meta["sae"])
         features = int(record["F"])
         grid = tuple(int(g) for g in meta["grid"])
+        patch_size = tuple(int(g) for g in meta["patch_size"])
         images = tuple(str(n)[:MAX_NAME] for n in meta["images"])
         classes = {int(k): str(v)[:MAX_NAME] for k, v in dict(meta.get("classes") or {}).items()}
         built_from = {str(k): int(v) for k, v in dict(meta.get("built_from") or {}).items()}
     except (KeyError, TypeError, ValueError):
-        raise _damaged(path, "its metadata lacks top, crop, labels, sae.F, grid or images") from None
-    if len(grid) != 2 or min(grid) < 1:
-        raise _damaged(path, f"grid {grid} is not two positive sizes")
+        raise _damaged(path, "its metadata lacks top, crop, labels, sae.F, grid, patch_size or images") from None
+    if len(grid) != 2 or len(patch_size) != 2 or min(*grid, *patch_size) < 1:
+        raise _damaged(path, f"grid {grid} or patch size {patch_size} is not two positive sizes")
     check_sizes(features, top, crop, labels)
     shapes = _shapes(features, top, crop, labels)
     if set(entries) != set(shapes):
@@ -221,10 +230,15 @@ def read_index(path: str | os.PathLike, sae: SparseAutoencoder | None = None) ->
         entry = entries[name]
         if not isinstance(entry, dict) or entry.get("dtype") != dtype or tuple(entry.get("shape", ())) != shape:
             raise _damaged(path, f"{name} should be {dtype} {shape}")
-    from safetensors.numpy import load_file
+    from safetensors import safe_open
 
-    try:
-        arrays = load_file(str(path))
+    try:  # safe_open checks that the offsets tile the file's body; the crops stay on disk, memory-mapped
+        with safe_open(str(path), framework="np") as handle:
+            arrays = {name: handle.get_tensor(name) for name in shapes if name != "crops"}
+        start, end = entries["crops"]["data_offsets"]
+        if end - start != int(np.prod(shapes["crops"][1])):
+            raise ValueError("the crops' offsets do not match their shape")
+        arrays["crops"] = np.memmap(path, np.uint8, "r", 8 + _header_length(path) + start, shapes["crops"][1])
     except Exception as exc:  # safetensors raises several types for a damaged body
         raise _damaged(path, f"its body could not be read ({exc})") from None
     image, patch, label_class = arrays["image"], arrays["patch"], arrays["label_class"]
@@ -238,7 +252,8 @@ def read_index(path: str | os.PathLike, sae: SparseAutoencoder | None = None) ->
         raise _damaged(path, "a label names a class it has no name for")
     if not all(np.isfinite(arrays[name]).all() for name in ("activation", "label_share", "fired")):
         raise _damaged(path, "it holds NaN or infinite values")
-    index = SAEIndex(record, images, classes, (grid[0], grid[1]), built_from, **arrays)
+    index = SAEIndex(record, images, classes, (grid[0], grid[1]), (patch_size[0], patch_size[1]), built_from,
+                     **arrays)
     if sae is not None:
         check_index_fits(index, sae, path.name)
     return index

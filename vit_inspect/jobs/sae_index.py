@@ -187,6 +187,6 @@ def build_index(handle: ViTHandle, sae: SparseAutoencoder, sae_path: str | Path,
     label_class, label_share = feature_labels(tops.class_weight, labels)
     classes = {int(c): handle.label(int(c)) for c in np.unique(label_class[label_class >= 0])}
     return SAEIndex(sae_record(sae), tuple(names[n] for n in used), classes, (layout.grid_h, layout.grid_w),
-                    {"images": tops.images, "patches": tops.patches},
+                    (layout.patch_h, layout.patch_w), {"images": tops.images, "patches": tops.patches},
                     np.where(filled, tops.values, 0).astype(np.float32), image, patch, crops, label_class,
                     label_share, (tops.fired / max(tops.patches, 1)).astype(np.float32))
