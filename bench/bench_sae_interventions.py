@@ -3,8 +3,9 @@ ablating random active features of the same patches.
 
 For each held-out image (by default the last 200 of the folder by file name; the SAE was trained on the others):
 
-1. one pass (`analyze_image`, gradients on, LeGrad and AttnLRP off): the predicted class c and its Grad-CAM map
-   at the last block (signed, before any ReLU, the pass's default); the 5 patches of largest Grad-CAM;
+1. one forward and backward: the predicted class c and its Grad-CAM map at the last block's first LayerNorm
+   (`analysis.gradcam.gradcam_from_tokens`, signed, before any ReLU: the pass's default Grad-CAM); the 5
+   patches of largest Grad-CAM;
 2. the SAE's codes of those patches (`passes.sae.patch_codes`), summed over the 5; the top 3 features by that
    sum, and 3 features drawn at random (seeded, `--seed`) from all features active on those patches;
 3. logit_c unmodified, then with each set's codes set to 0 at the 5 patches only, the SAE's error kept
@@ -19,17 +20,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from vit_inspect.core.images import find_images
+from vit_inspect.analysis.gradcam import gradcam_from_tokens
+from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.core.sae_file import check_fits
 from vit_inspect.core.sae_load import load_sae
-from vit_inspect.passes.options import PassOptions
-from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.sae import edited_block_output, patch_codes
 
 from .common import SHARED, print_header, real_weights, report, set_threads, verdict
@@ -40,13 +41,26 @@ FEATURES = 3  # features ablated per set
 GOAL = 5.0  # top-3 mean drop ÷ random mean drop
 
 
+def last_gradcam(handle, pixels: torch.Tensor) -> tuple[int, np.ndarray]:
+    """(predicted class, (P,) signed Grad-CAM at the last block's first LayerNorm for it)."""
+    seen = []
+    hook = handle.norm1_modules[-1].register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        logits = handle.forward(pixels.requires_grad_(False))
+    finally:
+        hook.remove()
+    target = int(logits[0].argmax())
+    gradient, = torch.autograd.grad(logits[0, target], seen[0])
+    layout = handle.layout()
+    cam = gradcam_from_tokens(seen[0][0].detach().numpy(), gradient[0].numpy(), layout)
+    return target, cam.ravel()
+
+
 def image_drops(handle, sae, path: Path, rng: np.random.Generator) -> dict:
     """The logit drops of one image (module docstring, steps 1 to 3)."""
-    result = analyze_image(handle, path, options=PassOptions(relevance=False, spill=None))
-    target = int(result.target)
-    gradcam = result.gradcam[-1].ravel()  # (P,) last block, signed
+    pixels = handle.preprocess.apply(load_image(path))[0]  # (1, 3, H, W)
+    target, gradcam = last_gradcam(handle, pixels)
     patches = [int(p) for p in np.argsort(-gradcam, kind="stable")[:PATCHES]]
-    pixels = handle.preprocess.normalize(result.rgb)
     codes, logits = patch_codes(handle, sae, pixels, logits=True)  # (1, P, F), (1, C)
     summed = codes[0, patches].sum(0)  # (F,)
     top = [int(f) for f in torch.argsort(summed, descending=True, stable=True)[:FEATURES]]
@@ -74,7 +88,11 @@ def main() -> None:
     check_fits(sae, handle.name, handle.depth, handle.embed_dim)
     files = [f for f in find_images([args.images]) if f.suffix.upper() == ".JPEG"][-args.held_out:]
     rng = np.random.default_rng(args.seed)
-    rows = [image_drops(handle, sae, path, rng) for path in files]
+    rows = []
+    for number, path in enumerate(files, 1):
+        rows.append(image_drops(handle, sae, path, rng))
+        if number % 20 == 0:
+            print(f"{number}/{len(files)} images", file=sys.stderr)
     top = [r["drop_top"] for r in rows]
     rand = [r["drop_random"] for r in rows]
     ratio = statistics.fmean(top) / statistics.fmean(rand)
