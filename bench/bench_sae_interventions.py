@@ -14,11 +14,16 @@ For each held-out image (by default the last 200 of the folder by file name; the
 Reported: the mean drop of each set, their ratio (goal: top-3 ≥ 5× random), the median drops and the share of
 images where the top-3 drop is the larger. Writes bench/results/sae_interventions.csv.
 
-    python -m bench.bench_sae_interventions --sae FILE [--images FOLDER] [--held-out 200] [--seed 0]
+The random draw of image i is seeded with (seed, i), so `--jobs` (processes, each with one torch thread) does not
+change the result.
+
+    python -m bench.bench_sae_interventions --sae FILE [--images FOLDER] [--held-out 200] [--seed 0] [--jobs 1]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import statistics
 import sys
 from pathlib import Path
@@ -33,7 +38,7 @@ from vit_inspect.core.sae_file import check_fits
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.passes.sae import edited_block_output, patch_codes
 
-from .common import SHARED, print_header, real_weights, report, set_threads, verdict
+from .common import SHARED, THREADS, print_header, real_weights, report, set_threads, verdict
 
 MODEL = "deit_tiny_patch16_224"
 PATCHES = 5  # most relevant patches per image
@@ -57,7 +62,7 @@ def last_gradcam(handle, pixels: torch.Tensor) -> tuple[int, np.ndarray]:
 
 
 def image_drops(handle, sae, path: Path, rng: np.random.Generator) -> dict:
-    """The logit drops of one image (module docstring, steps 1 to 3)."""
+    """The logit drops of one image (module docstring, steps 1 to 3); `rng` draws the random features."""
     pixels = handle.preprocess.apply(load_image(path))[0]  # (1, 3, H, W)
     target, gradcam = last_gradcam(handle, pixels)
     patches = [int(p) for p in np.argsort(-gradcam, kind="stable")[:PATCHES]]
@@ -75,24 +80,38 @@ def image_drops(handle, sae, path: Path, rng: np.random.Generator) -> dict:
     return {"image": path.name, "class": target, "top_features": top, "random_features": chosen, **drops}
 
 
+_WORKER: dict = {}
+
+
+def _open(sae_path: str, threads: int) -> None:
+    set_threads(threads)
+    handle = load_model(MODEL, weights=real_weights(MODEL), device="cpu")
+    sae = load_sae(sae_path)
+    check_fits(sae, handle.name, handle.depth, handle.embed_dim)
+    _WORKER.update(handle=handle, sae=sae)
+
+
+def _drops(task: tuple[str, int, int]) -> dict:
+    path, seed, number = task
+    return image_drops(_WORKER["handle"], _WORKER["sae"], Path(path), np.random.default_rng([seed, number]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sae", required=True, help="an SAE of DeiT-Ti (.safetensors)")
     parser.add_argument("--images", default=str(SHARED / "data" / "imagenet_samples"))
     parser.add_argument("--held-out", type=int, default=200, help="the last N images by file name")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="processes, one torch thread each")
     args = parser.parse_args()
-    set_threads()
-    handle = load_model(MODEL, weights=real_weights(MODEL), device="cpu")
-    sae = load_sae(args.sae)
-    check_fits(sae, handle.name, handle.depth, handle.embed_dim)
     files = [f for f in find_images([args.images]) if f.suffix.upper() == ".JPEG"][-args.held_out:]
-    rng = np.random.default_rng(args.seed)
+    tasks = [(str(path), args.seed, number) for number, path in enumerate(files)]
     rows = []
-    for number, path in enumerate(files, 1):
-        rows.append(image_drops(handle, sae, path, rng))
-        if number % 20 == 0:
-            print(f"{number}/{len(files)} images", file=sys.stderr)
+    with multiprocessing.get_context("spawn").Pool(args.jobs, _open, (args.sae, 1 if args.jobs > 1 else THREADS)) as pool:
+        for row in pool.imap(_drops, tasks):
+            rows.append(row)
+            print(f"{len(rows)}/{len(files)} {json.dumps(row)}", file=sys.stderr, flush=True)
+    sae = load_sae(args.sae)
     top = [r["drop_top"] for r in rows]
     rand = [r["drop_random"] for r in rows]
     ratio = statistics.fmean(top) / statistics.fmean(rand)

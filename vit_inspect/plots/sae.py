@@ -16,6 +16,10 @@ GALLERY_SCALE = 3  # a crop's pixels enlarged this many times in the PIL gallery
 UNIT = "SAE code z (normalised units)"
 
 
+def _short(name: str, chars: int = 20) -> str:
+    return name if len(name) <= chars else name[:chars - 1] + "…"
+
+
 def outlined(crop: np.ndarray, patch_size: tuple[int, int]) -> np.ndarray:
     """(S, S, 3) uint8 crop (centred on its patch, as the index cuts it) with a 1-pixel outline just outside
     the patch; a patch as large as the crop is left as it is."""
@@ -47,13 +51,14 @@ def feature_gallery_figure(entry: FeatureEntry, patch_size: tuple[int, int], tit
     """A feature's top patches as a matplotlib Figure: one crop per panel with its patch outlined, titled with
     its activation z (the colour scale is the photograph's own: the number is the activation)."""
     count = max(len(entry.activations), 1)
-    fig = Figure(figsize=(1.6 * count, 2.2 + (0.4 if title else 0.0)), layout="constrained")
+    fig = Figure(figsize=(1.6 * count, 2.2 + (0.4 if title else 0.0)))  # a fixed grid: no layout engine to run
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.72 if title else 0.8, wspace=0.08)
     for position in range(count):
         ax = fig.add_subplot(1, count, position + 1)
         ax.set_axis_off()
         if position < len(entry.activations):
             ax.imshow(outlined(entry.crops[position], patch_size))
-            ax.set_title(f"z={entry.activations[position]:.2f}\n{textwrap.shorten(entry.images[position], 18)}",
+            ax.set_title(f"z={entry.activations[position]:.2f}\n{_short(entry.images[position])}",
                          fontsize="small")
     if title:
         fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize="medium")
@@ -84,7 +89,7 @@ def feature_figure(rgb: np.ndarray, feature_map: np.ndarray, title: str, entry: 
         for position in shown:
             cell = gallery.add_subplot(rows, columns, position + 1)
             cell.imshow(outlined(entry.crops[position], patch_size or (0, 0)))
-            cell.set_title(f"z={entry.activations[position]:.2f}\n{textwrap.shorten(entry.images[position], 18)}",
+            cell.set_title(f"z={entry.activations[position]:.2f}\n{_short(entry.images[position])}",
                            fontsize="x-small")
             cell.set_axis_off()
     fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() * 11)), fontsize="medium")
