@@ -152,6 +152,7 @@ def test_hostile_headers_are_refused_before_any_tensor_is_read(built, tmp_path):
         "images": (lambda h: set_meta(h, images=[]), "outside its list of images"),
         "grid": (lambda h: set_meta(h, grid=[1, 1]), "outside the grid"),
         "not an index": (lambda h: h.update(__metadata__={}), "not an SAE feature index"),
+        "layer": (lambda h: set_meta(h, sae={**meta(h)["sae"], "layer": "six"}), "lacks top, crop"),
     }
     for name, (change, message) in cases.items():
         bad = tmp_path / f"{name}.index.safetensors"

@@ -212,14 +212,14 @@ def read_index(path: str | os.PathLike, sae: SparseAutoencoder | None = None) ->
     try:
         top, crop, labels = int(meta["top"]), int(meta["crop"]), int(meta["labels"])
         record = dict(meta["sae"])
-        features = int(record["F"])
+        features, _ = int(record["F"]), int(record["layer"])
         grid = tuple(int(g) for g in meta["grid"])
         patch_size = tuple(int(g) for g in meta["patch_size"])
         images = tuple(str(n)[:MAX_NAME] for n in meta["images"])
         classes = {int(k): str(v)[:MAX_NAME] for k, v in dict(meta.get("classes") or {}).items()}
         built_from = {str(k): int(v) for k, v in dict(meta.get("built_from") or {}).items()}
     except (KeyError, TypeError, ValueError):
-        raise _damaged(path, "its metadata lacks top, crop, labels, sae.F, grid, patch_size or images") from None
+        raise _damaged(path, "its metadata lacks top, crop, labels, sae.F, sae.layer, grid, patch_size or images") from None
     if len(grid) != 2 or len(patch_size) != 2 or min(*grid, *patch_size) < 1:
         raise _damaged(path, f"grid {grid} or patch size {patch_size} is not two positive sizes")
     check_sizes(features, top, crop, labels)
