@@ -57,6 +57,7 @@ from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, image_concepts
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import LEGRAD_LAYERS, model_input
+from vit_inspect.passes.records import rounded
 from vit_inspect.passes.relevance import relevance_rules
 from vit_inspect.passes.result import ImageAnalysis
 
@@ -152,10 +153,16 @@ class TargetMaps:
     """The maps of one target over one input (`target_maps`)."""
 
     target: dict  # the target's `record`
+    text: str  # the target as figure titles name it (`Target.text`)
     score: float  # the explained score of the input (SAE activation or concept coefficient, summed over patches)
     maps: dict[str, np.ndarray | None]  # method -> (grid_h, grid_w) float64; None: the model's LRP cannot follow
     gradcam_layer: int  # the block whose output Grad-CAM read
     legrad_layers: tuple[int, ...]  # the blocks LeGrad averaged over
+
+    def record(self) -> dict:
+        """The JSON object of these maps: the target, its score, the blocks read and each map rounded (`rounded`)."""
+        return {"target": self.target, "score": round(self.score, 6), "gradcam_block": self.gradcam_layer,
+                "legrad_blocks": list(self.legrad_layers)} | {name: rounded(v) for name, v in self.maps.items()}
 
 
 @contextmanager
@@ -221,7 +228,7 @@ def target_maps(handle: ViTHandle, pixels: torch.Tensor, target: Target, methods
             grad, = torch.autograd.grad(score, tokens, retain_graph=True)
             maps["gradcam"] = gradcam_from_tokens(tokens[0].detach().float().cpu().numpy(),
                                                   grad[0].float().cpu().numpy(), layout)
-        return TargetMaps(target=target.record(), score=float(score.detach()), maps=maps, gradcam_layer=cam_layer,
+        return TargetMaps(target=target.record(), text=target.text(), score=float(score.detach()), maps=maps, gradcam_layer=cam_layer,
                           legrad_layers=blocks)
     finally:
         rec.clear()
@@ -240,14 +247,21 @@ def input_pixels(handle: ViTHandle, image: Image.Image | str | os.PathLike | byt
     return model_input(handle, picture, options.input_size, options.geometry)[0]
 
 
+def feature_target(handle: ViTHandle, sae: SparseAutoencoder, feature: int, name: str | None = None) -> FeatureTarget:
+    """The `FeatureTarget` of feature ``feature``, once the SAE is checked to fit ``handle``'s model (`check_fits`:
+    width, block, model); ``name`` (a file name or path) names the SAE in records, titles and errors."""
+    label = Path(name).name if name else "SAE"
+    check_fits(sae, handle.name, handle.depth, handle.embed_dim, label if name else "this SAE")
+    return FeatureTarget(sae, feature, label)
+
+
 def explain_feature(handle: ViTHandle, image: Image.Image | str | os.PathLike | bytes | torch.Tensor,
                     sae: SparseAutoencoder, feature: int, method: str = "gradcam", *, name: str | None = None,
                     gradcam_layer: int | None = None, options: PassOptions = PassOptions()) -> np.ndarray | None:
     """The (grid_h, grid_w) float64 ``method`` map ("gradcam", "legrad" or "attnlrp") of SAE feature
     ``feature``'s summed activation over the patch tokens of ``image`` (a picture, as `analyze_image` takes it,
     or normalised pixels): `target_maps` of a `FeatureTarget`, in units of the SAE's activation. None for
-    AttnLRP on a model whose attention its rules cannot follow. The SAE must fit the model (`check_fits`);
-    ``name`` names it in errors (default "this SAE")."""
-    check_fits(sae, handle.name, handle.depth, handle.embed_dim, name or "this SAE")
-    target = FeatureTarget(sae, feature, Path(name).name if name else "SAE")
+    AttnLRP on a model whose attention its rules cannot follow. The SAE must fit the model (`feature_target`);
+    ``name`` names it. One forward and one backward (LeGrad: one short backward per block it reads)."""
+    target = feature_target(handle, sae, feature, name)
     return target_maps(handle, input_pixels(handle, image, options), target, (method,), gradcam_layer).maps[method]
