@@ -75,6 +75,12 @@ def block_tokens(handle: ViTHandle, result: ImageAnalysis, layer: int | None = N
     layer = checked_layer(layer, handle.depth)
     if result.block_tokens is not None:
         return result.block_tokens[layer].astype(np.float32)
+    return input_block_tokens(handle, handle.preprocess.normalize(result.rgb), layer, result.layout)
+
+
+def input_block_tokens(handle: ViTHandle, pixels: torch.Tensor, layer: int, layout: TokenLayout) -> np.ndarray:
+    """(P, D) float32 output patch tokens of block ``layer`` (0-based) for the (1, 3, H, W) normalised input
+    ``pixels`` whose token layout is ``layout``: one forward without gradients."""
     with torch.no_grad(), recording_blocks(handle, [layer]) as seen:
-        handle.forward(handle.preprocess.normalize(result.rgb))
-    return result.layout.patches(seen[layer][0], axis=0).float().cpu().numpy()
+        handle.forward(pixels.to(handle.device))
+    return layout.patches(seen[layer][0], axis=0).float().cpu().numpy()
