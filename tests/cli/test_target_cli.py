@@ -57,8 +57,10 @@ def test_analyze_explains_an_sae_feature(capsys, tmp_path, tiny_args, tiny_weigh
 def test_analyze_explains_a_concept_and_the_notebook_agrees(capsys, tiny_args, tiny_weights):
     code, out, _ = run_cli(capsys, "analyze", str(IMAGE), "--concept", "3:4:1:7", "--no-relevance", *tiny_args)
     assert code == 0
-    explained = json.loads(out)["target_maps"]
-    assert explained["target"] == {"kind": "dff_concept", "block": 3, "k": 4, "index": 1, "seed": 7}
+    record = json.loads(out)
+    explained = record["target_maps"]
+    assert explained["target"] == {"kind": "dff_concept", "block": 3, "k": 4, "index": 1, "seed": 7,
+                                   "ordered_by_class": record["target"]["index"]}
     assert set(explained) == {"target", "score", "gradcam_block", "legrad_blocks", "gradcam"}
     r = analyze(IMAGE, load_model("test_vit", weights=str(tiny_weights), device="cpu"), relevance=False)
     maps = r.concept_maps(1, k=4, layer=3, seed=7, methods=("gradcam",))

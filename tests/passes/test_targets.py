@@ -176,7 +176,8 @@ def test_gradcam_of_a_concept_is_each_patch_token_read_by_the_concept_projection
     layout, pixels = handle.layout(), _pixels(5)
     result = analyze_pixels(handle, pixels, relevance=False)
     target = concept_target(handle, result, index=1, k=3, layer=1, seed=0)
-    assert target.record() == {"kind": "dff_concept", "block": 1, "k": 3, "index": 1, "seed": 0}
+    assert target.record() == {"kind": "dff_concept", "block": 1, "k": 3, "index": 1, "seed": 0,
+                               "ordered_by_class": result.target}
     tokens = layout.patches(_block_output(handle, pixels, 1), axis=0)  # (P, D)
     direction = np.linalg.pinv(target.parts.astype(np.float64))[:, 1]  # (D,)
     maps = target_maps(handle, pixels, target, ("gradcam",))

@@ -46,14 +46,16 @@ def checked_layer(layer: int | None, depth: int) -> int:
 
 
 @contextmanager
-def recording_blocks(handle: ViTHandle, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+def recording_blocks(handle: ViTHandle, layers: Sequence[int], detach: bool = True) -> Iterator[dict[int, torch.Tensor]]:
     """Inside the block, each forward's (B, N, D) output of the blocks ``layers`` (0-based) lands in the dict
-    it yields, detached; the hooks are removed on leaving, also after an exception."""
+    it yields, detached (``detach=False``: still in the autograd graph); the hooks are removed on leaving, also
+    after an exception."""
     seen: dict[int, torch.Tensor] = {}
 
     def hook_of(layer: int):
         def hook(module, args, output) -> None:
-            seen[layer] = (output[0] if isinstance(output, tuple) else output).detach()
+            tokens = output[0] if isinstance(output, tuple) else output
+            seen[layer] = tokens.detach() if detach else tokens
         return hook
 
     hooks = []

@@ -34,10 +34,10 @@ Maps are (grid_h, grid_w) float64 in units of the score: SAE activation, or conc
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import load_image
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
 from vit_inspect.core.tokens import TokenLayout
-from vit_inspect.passes.block_tokens import block_tokens, checked_layer
+from vit_inspect.passes.block_tokens import block_tokens, checked_layer, recording_blocks
 from vit_inspect.passes.capture import capture_attention
 from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, image_concepts
 from vit_inspect.passes.options import PassOptions
@@ -120,6 +120,7 @@ class ConceptTarget:
     seed: int  # the NMF's random initialisation
     parts: np.ndarray  # (k, D) float32 W_j = c_j - o, the concept parts in the shifted token space
     offset: np.ndarray  # (D,) float32 o, the per-channel offsets of the image's factorisation
+    ordered_by: int | None = None  # the class whose logit ordered the concepts; None: by area (no head)
 
     def score(self, tokens: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
         """(B,) sum over the patches of the concept's coefficient (`analysis.concepts.concept_coefficients`)."""
@@ -129,7 +130,8 @@ class ConceptTarget:
         return coefficients[..., self.index].sum(-1)
 
     def record(self) -> dict:
-        return {"kind": "dff_concept", "block": self.layer, "k": self.k, "index": self.index, "seed": self.seed}
+        return {"kind": "dff_concept", "block": self.layer, "k": self.k, "index": self.index, "seed": self.seed,
+                "ordered_by_class": self.ordered_by}
 
     def text(self) -> str:
         return f"DFF concept {self.index} of {self.k} (block {self.layer}, seed {self.seed})"
@@ -145,7 +147,7 @@ def concept_target(handle: ViTHandle, result: ImageAnalysis, index: int, k: int 
     _, offset = shifted_channels(block_tokens(handle, result, concepts.layer))  # the offsets the NMF used
     return ConceptTarget(layer=concepts.layer, k=concepts.k, index=int(index), seed=seed,
                          parts=(concepts.embeddings - offset[None]).astype(np.float32),
-                         offset=offset.astype(np.float32))
+                         offset=offset.astype(np.float32), ordered_by=concepts.target)
 
 
 @dataclass(frozen=True)
@@ -163,27 +165,6 @@ class TargetMaps:
         """The JSON object of these maps: the target, its score, the blocks read and each map rounded (`rounded`)."""
         return {"target": self.target, "score": round(self.score, 6), "gradcam_block": self.gradcam_layer,
                 "legrad_blocks": list(self.legrad_layers)} | {name: rounded(v) for name, v in self.maps.items()}
-
-
-@contextmanager
-def _graph_outputs(handle: ViTHandle, layers: tuple[int, ...]) -> Iterator[dict[int, torch.Tensor]]:
-    """Inside, each forward's (B, N, D) outputs of the blocks ``layers``, still in the autograd graph; hooks
-    removed on leaving, also after an exception."""
-    seen: dict[int, torch.Tensor] = {}
-
-    def hook_of(layer: int):
-        def hook(module, args, output) -> None:
-            seen[layer] = output[0] if isinstance(output, tuple) else output
-        return hook
-
-    hooks = []
-    try:
-        for layer in layers:
-            hooks.append(handle.blocks[layer].register_forward_hook(hook_of(layer)))
-        yield seen
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 def legrad_blocks(layer: int) -> tuple[int, ...]:
@@ -208,7 +189,7 @@ def target_maps(handle: ViTHandle, pixels: torch.Tensor, target: Target, methods
     pixels = pixels.detach().to(handle.device).requires_grad_(True)
     with (torch.enable_grad(), capture_attention(handle, activation_layers=(), keep_attention=True) as rec,
           (relevance_rules(handle) if "attnlrp" in methods else nullcontext()) as lrp,
-          _graph_outputs(handle, tuple(sorted({top, cam_layer, *blocks}))) as outputs):
+          recording_blocks(handle, sorted({top, cam_layer, *blocks}), detach=False) as outputs):
         handle.forward(pixels)
     try:
         score = target.score(outputs[top], layout)[0]
