@@ -81,10 +81,11 @@ def test_gradcam_of_a_feature_at_an_earlier_block_matches_autograd_on_a_truncate
     generator = torch.Generator().manual_seed(5)
     width, features = handle.embed_dim, 8
     info = SAEInfo(model=handle.name, layer=1, k=3, features=features, width=width)
-    sae = SparseAutoencoder(torch.randn(width, features, generator=generator), torch.randn(features, generator=generator),
-                            torch.randn(features, width, generator=generator), torch.randn(width, generator=generator),
-                            info, input_mean=torch.randn(width, generator=generator), input_scale=torch.tensor(1.5))
-    feature = int(torch.topk((torch.randn(features, generator=generator)), 1).indices)
+    sae = SparseAutoencoder(torch.randn(width, features, generator=generator),
+                            torch.randn(features, generator=generator), torch.randn(features, width, generator=generator),
+                            torch.randn(width, generator=generator), info,
+                            input_mean=torch.randn(width, generator=generator), input_scale=torch.tensor(1.5))
+    feature = int(torch.randint(features, (1,), generator=generator))
     tokens, grad = _truncated_score(handle.model, pixels, sae, feature, upto=1, read_at=0)
     alpha = layout.patches(grad, axis=0).double().mean(0)  # (D,)
     expected = layout.to_grid(layout.patches(tokens, axis=0).double().numpy() @ alpha.numpy())
@@ -202,3 +203,15 @@ def test_a_concept_target_holds_the_image_factorisation():
     np.testing.assert_allclose(concept_coefficients(parts + torch.as_tensor(target.offset, dtype=torch.float64),
                                                     parts, torch.as_tensor(target.offset)).numpy(), np.eye(2),
                                atol=1e-6)
+
+
+def test_no_hook_is_left_behind_after_an_exception():
+    handle = tiny_handle("cls", seed=7)
+    before = {name: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for name, m in handle.model.named_modules()}
+    sae = picking_sae(handle, layer=1, channel=0, rival=1)
+    with pytest.raises(RuntimeError):  # four channels: the patch embedding fails inside the forward
+        target_maps(handle, torch.zeros(1, 4, 32, 32), FeatureTarget(sae, 0))
+    after = {name: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for name, m in handle.model.named_modules()}
+    assert after == before
+    np.testing.assert_allclose(target_maps(handle, _pixels(7), FeatureTarget(sae, 0), ("gradcam",)).maps["gradcam"],
+                               explain_feature(handle, _pixels(7), sae, 0), rtol=1e-6)

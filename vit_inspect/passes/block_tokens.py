@@ -46,7 +46,8 @@ def checked_layer(layer: int | None, depth: int) -> int:
 
 
 @contextmanager
-def recording_blocks(handle: ViTHandle, layers: Sequence[int], detach: bool = True) -> Iterator[dict[int, torch.Tensor]]:
+def recording_blocks(handle: ViTHandle, layers: Sequence[int],
+                     detach: bool = True) -> Iterator[dict[int, torch.Tensor]]:
     """Inside the block, each forward's (B, N, D) output of the blocks ``layers`` (0-based) lands in the dict
     it yields, detached (``detach=False``: still in the autograd graph); the hooks are removed on leaving, also
     after an exception."""

@@ -209,8 +209,8 @@ def target_maps(handle: ViTHandle, pixels: torch.Tensor, target: Target, methods
             grad, = torch.autograd.grad(score, tokens, retain_graph=True)
             maps["gradcam"] = gradcam_from_tokens(tokens[0].detach().float().cpu().numpy(),
                                                   grad[0].float().cpu().numpy(), layout)
-        return TargetMaps(target=target.record(), text=target.text(), score=float(score.detach()), maps=maps, gradcam_layer=cam_layer,
-                          legrad_layers=blocks)
+        return TargetMaps(target=target.record(), text=target.text(), score=float(score.detach()), maps=maps,
+                          gradcam_layer=cam_layer, legrad_layers=blocks)
     finally:
         rec.clear()
 
