@@ -209,6 +209,7 @@ def target_maps(handle: ViTHandle, pixels: torch.Tensor, target: Target, methods
             grad, = torch.autograd.grad(score, tokens, retain_graph=True)
             maps["gradcam"] = gradcam_from_tokens(tokens[0].detach().float().cpu().numpy(),
                                                   grad[0].float().cpu().numpy(), layout)
+        maps = {name: maps[name] for name in TARGET_METHODS if name in maps}  # in one order for records and figures
         return TargetMaps(target=target.record(), text=target.text(), score=float(score.detach()), maps=maps,
                           gradcam_layer=cam_layer, legrad_layers=blocks)
     finally:
