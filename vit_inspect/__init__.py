@@ -21,6 +21,7 @@ from vit_inspect.notebook import Analysis, analyze, class_concepts
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.targets import explain_feature
 from vit_inspect.studies.class_concepts import ClassConcepts, class_concept_heatmaps
 from vit_inspect.studies.model_report import ModelReport, model_report
 
@@ -29,6 +30,6 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_MODEL", "Analysis", "ClassConcepts", "DatasetDistance", "ImageAnalysis", "ImageLimits", "ModelReport",
     "ModuleSpec", "PassOptions", "ViTHandle", "VitInspectError", "analyze", "analyze_image", "class_concept_heatmaps",
-    "class_concepts", "dataset_attention_distance", "handle_from_hf", "handle_from_module", "handle_from_timm",
-    "load_model", "model_report",
+    "class_concepts", "dataset_attention_distance", "explain_feature", "handle_from_hf", "handle_from_module",
+    "handle_from_timm", "load_model", "model_report",
 ]

@@ -13,7 +13,8 @@ from vit_inspect.passes.pipeline import analyze_pixels
 from vit_inspect.studies.faithfulness import faithfulness_methods, scored_maps
 from vit_inspect.studies.sanity import SanitySettings, needs_relevance, sanity_check, sanity_methods
 
-BUILT_IN = ("attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad", "attnlrp", "gradient_rollout")
+BUILT_IN = ("attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad", "attnlrp", "gradient_rollout",
+            "dff_concept")
 GRID = (4, 4)  # the tiny "cls" model: 32 x 32 pixels in 8 x 8 patches
 
 
@@ -34,7 +35,7 @@ def tiny():
 
 
 def test_built_ins_keep_the_studies_lists_and_units():
-    assert list(methods())[:8] == list(BUILT_IN)
+    assert list(methods())[:len(BUILT_IN)] == list(BUILT_IN)
     assert {k: v for k, v in faithfulness_methods().items() if k in ("random", *BUILT_IN)} == {
         "random": "random map (the floor)",
         "attention": "raw attention, last layer, mean of heads",
@@ -43,14 +44,16 @@ def test_built_ins_keep_the_studies_lists_and_units():
         "gradcam_relu": "Grad-CAM last block, ReLU'd (as drawn)",
         "chefer": "gradient-weighted attention (Chefer et al. 2021)",
         "legrad": "LeGrad (Bousselham et al. 2025)",
-        "attnlrp": "AttnLRP (Achtibat et al. 2024)"}
+        "attnlrp": "AttnLRP (Achtibat et al. 2024)",
+        "dff_concept": "DFF concept with the largest class logit, last block, k 5"}
     assert [m for m in sanity_methods() if m in BUILT_IN] == [
         "attention", "rollout", "gradcam", "gradcam_relu", "chefer", "legrad", "attnlrp"]
     assert {n: get(n).unit for n in BUILT_IN} == {
         "attention": "attention weight (probability)", "rollout": "rollout weight (fraction)",
         "gradient_rollout": "rollout weight (fraction)", "gradcam": "activation × gradient",
         "gradcam_relu": "activation × gradient", "chefer": "relevance ({score} units)",
-        "legrad": "relevance ({score} units)", "attnlrp": "relevance ({score} units)"}
+        "legrad": "relevance ({score} units)", "attnlrp": "relevance ({score} units)",
+        "dff_concept": "NMF coefficient (token units over the concept's scale)"}
     assert [n for n in BUILT_IN if get(n).reads == "relevance"] == ["legrad", "attnlrp"]
     assert needs_relevance(("random", "gradcam")) is False and needs_relevance(("legrad",)) is True
     assert [n for n in BUILT_IN if get(n).relu] == ["gradcam"]

@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 MAX_ITER = 200  # NMF iterations at most (scikit-learn's default, the reference's)
 
@@ -86,3 +87,18 @@ def deep_feature_factorization(tokens: np.ndarray, k: int, seed: int = 0, max_it
     error = float(np.linalg.norm(shifted - w @ h) / norm) if norm > 0 else 0.0
     return Factorisation(concepts=(w + offset[:, None]).T, heatmaps=h, offset=offset, error=error,
                          iterations=int(model.n_iter_))
+
+
+def concept_coefficients(tokens: torch.Tensor, parts: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """(..., P, k) each concept's coefficient at each of the (..., P, D) tokens, differentiably: the least-squares
+    coefficients of the shifted tokens a - o in the concept parts W_j (rows of the (k, D) ``parts``, the
+    factorisation's W transposed, ``concepts - offset``),
+
+        h_p = (a_p - o) W⁺        with W⁺ = pinv(W) ((D, k), Moore-Penrose),
+
+    a fixed linear map of the tokens, so gradients and LRP's linear rules pass through it. NMF's non-negative
+    coefficients are the solution of a constrained problem with no gradient; the projection equals them
+    wherever the tokens are exact non-negative combinations of the parts (W of full column rank), and may be
+    negative elsewhere."""
+    basis = torch.linalg.pinv(parts.to(tokens.dtype))  # (D, k)
+    return (tokens - offset.to(tokens.dtype)) @ basis

@@ -53,6 +53,17 @@ def encode(x: torch.Tensor, W_enc: torch.Tensor, b_enc: torch.Tensor, b_dec: tor
     return densify(values, indices, W_enc.shape[1])
 
 
+def feature_score(tokens: torch.Tensor, sae: SparseAutoencoder, feature: int) -> torch.Tensor:
+    """(B,) the score a feature target explains: sum over the n tokens of feature ``feature``'s code z_i of
+    (B, n, d) tokens in the model's units, z = TopK_k(ReLU((x - b_dec) W_enc + b_enc)) with x the tokens
+    normalised as the SAE says (Eq. 3 above). Differentiable: its gradient is W_enc[:, i] / input_scale at
+    every token where feature i is among the k kept and positive, zero elsewhere (the TopK and ReLU gates)."""
+    if not 0 <= feature < sae.info.features:
+        raise ValueError(f"feature {feature} does not exist: this SAE has features 0 to {sae.info.features - 1}")
+    z = encode(normalise(tokens, sae), sae.W_enc, sae.b_enc, sae.b_dec, sae.info.k)  # (B, n, F)
+    return z[..., feature].sum(-1)
+
+
 def decode(z: torch.Tensor, W_dec: torch.Tensor, b_dec: torch.Tensor) -> torch.Tensor:
     """(..., d) reconstruction x̂ = z W_dec + b_dec of (..., F) codes, in normalised units."""
     return z @ W_dec + b_dec

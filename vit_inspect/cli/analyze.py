@@ -12,11 +12,13 @@ from vit_inspect.core.geometry import GEOMETRY_MODES, InputGeometry, parse_size
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import find_images
 from vit_inspect.core.load import load_model
-from vit_inspect.methods import method_record
+from vit_inspect.core.sae_load import load_sae
+from vit_inspect.methods import MethodContext, method_record
 from vit_inspect.passes.options import PassOptions
 from vit_inspect.passes.pipeline import analyze_image
 from vit_inspect.passes.records import target_text
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.targets import TARGET_METHODS, TargetMaps, concept_target, feature_target, target_maps
 from vit_inspect.plots import distance as distance_plots
 from vit_inspect.plots import maps as map_plots
 
@@ -38,15 +40,59 @@ def add_parser(sub) -> None:
                                                              "on CPU; fast on GPUs, slow on most CPUs)")
     analyze.add_argument("--no-relevance", action="store_true", help="skip AttnLRP and LeGrad (their keys are "
                          "null): one forward and one ordinary backward per image, about a third of the full pass")
+    analyze.add_argument("--feature", metavar="SAE_FILE:I", help="also explain feature I of this SAE (its "
+                         "activation summed over the patch tokens at the SAE's block) by Grad-CAM, LeGrad and "
+                         "AttnLRP: the record's key target_maps, the figure IMAGE_feature.png")
+    analyze.add_argument("--concept", metavar="LAYER:K:C[:SEED]", help="also explain concept C of the image's K DFF "
+                         "concepts at block LAYER (NMF seed SEED, default 0) by Grad-CAM, LeGrad and AttnLRP: its "
+                         "coefficient summed over the patches; the record's key target_maps, IMAGE_concept.png")
     prompt_options(analyze)
     model_options(analyze)
     analyze.set_defaults(func=run)
 
 
+def parse_feature(text: str) -> tuple[str, int]:
+    """(SAE file, feature index) of --feature SAE_FILE:I."""
+    path, _, index = text.rpartition(":")
+    if not path or not index.isdigit():
+        raise VitInspectError(f"--feature takes SAE_FILE:I, a file and a feature index, not {text!r}.")
+    return path, int(index)
+
+
+def parse_concept(text: str) -> tuple[int, int, int, int]:
+    """(block, k, concept, seed) of --concept LAYER:K:C[:SEED] (the block may count from the end: -1)."""
+    parts = text.split(":")
+    try:
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (3, 4) or any(n < 0 for n in numbers[1:]):
+        raise VitInspectError(f"--concept takes LAYER:K:C or LAYER:K:C:SEED, whole numbers, not {text!r}.")
+    return (*numbers[:3], numbers[3] if len(numbers) == 4 else 0)
+
+
+def explained_target(handle: ViTHandle, result: ImageAnalysis, args: argparse.Namespace, feature) -> TargetMaps | None:
+    """The maps of --feature (``feature``, made once) or --concept for this image's pass; None without either.
+    With --no-relevance, Grad-CAM only."""
+    if feature is None and args.concept is None:
+        return None
+    if feature is None:
+        layer, k, index, seed = parse_concept(args.concept)
+        feature = concept_target(handle, result, index, k, layer, seed)
+    methods = ("gradcam",) if args.no_relevance else TARGET_METHODS
+    return target_maps(handle, MethodContext(result, handle).model_input(), feature, methods)
+
+
 def run(args: argparse.Namespace) -> None:
     target, contrast = targets(args)
+    if args.feature and args.concept:
+        raise VitInspectError("--feature and --concept each name a target; give one of them.")
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     handle = with_prompt_options(handle, args)
+    feature = None
+    if args.feature:
+        path, index = parse_feature(args.feature)
+        feature = feature_target(handle, load_sae(path, model=handle.name), index, path)
     if args.shorter_side is not None and args.geometry != "keep":
         raise VitInspectError("--shorter-side applies only with --geometry keep.")
     files = find_images(args.images)
@@ -61,9 +107,17 @@ def run(args: argparse.Namespace) -> None:
         options = PassOptions(input_size=parse_size(args.input_size), autocast=args.half, geometry=geometry,
                               relevance=not args.no_relevance)
         result = analyze_image(handle, path, target, options, contrast=contrast)
-        print(json.dumps(method_record(handle, result, str(path))), flush=True)
+        record = method_record(handle, result, str(path))
+        explained = explained_target(handle, result, args, feature)
+        if explained is not None:
+            record["target_maps"] = explained.record()
+        print(json.dumps(record), flush=True)
         if out:
             write_image_figures(handle, result, out, stems[done - 1])
+            if explained is not None:
+                kind = "feature" if feature is not None else "concept"
+                save_png(map_plots.target_maps_figure(result.rgb, explained, f"{handle.name} · {stems[done - 1]}"),
+                         out / f"{stems[done - 1]}_{kind}.png")
         if len(files) > 1:
             progress(done, len(files))
 

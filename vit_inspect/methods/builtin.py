@@ -6,6 +6,8 @@ import numpy as np
 
 from vit_inspect.methods.method import Method, MethodContext
 from vit_inspect.methods.registry import register
+from vit_inspect.passes.block_tokens import checked_layer, input_block_tokens
+from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, image_concepts
 
 RELEVANCE_UNIT = "relevance ({score} units)"  # {score}: what the gradient maps explain, logit or cosine
 
@@ -52,6 +54,18 @@ def gradient_rollout(context: MethodContext, **options) -> np.ndarray | None:
     return context.result.gradient_rollout(**options)
 
 
+def dff_concept(context: MethodContext, k: int = DEFAULT_CONCEPTS, layer: int = -1, seed: int = 0) -> np.ndarray:
+    """The heatmap of the first of the image's ``k`` DFF concepts at block ``layer`` (default the last; NMF seed
+    ``seed``) in `passes.concepts.image_concepts`' order: the concept whose embedding the head reads with the
+    largest logit for the explained class (by area for a model without a head). Its tokens are the pass's own
+    where it kept them; a context with other ``pixels`` (or a pass that kept none) takes one forward."""
+    result, handle = context.result, context.handle
+    tokens = None
+    if context.pixels is not None:
+        tokens = input_block_tokens(handle, context.pixels, checked_layer(layer, handle.depth), result.layout)
+    return image_concepts(handle, result, k, layer, seed, tokens=tokens).heatmaps[0]
+
+
 register(Method(
     name="attention", title="raw attention, last layer, mean of heads", unit="attention weight (probability)",
     paper="Vaswani et al. 2017, Eq. 1 (softmax(QK^T / sqrt(d_k))), the readout query's row",
@@ -84,3 +98,8 @@ register(Method(
     name="gradient_rollout", title="class-specific gradient rollout (vit-explain)", unit="rollout weight (fraction)",
     paper="Gildenblat 2020 (vit-explain), rollout of max(0, mean_h(A ⊙ ∂y/∂A)) per layer",
     reads="gradients", compute=gradient_rollout, faithfulness=False, sanity=False, record=False))
+register(Method(
+    name="dff_concept", title="DFF concept with the largest class logit, last block, k 5",
+    unit="NMF coefficient (token units over the concept's scale)",
+    paper="Collins, Achanta & Süsstrunk 2018 (ECCV), Sec. 3, Eq. 1: H of the NMF of the block's shifted patch tokens",
+    reads="own passes", compute=dff_concept, forwards=1, sanity=False, record=False))

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.sae_file import SparseAutoencoder
+from vit_inspect.core.sae_load import load_sae
 from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
                                  method_record, methods)
 from vit_inspect.core.sae_file import SparseAutoencoder
@@ -22,6 +24,7 @@ from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, ImageConcepts, image_c
 from vit_inspect.passes.records import target_text
 from vit_inspect.passes.sae import image_features
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.targets import TARGET_METHODS, Target, TargetMaps, concept_target, feature_target, target_maps
 
 LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
 
@@ -141,6 +144,51 @@ class Analysis:
 
         return concepts_figure(self.result.rgb, self.concepts(k, layer, seed), self.handle.label,
                                Path(self.image).name)
+
+    def feature_maps(self, sae: SparseAutoencoder | str | os.PathLike, feature: int,
+                     methods: tuple[str, ...] = TARGET_METHODS, gradcam_layer: int | None = None) -> TargetMaps:
+        """Grad-CAM, LeGrad and AttnLRP (``methods``) of SAE feature ``feature``'s activation summed over the
+        patch tokens of the crop the model saw (`passes.targets`: blocks up to the SAE's take part; Grad-CAM
+        at the output of block ``gradcam_layer``, default the SAE's). ``sae``: an SAE or its file."""
+        name = None if isinstance(sae, SparseAutoencoder) else str(sae)
+        loaded = sae if name is None else load_sae(name, model=self.handle.name)
+        return self._target_maps(feature_target(self.handle, loaded, feature, name), methods, gradcam_layer)
+
+    def explain_feature(self, sae: SparseAutoencoder | str | os.PathLike, feature: int, method: str = "gradcam",
+                        gradcam_layer: int | None = None) -> np.ndarray | None:
+        """One (grid_h, grid_w) map of `feature_maps`: ``method`` is "gradcam", "legrad" or "attnlrp" (None
+        for AttnLRP on a model whose attention its rules cannot follow)."""
+        return self.feature_maps(sae, feature, (method,), gradcam_layer).maps[method]
+
+    def concept_maps(self, index: int, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0,
+                     methods: tuple[str, ...] = TARGET_METHODS, gradcam_layer: int | None = None) -> TargetMaps:
+        """Grad-CAM, LeGrad and AttnLRP of concept ``index`` of `concepts` (k, layer, seed as there): its
+        coefficient (the projection on the pseudo-inverse of the concept parts) summed over the patches."""
+        return self._target_maps(concept_target(self.handle, self.result, index, k, layer, seed), methods,
+                                 gradcam_layer)
+
+    def explain_concept(self, index: int, method: str = "gradcam", k: int = DEFAULT_CONCEPTS,
+                        layer: int | None = None, seed: int = 0) -> np.ndarray | None:
+        """One (grid_h, grid_w) map of `concept_maps`."""
+        return self.concept_maps(index, k, layer, seed, (method,)).maps[method]
+
+    def show_feature(self, sae: SparseAutoencoder | str | os.PathLike, feature: int):
+        """`feature_maps` as a matplotlib Figure whose title names the model, image, SAE, block and feature."""
+        from vit_inspect.plots.maps import target_maps_figure
+
+        return target_maps_figure(self.result.rgb, self.feature_maps(sae, feature),
+                                  f"{self.handle.name} · {Path(self.image).name}")
+
+    def show_concept(self, index: int, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0):
+        """`concept_maps` as a matplotlib Figure whose title names the model, image, block, k, concept and seed."""
+        from vit_inspect.plots.maps import target_maps_figure
+
+        return target_maps_figure(self.result.rgb, self.concept_maps(index, k, layer, seed),
+                                  f"{self.handle.name} · {Path(self.image).name}")
+
+    def _target_maps(self, target: Target, methods: tuple[str, ...], gradcam_layer: int | None) -> TargetMaps:
+        return target_maps(self.handle, MethodContext(self.result, self.handle).model_input(), target, methods,
+                           gradcam_layer)
 
     def similarity(self, patch: tuple[int, int], layer: int | None = None,
                    other: Analysis | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -46,14 +46,17 @@ def checked_layer(layer: int | None, depth: int) -> int:
 
 
 @contextmanager
-def recording_blocks(handle: ViTHandle, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+def recording_blocks(handle: ViTHandle, layers: Sequence[int],
+                     detach: bool = True) -> Iterator[dict[int, torch.Tensor]]:
     """Inside the block, each forward's (B, N, D) output of the blocks ``layers`` (0-based) lands in the dict
-    it yields, detached; the hooks are removed on leaving, also after an exception."""
+    it yields, detached (``detach=False``: still in the autograd graph); the hooks are removed on leaving, also
+    after an exception."""
     seen: dict[int, torch.Tensor] = {}
 
     def hook_of(layer: int):
         def hook(module, args, output) -> None:
-            seen[layer] = (output[0] if isinstance(output, tuple) else output).detach()
+            tokens = output[0] if isinstance(output, tuple) else output
+            seen[layer] = tokens.detach() if detach else tokens
         return hook
 
     hooks = []
@@ -75,6 +78,12 @@ def block_tokens(handle: ViTHandle, result: ImageAnalysis, layer: int | None = N
     layer = checked_layer(layer, handle.depth)
     if result.block_tokens is not None:
         return result.block_tokens[layer].astype(np.float32)
+    return input_block_tokens(handle, handle.preprocess.normalize(result.rgb), layer, result.layout)
+
+
+def input_block_tokens(handle: ViTHandle, pixels: torch.Tensor, layer: int, layout: TokenLayout) -> np.ndarray:
+    """(P, D) float32 output patch tokens of block ``layer`` (0-based) for the (1, 3, H, W) normalised input
+    ``pixels`` whose token layout is ``layout``: one forward without gradients."""
     with torch.no_grad(), recording_blocks(handle, [layer]) as seen:
-        handle.forward(handle.preprocess.normalize(result.rgb))
-    return result.layout.patches(seen[layer][0], axis=0).float().cpu().numpy()
+        handle.forward(pixels.to(handle.device))
+    return layout.patches(seen[layer][0], axis=0).float().cpu().numpy()

@@ -85,19 +85,20 @@ def explained_class(result: ImageAnalysis, target: int | None, num_classes: int)
 
 
 def image_concepts(handle: ViTHandle, result: ImageAnalysis, k: int = DEFAULT_CONCEPTS, layer: int | None = None,
-                   seed: int = 0, target: int | None = None) -> ImageConcepts:
+                   seed: int = 0, target: int | None = None, tokens: np.ndarray | None = None) -> ImageConcepts:
     """The ``k`` concepts of ``result``'s image at block ``layer`` (None: the last), by deep feature
     factorisation of that block's output patch tokens (module docstring), each with its heatmap, its area and
     its logits through the model's head, ordered by their logit for ``target`` (`explained_class`; default the
     pass's target, else its top class). ``k`` from 1 to `MAX_CONCEPTS` (and at most the patches and
-    channels); an `InputError` with a sentence for a k, block or class out of range."""
+    channels); an `InputError` with a sentence for a k, block or class out of range. ``tokens``: the (P, D) block
+    output patch tokens to factorise instead of the result's own (of another input of the same model and grid)."""
     layer = checked_layer(layer, handle.depth)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2 ** 32:
         raise InputError(f"The seed must be a whole number from 0 to {2 ** 32 - 1}, not {seed!r}.")
     most = min(MAX_CONCEPTS, result.layout.num_patches, handle.embed_dim)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= most:
         raise InputError(f"The number of concepts must be a whole number from 1 to {most}, not {k!r}.")
-    tokens = block_tokens(handle, result, layer)  # (P, D)
+    tokens = block_tokens(handle, result, layer) if tokens is None else tokens  # (P, D)
     parts = deep_feature_factorization(tokens, int(k), seed=seed)
     logits = concept_logits(handle, parts.concepts, result.layout)
     target = None if logits is None else explained_class(result, target, logits.shape[1])

@@ -12,6 +12,7 @@ from PIL import Image, ImageDraw
 from vit_inspect.methods import MethodContext, added, compute_maps
 from vit_inspect.methods import get as get_method
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.targets import TargetMaps
 from vit_inspect.plots.canvas import (CAPTION_LINE_PIXELS, COLORBAR_PIXELS, SMALL_TEXT, TEXT, add_colorbar,
                                       blend_tables, color_index, draw_colorbar, font_of, grid_of, map_range, normalized,
                                       titled, upsample, wrap_to)
@@ -289,3 +290,20 @@ def outline_region(preview: np.ndarray, box: tuple[float, float, float, float],
     ImageDraw.Draw(image).rectangle((left, top, max(left, right - 1), max(top, bottom - 1)), outline=OUTLINE_COLOR,
                                     width=max(2, round(min(width, height) / 100)))
     return np.asarray(image)
+
+
+def target_maps_figure(rgb: np.ndarray, maps: TargetMaps, title: str) -> Figure:
+    """`maps_figure` of a target's maps (`passes.targets.target_maps`): each panel names its method and the blocks
+    it read, Grad-CAM drawn after its ReLU, each colour bar in units of the target's score; ``title`` (the model
+    and image) is followed by the target and its score."""
+    unit = "SAE activation" if maps.target.get("kind") == "sae_feature" else "concept coefficient"
+    blocks = maps.legrad_layers
+    names = {"gradcam": f"Grad-CAM, block {maps.gradcam_layer} output",
+             "legrad": f"LeGrad, blocks {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else f"LeGrad, block {blocks[0]}",
+             "attnlrp": "AttnLRP"}
+    units = {"gradcam": "activation × gradient", "legrad": f"relevance ({unit} units)",
+             "attnlrp": f"relevance ({unit} units)"}
+    shown = {names[k]: v for k, v in maps.maps.items() if v is not None}
+    return maps_figure(rgb, shown, relu_names=(names["gradcam"],),
+                       units={names[k]: units[k] for k in maps.maps if maps.maps[k] is not None},
+                       title=f"{title} · {maps.text} · score {maps.score:.4g}")
