@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 from support import IMAGENET, cli_on_both_engines, run_cli
 
@@ -70,3 +71,8 @@ def test_ray_trains_the_same_sae(photos, tmp_path, capsys, deit_args):
         assert code == 0, (engine, stderr)
     local, ray = (json.loads(runs[e][1]) for e in ("local", "ray"))
     assert ray["training"]["epoch_loss"] == pytest.approx(local["training"]["epoch_loss"], rel=1e-4)
+    indexes = [read_index(index_path(tmp_path / f"{engine}.safetensors")) for engine in ("local", "ray")]
+    assert indexes[0].built_from == indexes[1].built_from == {"images": 4, "patches": 4 * 196}
+    live = indexes[0].image[:, 0] >= 0
+    assert live.sum() > 0 and np.array_equal(indexes[0].image[:, 0] >= 0, indexes[1].image[:, 0] >= 0)
+    assert np.allclose(indexes[0].activation[live, 0], indexes[1].activation[live, 0], rtol=1e-2)
