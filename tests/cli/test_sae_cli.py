@@ -4,8 +4,12 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 from support import IMAGENET, cli_on_both_engines, run_cli
+
+from vit_inspect.core.sae_index import index_path, read_index
+from vit_inspect.core.sae_load import load_sae
 
 PHOTOS = ("n01440764_tench.JPEG", "n01443537_goldfish.JPEG", "n02123045_tabby.JPEG", "n02106662_German_shepherd.JPEG",
           "n07920052_espresso.JPEG", "n03888257_parachute.JPEG")
@@ -35,6 +39,8 @@ def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     assert (info["layer"], info["k"], info["F"], info["d"], info["tokens"]) == (3, 4, 96, 192, "all")
     assert info["training_tokens"] == 2 * 4 * 197  # 2 epochs over 4 images of 197 tokens
     assert info["metrics"]["held_out"]["images"] == 2
+    index = read_index(index_path(out), load_sae(out))  # built by default, over the training images
+    assert index.built_from == {"images": 4, "patches": 4 * 196} and index.features == 96 and index.top == 8
     code, stdout, stderr = run_cli(capsys, "sae", "eval", str(photos), *deit_args, "--sae", str(out), "--holdout", "2",
                                    "--json")
     assert code == 0, stderr
@@ -65,3 +71,8 @@ def test_ray_trains_the_same_sae(photos, tmp_path, capsys, deit_args):
         assert code == 0, (engine, stderr)
     local, ray = (json.loads(runs[e][1]) for e in ("local", "ray"))
     assert ray["training"]["epoch_loss"] == pytest.approx(local["training"]["epoch_loss"], rel=1e-4)
+    indexes = [read_index(index_path(tmp_path / f"{engine}.safetensors")) for engine in ("local", "ray")]
+    assert indexes[0].built_from == indexes[1].built_from == {"images": 4, "patches": 4 * 196}
+    live = indexes[0].image[:, 0] >= 0
+    assert live.sum() > 0 and np.array_equal(indexes[0].image[:, 0] >= 0, indexes[1].image[:, 0] >= 0)
+    assert np.allclose(indexes[0].activation[live, 0], indexes[1].activation[live, 0], rtol=1e-2)

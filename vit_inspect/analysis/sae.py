@@ -142,3 +142,14 @@ def kl_divergence(reference: torch.Tensor, replaced: torch.Tensor) -> torch.Tens
     """(B,) KL(p_reference ‖ p_replaced) in nats, between the softmaxes of two (B, C) logits."""
     log_p = F.log_softmax(reference.double(), -1)
     return (log_p.exp() * (log_p - F.log_softmax(replaced.double(), -1))).sum(-1)
+
+
+def rank_features(codes: torch.Tensor, top: int, patch: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices, values), each (≤ top,): the features of (grid_h, grid_w, F) codes with the largest summed
+    activation over the image, or the largest code at one (row, col) `patch`, descending (ties: the smaller
+    index first); features with activation 0 are left out."""
+    scores = codes.sum((0, 1)) if patch is None else codes[patch[0], patch[1]]  # (F,)
+    order = sorted(range(scores.shape[0]), key=lambda f: (-float(scores[f]), f))[:top]
+    kept = torch.tensor([f for f in order if scores[f] > 0], dtype=torch.long)
+    return kept, scores[kept]

@@ -1,9 +1,13 @@
-"""`vit-inspect sae train|eval`: top-k sparse autoencoders on one block's output tokens (docs/sae.md).
+"""`vit-inspect sae train|eval|index|features`: top-k sparse autoencoders on one block's output tokens
+(docs/sae.md).
 
 `train FOLDER --layer L --features F --k K --out FILE` runs the model over the folder's images (all but the
-last `--holdout`), trains the SAE, measures it on the held-out images and writes one safetensors file; it
-prints the file's metadata as JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the
-last `--holdout` of them when given) as JSON.
+last `--holdout`), trains the SAE, measures it on the held-out images and writes one safetensors file, then
+its feature index beside it (`<stem>.index.safetensors`, unless `--no-index`); it prints the file's metadata as
+JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the last `--holdout` of them when
+given) as JSON. `index FOLDER --sae FILE` writes the feature index of an SAE over the folder's images (all but
+the last `--holdout`) and prints a summary as JSON. `features IMAGE --sae FILE` prints the image's top
+features, over the image or at one patch, with their labels when the index is beside the SAE.
 """
 from __future__ import annotations
 
@@ -15,12 +19,16 @@ import sys
 from vit_inspect.cli.common import engine_flags, progress, progress_line
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import DEFAULT_MODEL
-from vit_inspect.core.images import find_images
+from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
+from vit_inspect.core.sae_file import SparseAutoencoder
+from vit_inspect.core.sae_index import SAEIndex, index_bytes, index_path, read_index, save_index
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.jobs.engine import EngineOptions
 from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, train_from_folder
+from vit_inspect.jobs.sae_index import DEFAULT_CROP, DEFAULT_LABELS, DEFAULT_TOP, build_index
 from vit_inspect.jobs.sae_train import TrainOptions
+from vit_inspect.passes.sae import image_features
 
 TRAIN_DEFAULTS = TrainOptions(features=1, k=1)
 
@@ -57,6 +65,8 @@ def add_parser(sub) -> None:
                        help="MiB of tokens the shuffle buffer holds (default "
                             f"{TRAIN_DEFAULTS.buffer_bytes // 2 ** 20}; the folder's size does not change it)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--no-index", action="store_true", help="do not build the feature index after training")
+    _index_flags(train)
     train.set_defaults(func=run_train)
     evaluate = commands.add_parser("eval", help="an SAE's quality on a folder: variance explained, L0, dead "
                                                 "features, top-1 agreement and KL with the tokens replaced")
@@ -65,6 +75,45 @@ def add_parser(sub) -> None:
     evaluate.add_argument("--layer", type=int, help="the block it reads, for saev files (which do not say)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object (the default output too)")
     evaluate.set_defaults(func=run_eval)
+    index = commands.add_parser("index", help="an SAE's feature index over a folder: each feature's top patches "
+                                              "with crops, and the classes where it fires")
+    _model_flags(index)
+    index.add_argument("--sae", required=True, help="the SAE file (.safetensors, or saev's format)")
+    index.add_argument("--layer", type=int, help="the block it reads, for saev files (which do not say)")
+    index.add_argument("--out", help="the index file to write (default: <SAE stem>.index.safetensors beside it)")
+    _index_flags(index)
+    index.set_defaults(func=run_index)
+    features = commands.add_parser("features", help="an image's top SAE features, over the image or at one patch")
+    features.add_argument("image", help="an image file")
+    features.add_argument("--sae", required=True, help="the SAE file (.safetensors, or saev's format)")
+    features.add_argument("--layer", type=int, help="the block it reads, for saev files (which do not say)")
+    features.add_argument("--patch", type=_patch, metavar="ROW,COL",
+                          help="rank the features at this patch of the model's grid (default: over the image)")
+    features.add_argument("--top", type=int, default=10, help="features shown (default 10)")
+    features.add_argument("--index", help="the feature index for the labels (default: the one beside the SAE)")
+    features.add_argument("--model", default=DEFAULT_MODEL, help=f"timm name, HF id or folder (default {DEFAULT_MODEL})")
+    features.add_argument("--weights", help="weights file (.safetensors preferred)")
+    features.add_argument("--model-file", metavar="FILE.py:FUNCTION", help="a hand-written ViT (see README)")
+    features.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
+    features.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    features.set_defaults(func=run_features)
+
+
+def _index_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index-top", type=int, default=DEFAULT_TOP,
+                   help=f"top-activating patches kept per feature (default {DEFAULT_TOP})")
+    p.add_argument("--index-crop", type=int, default=DEFAULT_CROP,
+                   help=f"side in pixels of each patch's crop of the preprocessed image (default {DEFAULT_CROP})")
+    p.add_argument("--index-labels", type=int, default=DEFAULT_LABELS,
+                   help=f"classes in each feature's label (default {DEFAULT_LABELS})")
+
+
+def _patch(text: str) -> tuple[int, int]:
+    try:
+        row, col = (int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("--patch takes ROW,COL, two integers") from None
+    return row, col
 
 
 def _split(args: argparse.Namespace) -> tuple[list, list]:
@@ -99,7 +148,64 @@ def run_train(args: argparse.Namespace) -> None:
         quality = evaluate_sae(handle, args.out, held_out, args.engine, _engine(args, "holdout"),
                                model_file=args.model_file, progress=progress, sae=sae)
     sae = save_with_metrics(sae, args.out, quality)
+    if not args.no_index:
+        _write_index(args, handle, sae, args.out, train_files, index_path(args.out))
     print(sae.info.to_json())
+
+
+def _write_index(args: argparse.Namespace, handle, sae: SparseAutoencoder, sae_path: str, files: list,
+                 out) -> dict:
+    """Build and write the feature index of `sae` over `files`; prints where, returns a summary."""
+    index = build_index(handle, sae, sae_path, files, args.index_top, args.index_crop, args.index_labels,
+                        args.engine, _engine(args, "index"), args.layer, args.model_file, progress)
+    save_index(index, out)
+    summary = {"index": os.path.basename(out), "features": index.features, "top": index.top,
+               "crop": args.index_crop, "bytes": index_bytes(index.features, index.top, args.index_crop,
+                                                             args.index_labels),
+               "live_features": int((index.image[:, 0] >= 0).sum()), **index.built_from}
+    print(f"wrote the feature index {summary['index']} ({summary['bytes']:,} bytes of tensors)", file=sys.stderr)
+    return summary
+
+
+def run_index(args: argparse.Namespace) -> None:
+    files, _ = _split(args)
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    sae = load_sae(args.sae, layer=args.layer, model=handle.name)
+    summary = _write_index(args, handle, sae, args.sae, files, args.out or index_path(args.sae))
+    print(json.dumps(summary))
+
+
+def _labels(args: argparse.Namespace, sae: SparseAutoencoder) -> SAEIndex | None:
+    """The index for the labels: `--index`, or the one beside the SAE when there is one; a note when unusable."""
+    path = args.index or index_path(args.sae)
+    if not args.index and not os.path.isfile(path):
+        return None
+    try:
+        return read_index(path, sae)
+    except VitInspectError as exc:
+        print(f"note: no labels: {exc}", file=sys.stderr)
+        return None
+
+
+def run_features(args: argparse.Namespace) -> None:
+    handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
+    sae = load_sae(args.sae, layer=args.layer, model=handle.name)
+    index = _labels(args, sae)
+    rgb = handle.preprocess.apply(load_image(args.image))[1]
+    found = image_features(handle, sae, rgb, args.top, args.patch, index)
+    record = {"model": handle.name, "image": os.path.basename(args.image), "sae": os.path.basename(args.sae),
+              "layer": found.layer, "features": sae.info.features, "k": sae.info.k,
+              "patch": list(args.patch) if args.patch else None,
+              "index": os.path.basename(str(args.index or index_path(args.sae))) if index is not None else None,
+              "top": [f.as_dict() for f in found.features]}
+    if args.json:
+        print(json.dumps(record))
+        return
+    where = f"at patch {args.patch}" if args.patch else "summed over the patches"
+    print(f"{handle.name} · {record['image']} · block {found.layer} · {record['sae']}: activation {where}")
+    print(f"{'feature':>8} {'activation':>11} {'peak':>8}  {'at':>8}  label")
+    for f in found.features:
+        print(f"{f.feature:>8} {f.activation:>11.3f} {f.peak:>8.3f}  {str(f.peak_patch):>8}  {f.label}")
 
 
 def run_eval(args: argparse.Namespace) -> None:

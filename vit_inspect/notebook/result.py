@@ -15,10 +15,14 @@ from vit_inspect.core.sae_file import SparseAutoencoder
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
                                  method_record, methods)
+from vit_inspect.core.sae_file import SparseAutoencoder
+from vit_inspect.core.sae_index import SAEIndex
 from vit_inspect.notebook.display import preview_tag, topk_table
+from vit_inspect.notebook.sae import FeatureTable, loaded_sae
 from vit_inspect.passes.block_tokens import checked_layer
 from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, ImageConcepts, image_concepts, patch_similarity
 from vit_inspect.passes.records import target_text
+from vit_inspect.passes.sae import image_features
 from vit_inspect.passes.result import ImageAnalysis
 from vit_inspect.passes.targets import TARGET_METHODS, Target, TargetMaps, concept_target, feature_target, target_maps
 
@@ -208,6 +212,36 @@ class Analysis:
             maps[Path(other.image).name] = (other.result.rgb, theirs)
         return similarity_figure(maps, (int(row), int(col)), f"{self.handle.name} · cosine similarity of patch "
                                  f"({row}, {col})'s token at block {block} output to every patch token")
+
+    def features(self, sae: str | os.PathLike | SparseAutoencoder, top: int = 10,
+                 patch: tuple[int, int] | None = None, index: str | os.PathLike | SAEIndex | None = None
+                 ) -> FeatureTable:
+        """The image's top ``top`` features of ``sae`` (a file, or a loaded `SparseAutoencoder`) by activation
+        summed over its patches, or at one (row, col) ``patch``; each with its peak, the patch of the peak and a
+        label from the feature index (``index``, or the one beside the SAE file). One forward up to the SAE's
+        block (`passes.sae.image_features`); the table shows itself in Jupyter, ``.rows`` are dicts."""
+        loaded = loaded_sae(self.handle, sae, index)
+        found = image_features(self.handle, loaded.sae, self.result.rgb, top, patch, loaded.index)
+        where = "summed over the patches" if patch is None else f"at patch {tuple(patch)}"
+        title = (f"{self.handle.name} · {Path(self.image).name} · block {found.layer} output · {loaded.name} · "
+                 f"activation {where}")
+        return FeatureTable(title, found, loaded)
+
+    def show_feature(self, sae: str | os.PathLike | SparseAutoencoder, feature: int,
+                     index: str | os.PathLike | SAEIndex | None = None):
+        """Feature ``feature`` of ``sae``: its activation over the image with a colour bar and, with a feature
+        index (``index``, or the one beside the SAE file), its top patches over the index's folder, as a matplotlib
+        Figure (`plots.sae.feature_figure`) titled with model, image, block, SAE, feature and label."""
+        from vit_inspect.plots.sae import feature_figure
+
+        table = self.features(sae, 1, None, index)
+        fmap = table.found.feature_map(feature)
+        entry = table.sae.index.feature(feature) if table.sae.index is not None else None
+        label = f" · {entry.label}" if entry is not None and entry.label else ""
+        title = (f"{self.handle.name} · {Path(self.image).name} · block {table.found.layer} output · "
+                 f"{table.sae.name} · feature {int(feature)}{label}")
+        return feature_figure(self.result.rgb, fmap, title, entry,
+                              table.sae.index.patch_size if table.sae.index is not None else None)
 
     def record(self) -> dict:
         """The JSON object `vit-inspect analyze` prints for this image (`methods.method_record`): model,

@@ -7,14 +7,17 @@ SAE trained on the patch tokens only, only those are read or replaced; the prefi
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
-from vit_inspect.analysis.sae import edited_tokens, reconstruct
-from vit_inspect.core.errors import CaptureError
+from vit_inspect.analysis.sae import edited_tokens, encode, normalise, rank_features, reconstruct
+from vit_inspect.core.errors import CaptureError, InputError
 from vit_inspect.core.handle import ViTHandle
-from vit_inspect.core.sae_file import SparseAutoencoder
+from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
+from vit_inspect.core.sae_index import SAEIndex
 from vit_inspect.core.tokens import TokenLayout
 
 
@@ -75,6 +78,77 @@ def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Tok
         yield
     finally:
         removable.remove()
+
+
+def patch_codes(handle: ViTHandle, sae: SparseAutoencoder, pixels: torch.Tensor, logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """((B, P, F) codes z of the patch tokens of block `sae.info.layer`'s output, (B, C) logits or None) for
+    (B, 3, H, W) normalised pixels, without gradients. Only the patch tokens are encoded (a prefix token has no
+    place in the image), whatever tokens the SAE was trained on; the SAE must be on the handle's device. With
+    `logits` the whole forward runs; otherwise it stops after the block."""
+    captured: list[torch.Tensor] = []
+    with torch.no_grad():
+        with block_output(handle, sae.info.layer, captured.append, stop=not logits):
+            out = handle.forward(pixels.to(handle.device))
+        layout = handle.layout(tuple(pixels.shape[-2:]))
+        tokens = layout.patches(captured[0], axis=1).float()  # (B, P, d)
+        codes = encode(normalise(tokens, sae), sae.W_enc, sae.b_enc, sae.b_dec, sae.info.k)  # (B, P, F)
+    return codes, (out if logits else None)
+
+
+@dataclass(frozen=True)
+class FeatureActivation:
+    """One feature of one image (`image_features`)."""
+
+    feature: int
+    activation: float  # its code summed over the image's patches, or at the one patch asked for
+    peak: float  # its largest code over the image's patches
+    peak_patch: tuple[int, int]  # (row, col) of that code
+    label: str  # the classes where it fires most, from the index ("" without one)
+
+    def as_dict(self) -> dict:
+        return {"feature": self.feature, "activation": self.activation, "peak": self.peak,
+                "peak_patch": list(self.peak_patch), "label": self.label}
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """An image's SAE features: the codes of every patch and the top features over the image or at one patch."""
+
+    codes: np.ndarray  # (grid_h, grid_w, F) float32 codes z of the patch tokens at block `layer`'s output
+    layer: int  # the block the SAE reads
+    patch: tuple[int, int] | None  # the (row, col) the features were ranked at; None: over the image
+    features: tuple[FeatureActivation, ...]  # largest activation first
+
+    def feature_map(self, feature: int) -> np.ndarray:
+        """(grid_h, grid_w) codes of one feature over the image."""
+        if not 0 <= int(feature) < self.codes.shape[-1]:
+            raise InputError(f"Feature {feature} does not exist: this SAE has features 0 to {self.codes.shape[-1] - 1}.")
+        return self.codes[..., int(feature)]
+
+
+def image_features(handle: ViTHandle, sae: SparseAutoencoder, rgb: np.ndarray, top: int = 10,
+                   patch: tuple[int, int] | None = None, index: SAEIndex | None = None) -> ImageFeatures:
+    """The SAE features of one (H, W, 3) uint8 preprocessed image (the crop the model sees): one forward up to
+    block `sae.info.layer` (`patch_codes`), then the `top` features by summed activation over the image, or
+    by activation at patch (row, col); labels from `index` when given (the caller checks it fits)."""
+    check_fits(sae, handle.name, handle.depth, handle.embed_dim)
+    layout = handle.layout(rgb.shape[:2])
+    if patch is not None and not (0 <= patch[0] < layout.grid_h and 0 <= patch[1] < layout.grid_w):
+        raise InputError(f"Patch {patch} is outside the {layout.grid_h}×{layout.grid_w} grid (rows and columns "
+                         "count from 0).")
+    if top < 1:
+        raise InputError("The number of features shown must be at least 1.")
+    codes, _ = patch_codes(handle, sae.to(handle.device), handle.preprocess.normalize(rgb))
+    grid = codes[0].reshape(layout.grid_h, layout.grid_w, -1).cpu()  # (grid_h, grid_w, F)
+    indices, values = rank_features(grid, top, patch)
+    rows = []
+    for f, value in zip(indices.tolist(), values.tolist()):
+        column = grid[..., f]
+        peak = int(column.argmax())
+        rows.append(FeatureActivation(f, float(value), float(column.max()), divmod(peak, layout.grid_w),
+                                      index.label(f) if index is not None else ""))
+    return ImageFeatures(grid.numpy(), sae.info.layer, patch, tuple(rows))
 
 
 @contextmanager
