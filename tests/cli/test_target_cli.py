@@ -50,7 +50,7 @@ def test_analyze_explains_an_sae_feature(capsys, tmp_path, tiny_args, tiny_weigh
     assert (tmp_path / "chelsea_feature.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     r = analyze(IMAGE, handle, relevance=False)
     np.testing.assert_allclose(r.explain_feature(sae_file, 3, "legrad"), expected, rtol=1e-6)
-    title = r.show_feature(sae_file, 3).get_suptitle()
+    title = r.show_feature_maps(sae_file, 3).get_suptitle()
     assert "test_vit · chelsea.png · SAE feature 3 (tiny_l2.safetensors, block 2) · score" in title
 
 
@@ -67,7 +67,7 @@ def test_analyze_explains_a_concept_and_the_notebook_agrees(capsys, tiny_args, t
     assert explained["score"] == pytest.approx(maps.score, rel=1e-5)
     np.testing.assert_allclose(explained["gradcam"], maps.maps["gradcam"], rtol=1e-4,
                                atol=1e-6 * np.abs(maps.maps["gradcam"]).max())
-    figure = r.show_concept(1, k=4, layer=3, seed=7)
+    figure = r.show_concept_maps(1, k=4, layer=3, seed=7)
     assert "DFF concept 1 of 4 (block 3, seed 7)" in figure.get_suptitle()
 
 

@@ -12,18 +12,17 @@ import numpy as np
 
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.sae_file import SparseAutoencoder
+from vit_inspect.core.sae_index import SAEIndex
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.methods import (MethodContext, MethodFailure, check_options, compute_map, get, method_arrays,
                                  method_record, methods)
-from vit_inspect.core.sae_file import SparseAutoencoder
-from vit_inspect.core.sae_index import SAEIndex
 from vit_inspect.notebook.display import preview_tag, topk_table
 from vit_inspect.notebook.sae import FeatureTable, loaded_sae
 from vit_inspect.passes.block_tokens import checked_layer
 from vit_inspect.passes.concepts import DEFAULT_CONCEPTS, ImageConcepts, image_concepts, patch_similarity
 from vit_inspect.passes.records import target_text
-from vit_inspect.passes.sae import image_features
 from vit_inspect.passes.result import ImageAnalysis
+from vit_inspect.passes.sae import image_features
 from vit_inspect.passes.targets import TARGET_METHODS, Target, TargetMaps, concept_target, feature_target, target_maps
 
 LEGIBLE_SIDE = 128  # in the Jupyter view a smaller crop (CIFAR's 32 px) is enlarged to at least this, whole pixels
@@ -172,14 +171,14 @@ class Analysis:
         """One (grid_h, grid_w) map of `concept_maps`."""
         return self.concept_maps(index, k, layer, seed, (method,)).maps[method]
 
-    def show_feature(self, sae: SparseAutoencoder | str | os.PathLike, feature: int):
+    def show_feature_maps(self, sae: SparseAutoencoder | str | os.PathLike, feature: int):
         """`feature_maps` as a matplotlib Figure whose title names the model, image, SAE, block and feature."""
         from vit_inspect.plots.maps import target_maps_figure
 
         return target_maps_figure(self.result.rgb, self.feature_maps(sae, feature),
                                   f"{self.handle.name} · {Path(self.image).name}")
 
-    def show_concept(self, index: int, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0):
+    def show_concept_maps(self, index: int, k: int = DEFAULT_CONCEPTS, layer: int | None = None, seed: int = 0):
         """`concept_maps` as a matplotlib Figure whose title names the model, image, block, k, concept and seed."""
         from vit_inspect.plots.maps import target_maps_figure
 
