@@ -2,6 +2,8 @@
 (`passes.concepts`), clicks, hostile values, the stale-result redraw, and a second image kept in the store."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -9,9 +11,12 @@ from support import tiny_handle
 
 gr = pytest.importorskip("gradio")
 from vit_inspect.core.geometry import InputGeometry  # noqa: E402
+from vit_inspect.core.images import load_image  # noqa: E402
 from vit_inspect.passes.concepts import image_concepts, patch_similarity  # noqa: E402
 from vit_inspect.passes.pipeline import analyze_image  # noqa: E402
+from vit_inspect.studies.class_concepts import class_concept_heatmaps, class_concepts  # noqa: E402
 from vit_inspect.ui.config import AppConfig  # noqa: E402
+from vit_inspect.ui.inputs import EXAMPLE_PATHS  # noqa: E402
 from vit_inspect.ui.inspector import Inspector, Session  # noqa: E402
 from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
 from vit_inspect.ui.panels import main_scale  # noqa: E402
@@ -131,3 +136,51 @@ def test_similarity_redraws_after_a_check_only_when_shown_and_drawn_for_another_
                                                                           basis, progress=progress))
     stale = Basis(model=session.model, image="another picture")
     assert tab.draw_if_shown(session, None, SIMILARITY, None, 0, 1, 1, stale, progress=progress)[0] == basis
+
+
+def test_class_concepts_are_the_librarys_and_map_on_the_image(page):
+    inspector, handle, session = page
+    tab = ConceptsTab(inspector)
+    run, picture, note = tab.find_class_concepts(None, True, "3", 2, session, None, progress=progress)
+    pictures = [load_image(path) for path in EXAMPLE_PATHS]
+    expected = class_concepts(handle, pictures, 3, k=2)
+    found = run.slot.get()
+    np.testing.assert_allclose(found.importance, expected.importance)
+    np.testing.assert_allclose(found.logit_drop, expected.logit_drop)
+    assert run.basis.model == session.model and picture.dtype == np.uint8
+    assert run.words.startswith(f"class {handle.label(3)!r} (#3), {len(EXAMPLE_PATHS)} images, block 0, k=2")
+    assert note.startswith(f"2 concepts of {run.words}, ranked by importance")
+    basis, maps, words = tab.map_class_concepts(run, session, None)
+    assert basis == Basis.of(session, session.model) and maps.dtype == np.uint8
+    assert words.startswith(f"The concepts of {run.words} on noise.png")
+    heatmaps = class_concept_heatmaps(handle, found, load_image(session.source))
+    assert heatmaps.shape == (2, 4, 4)  # the tiny model's 4×4 grid, one heatmap per concept
+
+
+def test_class_concepts_refuse_too_few_images_hostile_values_and_stop_on_cancel(page):
+    inspector, _, session = page
+    tab = ConceptsTab(inspector)
+    for files, examples, wanted, k, words in (
+            (None, False, "3", 2, "Upload at least two images"),
+            (None, True, "no such class at all", 2, "No class matches"),
+            (None, True, "3", float("nan"), "not NaN"),
+            (None, "yes", "3", 2, "must be true or false"),
+            ([{"path": "/etc/passwd"}], False, "3", 2, "not available"),
+            (None, True, ["3"], 2, "must be text")):
+        with pytest.raises(gr.Error) as error:
+            tab.find_class_concepts(files, examples, wanted, k, session, None, progress=progress)
+        assert words in error.value.message, error.value.message
+    request = SimpleNamespace(session_hash="one browser")
+    assert tab.cancel(request) == "Nothing to cancel: no class concepts are being found for you."
+    pressed = []
+
+    def press_cancel(*args, **kwargs):  # the Cancel button, pressed as the run reports its first step
+        pressed.append(tab.cancel(request))
+
+    kept = tab.find_class_concepts(None, True, "3", 2, session, None, request=request, progress=press_cancel)
+    assert kept[:2] == (gr.skip(), gr.skip())
+    assert kept[2] == f"Class concepts were cancelled after 0 of {1 + len(EXAMPLE_PATHS)} steps. Nothing was changed."
+    assert pressed[-1].startswith("Cancelling")
+    with pytest.raises(gr.Error) as error:
+        tab.map_class_concepts(None, session, None)
+    assert "Find the class's concepts first" in error.value.message
