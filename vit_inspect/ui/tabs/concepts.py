@@ -197,7 +197,7 @@ class ConceptsTab:
         _, rgb = handle.preprocess.apply(picture)
         names = [f"concept {j + 1} · importance {found.importance[j]:.2f}" for j in range(found.k)]
         panel = map_plots.maps_panel(
-            rgb, dict(zip(names, heatmaps)), units={name: "coefficient (NNLS on the concept bank)" for name in names},
+            rgb, dict(zip(names, heatmaps)), units={name: "concept coefficient (NNLS)" for name in names},
             title=f"{session.model_label} · {session.name} (model's centre crop) · {run.words}",
             columns=mosaic_columns(session.result))
         note = (f"The concepts of {run.words} on {plain_markdown(session.image_words)}: each patch's "
