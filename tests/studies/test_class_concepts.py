@@ -14,7 +14,7 @@ from support import tiny_handle
 from support.craft import import_craft
 
 from vit_inspect.analysis.craft import concept_coefficients
-from vit_inspect.core.errors import InputError
+from vit_inspect.core.errors import Cancelled, InputError
 from vit_inspect.studies.class_concepts import (
     GALLERY,
     GALLERY_SIDE,
@@ -172,3 +172,20 @@ def test_out_of_range_inputs_are_sentences(options, message):
     arguments = {"images": noise_images(6), "target": TARGET, "k": 2, "crops": 2} | options
     with pytest.raises(InputError, match=message):
         class_concepts(tiny_handle("cls", seed=1), **arguments)
+
+
+def test_progress_counts_the_steps_and_a_cancel_stops_before_the_next():
+    handle, images = tiny_handle("cls", seed=1), noise_images(4)
+    seen = []
+    class_concepts(handle, images, TARGET, k=2, crops=2, design=4, importance_images=3,
+                   progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]  # the crops, then each of 3 images
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(len(asked))
+        return len(asked) == 2  # pressed while the crops' forwards ran
+
+    with pytest.raises(Cancelled, match="after 1 of 4 steps"):
+        class_concepts(handle, images, TARGET, k=2, crops=2, design=4, importance_images=3, cancelled=cancelled)
+    assert len(asked) == 2

@@ -47,7 +47,7 @@ def click_pixel(image, x: int, y: int) -> None:
 SECTION_OF = {  # each view's section: its sub-tabs are shown only once the section is open
     **dict.fromkeys(("Overview", "Attention", "Rollout", "Grad-CAM", "All maps", "Faithfulness"), "Explain"),
     **dict.fromkeys(("All heads", "Ablate & rank"), "Heads"),
-    **dict.fromkeys(("Filters & positions", "Attention distance"), "How it sees"),
+    **dict.fromkeys(("Filters & positions", "Attention distance", "Concepts", "Patch similarity"), "How it sees"),
 }
 FIRST_VIEW = ("first-attention", "first-rollout", "first-chefer")  # the first view's maps
 # The maps the Overview's Score ranks on the example: every method the faithfulness study scores (the random

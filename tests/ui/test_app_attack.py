@@ -114,7 +114,8 @@ def outcome(message: dict) -> tuple[bool, object]:
 
 
 FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
-               "dataset_distance": (0, lambda f: [f])}
+               "dataset_distance": (0, lambda f: [f]), "similarity_other_image": (0, lambda f: f),
+               "class_concepts": (0, lambda f: [f])}
 
 
 def file_call_data(client: Client, api_name: str, payload) -> list:
@@ -202,6 +203,9 @@ HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "
            "text": "abc", "null_byte": "a\x00b", "list": [1, 2], "dict": {"a": 1}, "empty": ""}
 
 
+CLICKS = ("pick_patch", "pick_similar_patch")  # endpoints of a click on a map: their event data is attacked too
+
+
 def assert_sentence(api_name: str, what: str, message: dict, component: str) -> None:
     refused, error = outcome(message)
     if not refused:
@@ -226,7 +230,9 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     browser_only = [d for d in client.config["dependencies"] if not d.get("backend_fn")]
     assert browser_only and all(d["js"] and d["api_visibility"] == "private" for d in browser_only)
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
-    assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads"} <= set(endpoints)
+    assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads", "concepts",
+            "patch_similarity", "pick_similar_patch", "similarity_other_image", "class_concepts",
+            "cancel_class_concepts", "class_concept_maps"} <= set(endpoints)
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
     assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
             "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
@@ -237,7 +243,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     for api_name in endpoints:
         inputs = dependency(client, api_name)["inputs"]
         open_inputs = [p for p, c in enumerate(inputs) if components[c] != "state"]
-        event_data = {"index": [100, 40], "value": None, "selected": True} if api_name == "pick_patch" else None
+        event_data = {"index": [100, 40], "value": None, "selected": True} if api_name in CLICKS else None
 
         def attempt(positions, value, what):
             data = defaults(client, api_name)
@@ -256,7 +262,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
             what, value = values[(n + len(api_name)) % len(values)]
             attempt([position], value, f"input {position} = {what}")
             tried += 1
-        if api_name == "pick_patch":
+        if api_name in CLICKS:
             for what, value in values:
                 message = queue_call(client, api_name, defaults(client, api_name),
                                      {"index": [value, 3], "value": None, "selected": True})

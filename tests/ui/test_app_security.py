@@ -251,3 +251,19 @@ def test_a_web_users_model_beyond_the_memory_budget_is_a_sentence(tmp_path, monk
         inspector.load_model(name, None, progress=lambda *args, **kwargs: None)
     assert refused.value.message.startswith(words) and "--memory-budget" in refused.value.message
     assert len(inspector.cache) == 0  # nothing was kept (the default model was never asked for)
+
+
+def test_class_concepts_refuse_too_many_images_and_a_file_that_is_no_image(server, tmp_path):
+    """/class_concepts reads at most 50 uploads, each checked as the page's own upload is; a file named .png that
+    is no image, and a 51st file, get sentences before any pass (nothing is shown as a result)."""
+    client = Client(server.url, verbose=False)
+    fake = tmp_path / "notes.png"
+    fake.write_text("not a picture")
+    cat = handle_file(str(PHOTOS / "chelsea.png"))
+    sentence = refused(client, [cat, handle_file(str(fake))], False, "Egyptian cat", 2, api_name="/class_concepts")
+    assert "image" in sentence and str(tmp_path) not in sentence
+    many = [cat] * 51
+    assert refused(client, many, False, "Egyptian cat", 2, api_name="/class_concepts") == (
+        "Please upload at most 50 files at once (51 given).")
+    assert refused(client, None, False, "Egyptian cat", 2, api_name="/class_concepts").startswith(
+        "Upload at least two images of the class")

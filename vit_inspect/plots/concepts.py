@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from vit_inspect.passes.concepts import ImageConcepts
-from vit_inspect.plots.canvas import add_colorbar, map_range
+from vit_inspect.plots.canvas import add_colorbar, grid_of, map_range, titled
 from vit_inspect.plots.maps import PANEL_INCHES, TITLE_CHARS, overlay
 
 CONCEPT_UNIT = "concept weight (NMF H, own scale)"  # a heatmap's values compare patches within one concept only
@@ -77,3 +77,22 @@ def similarity_figure(maps: dict[str, tuple[np.ndarray, np.ndarray]], patch: tup
         add_colorbar(fig, -1.0, 1.0, SIMILARITY_UNIT, cmap=SIMILARITY_CMAP, ax=ax, fraction=0.046, pad=0.02)
     fig.suptitle(title, fontsize="medium")
     return fig
+
+
+GALLERY_GAP = 4  # white pixels between two crops of a gallery row
+
+
+def gallery_panel(galleries: np.ndarray, captions: list[str], title: str) -> np.ndarray:
+    """Class concepts' galleries as an (H, W, 3) uint8 picture drawn with PIL: one row per concept (``galleries``
+    (k, n, s, s, 3) uint8, its crops side by side, ``GALLERY_GAP`` pixels apart) under its caption, the rows
+    `canvas.MOSAIC_GAP` apart, under the wrapped ``title``. Crops are pixels, not values: there is no colour bar."""
+    if len(galleries) != len(captions) or not len(galleries):
+        raise ValueError(f"one caption per gallery, got {len(galleries)} galleries and {len(captions)} captions")
+    rows = []
+    for crops, caption in zip(galleries, captions):
+        side = crops.shape[1]
+        row = np.full((side, len(crops) * (side + GALLERY_GAP) - GALLERY_GAP, 3), 255, np.uint8)
+        for slot, crop in enumerate(crops):
+            row[:, slot * (side + GALLERY_GAP):slot * (side + GALLERY_GAP) + side] = crop
+        rows.append(titled(row, caption))
+    return titled(grid_of(rows, 1), title)

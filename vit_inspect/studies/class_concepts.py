@@ -26,7 +26,7 @@ stream after block l.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,7 @@ from vit_inspect.analysis.craft import (
     jansen_total_indices,
     sobol_design,
 )
-from vit_inspect.core.errors import InputError
+from vit_inspect.core.errors import Cancelled, InputError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.images import load_image
 from vit_inspect.passes.block_tokens import checked_layer, recording_blocks
@@ -148,12 +148,18 @@ def default_layer(handle: ViTHandle) -> int:
 
 def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DEFAULT_CONCEPTS,
                    layer: int | None = None, crops: int = DEFAULT_CROPS, seed: int = 0,
-                   design: int = DESIGN, importance_images: int = IMPORTANCE_IMAGES) -> ClassConcepts:
+                   design: int = DESIGN, importance_images: int = IMPORTANCE_IMAGES,
+                   progress: Callable[[int, int], None] | None = None,
+                   cancelled: Callable[[], bool] | None = None) -> ClassConcepts:
     """CRAFT's ``k`` concepts of class ``target`` over ``images`` (paths or PIL images of that class) at block
     ``layer`` (None: `default_layer`), from ``crops`` random crops per image (module docstring), ordered by
     importance, which is averaged over ``importance_images`` of the images. ``design`` is N of the Sobol design
     (h runs (k + 2) N + k + 1 times per image). An
-    `InputError` with a sentence for an image count, crop count, k, block or class out of range."""
+    `InputError` with a sentence for an image count, crop count, k, block or class out of range.
+
+    ``progress(done, total)`` is called after the crops' forwards (step 1) and after each image's importance
+    (one step each); ``cancelled()`` is read before each of those steps, and when it turns true `Cancelled` is
+    raised before the next one starts."""
     _checked("images", len(images), 1, MAX_IMAGES)
     crops = _checked("crops per image", crops, 1, MAX_CROPS)
     _checked("design points", design, 2, 1024)
@@ -173,6 +179,16 @@ def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DE
     layout = handle.layout()
     tail = model_tail(handle, layer, pixels[:1])
 
+    chosen = np.unique(np.linspace(0, len(pixels) - 1, min(importance_images, len(pixels))).round().astype(int))
+    steps = 1 + len(chosen)
+
+    def step(done: int) -> None:
+        if progress is not None:
+            progress(done, steps)
+        if cancelled is not None and cancelled():
+            raise Cancelled(f"Class concepts were cancelled after {done} of {steps} steps.")
+
+    step(0)
     cut, boxes = random_crops(pixels, crops, seed)
     crop_tokens = layout.patches(_block_output(handle, layer, cut), axis=1)  # (n_crops, P, D)
     offset = crop_tokens.amin(dim=(0, 1))  # (D,)
@@ -181,7 +197,7 @@ def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DE
     w = w.astype(np.float32)  # the bank as it is kept, so that coefficients found later from it are these
     error = float(np.linalg.norm(pooled - u @ w) / max(np.linalg.norm(pooled), 1e-30))
 
-    chosen = np.unique(np.linspace(0, len(pixels) - 1, min(importance_images, len(pixels))).round().astype(int))
+    step(1)
     tokens = _block_output(handle, layer, pixels[chosen])  # (m, N, D)
     prefix, patches = layout.split(tokens, axis=1)
     with torch.no_grad():
@@ -204,6 +220,10 @@ def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DE
         importance.append(jansen_total_indices(sobol, k, design))
         drops.append(full - removed)
         rebuilt.append(full)
+        if i + 1 < len(chosen):
+            step(2 + i)
+    if progress is not None:
+        progress(steps, steps)
     importance, drops = np.nanmean(importance, axis=0), np.mean(drops, axis=0)
     order = np.argsort(-np.nan_to_num(importance, nan=-np.inf), kind="stable")
     return ClassConcepts(

@@ -49,7 +49,8 @@ class TabContext:
 
     def after_check(self, fn, inputs: list, outputs: list, api_name: str) -> None:
         """Run ``fn`` after each of the page's stale-result checks (say, a table's label once its rows were
-        cleared); its api name gets the check's name appended."""
+        cleared); its api name gets the check's name appended. ``fn`` gets the client's raw values (no Gradio
+        preprocessing), as every handler of the page does, and checks them itself."""
         self.after_checks.append((fn, inputs, outputs, api_name))
 
     def opened(self, tab: gr.Tab) -> list:

@@ -117,7 +117,7 @@ def build_demo(config: AppConfig = AppConfig(), cache: ModelCache | None = None)
             checked = check(event.success, tracked, session, key, shown_tab, controls, f"stale_check_{name}")
             for fn, fn_inputs, fn_outputs, api_name in ctx.after_checks:
                 checked.success(fn, inputs=fn_inputs, outputs=fn_outputs, api_name=f"{api_name}_{name}",
-                                show_progress="hidden")
+                                show_progress="hidden", **RAW)  # raw client values, checked by the handler
         # A result whose event began before a new image (or model, class) was in place is checked again once it
         # is written: whichever of the two finishes last, the check after it sees both.
         check(lambda **kw: gr.on([item.made_from.change for item in tracked], trigger_mode="always_last", **kw),
