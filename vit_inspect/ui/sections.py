@@ -11,8 +11,8 @@ import json
 import gradio as gr
 
 from vit_inspect.ui.context import PageSettings
-from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, distance, downloads, faithfulness, gradcam,
-                                 heads, model, overview, rollout)
+from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, distance, downloads, faithfulness, features,
+                                 gradcam, heads, model, overview, rollout)
 
 # The page's sections in order: (name, label, elem_id, its views as (name, tab module)); a section of one view
 # has no sub-tabs (label and elem_id None: the view's own tab is the section). A new view is one tab module
@@ -24,6 +24,7 @@ SECTIONS = (
     ("heads_section", "Heads", "heads-section", (("all_heads", all_heads), ("heads", heads))),
     ("sees", "How it sees", "sees-section", (("model", model), ("distance", distance))),
     ("compare", None, None, (("compare", compare),)),
+    ("features", None, None, (("features", features),)),
     ("downloads", None, None, (("downloads", downloads),)),
 )
 
