@@ -22,7 +22,12 @@ from vit_inspect.core.module_spec import model_file_name
 from vit_inspect.core.open_clip_models import is_open_clip_name
 from vit_inspect.core.prompts import DEFAULT_TEMPLATES, check_labels, read_labels
 from vit_inspect.ui.common import own_upload_folder
-from vit_inspect.ui.config import SAE_FOLDER_ENV, AppConfig, launch_limits, with_launch_limits
+from vit_inspect.ui.config import (
+    SAE_FOLDER_ENV,
+    AppConfig,
+    launch_limits,
+    with_launch_limits,
+)
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import Inspector
 from vit_inspect.ui.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache

@@ -10,10 +10,10 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import gradio as gr
 import numpy as np
 import pytest
 import torch
-import gradio as gr
 from gradio import utils as gradio_utils
 
 from vit_inspect.analysis.sae import encode, normalise
@@ -24,7 +24,12 @@ from vit_inspect.passes.sae import block_output
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.session_store import SessionStore
-from vit_inspect.ui.tabs.features import TOP_FEATURES, FeaturesTab, sae_bytes, server_saes
+from vit_inspect.ui.tabs.features import (
+    TOP_FEATURES,
+    FeaturesTab,
+    sae_bytes,
+    server_saes,
+)
 
 CHELSEA = Path(__file__).resolve().parents[2] / "assets" / "chelsea.png"
 LAYER, FEATURES, K = 6, 256, 8

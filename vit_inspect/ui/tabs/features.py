@@ -23,13 +23,27 @@ from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.passes.sae_image import ImageFeatures, image_features, top_at
 from vit_inspect.plots import maps as map_plots
-from vit_inspect.ui.common import (MAP_OUT, MODEL_PASS, RAW, OutputImage, says_refusals, shown_model, shows_errors,
-                                   upload_folders)
+from vit_inspect.ui.common import (
+    MAP_OUT,
+    MODEL_PASS,
+    RAW,
+    OutputImage,
+    says_refusals,
+    shown_model,
+    shows_errors,
+    upload_folders,
+)
 from vit_inspect.ui.context import PageSettings, TabContext
 from vit_inspect.ui.panels import MAIN_MAP_PIXELS
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import NOTE, Basis, Tracked, cleared_sentence
-from vit_inspect.ui.untrusted import client_file, finite_float, finite_int, plain_markdown, text
+from vit_inspect.ui.untrusted import (
+    client_file,
+    finite_float,
+    finite_int,
+    plain_markdown,
+    text,
+)
 from vit_inspect.ui.zerogpu import gpu_pass
 
 TOP_FEATURES = 10  # rows of a patch's table
