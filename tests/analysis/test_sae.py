@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from vit_inspect.analysis.sae import (auxk_loss, decode, dead_fraction, encode, kl_divergence, l0, normalise,
-                                      pre_activations, reconstruct, top1_agreement, variance_explained)
+from vit_inspect.analysis.sae import (auxk_loss, decode, dead_fraction, edited_tokens, encode, kl_divergence, l0,
+                                      normalise, pre_activations, reconstruct, top1_agreement, variance_explained)
 from vit_inspect.core.sae_file import SAEInfo, SparseAutoencoder
 
 # d = 2, F = 3: feature 0 reads x0, feature 1 reads x1, feature 2 reads -x0 - x1
@@ -107,3 +107,21 @@ def test_encoder_and_decoder_equal_overcomplete(overcomplete_topk):
     ours = encode(x, w_enc, b_enc, b_dec, k)
     assert torch.allclose(ours, codes, atol=1e-5)
     assert torch.allclose(decode(ours, w_dec, b_dec), x_hat, atol=1e-5)
+
+
+def test_an_edit_moves_tokens_by_the_edited_features_decoder_rows_only():
+    """Two features on a 2-d token, k = 2, input_scale 2, no biases or mean: t = (3, 1) in SAE units is
+    x = (1.5, 0.5); W_enc = I gives z = (1.5, 0.5). Switching feature 0 off moves t by
+    (0 - 1.5) * W_dec[0] * 2 = (-3, -6) with W_dec[0] = (1, 2); doubling feature 1 adds 0.5 * W_dec[1] * 2."""
+    info = SAEInfo(model="hand", layer=0, k=2, features=2, width=2)
+    sae = SparseAutoencoder(torch.eye(2), torch.zeros(2), torch.tensor([[1.0, 2.0], [0.0, -1.0]]), torch.zeros(2),
+                            info, input_scale=torch.tensor(2.0))
+    tokens = torch.tensor([[[3.0, 1.0], [4.0, 2.0]]])  # (1, 2 tokens, 2)
+    off = edited_tokens(tokens, sae, {0: 0.0})
+    assert torch.allclose(off, torch.tensor([[[0.0, -5.0], [0.0, -6.0]]]))
+    doubled = edited_tokens(tokens, sae, {1: 2.0}, positions=torch.tensor([False, True]))
+    assert torch.allclose(doubled, torch.tensor([[[3.0, 1.0], [4.0, 0.0]]]))  # second token: + 1 * (0, -1) * 2
+    assert edited_tokens(tokens, sae, {}) is tokens
+    assert torch.equal(edited_tokens(tokens, sae, {0: 1.0, 1: 1.0}), tokens)
+    with pytest.raises(ValueError, match="features 0 to 1"):
+        edited_tokens(tokens, sae, {2: 0.0})

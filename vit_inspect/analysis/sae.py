@@ -66,6 +66,31 @@ def reconstruct(tokens: torch.Tensor, sae: SparseAutoencoder) -> torch.Tensor:
     return denormalise(decode(z, sae.W_dec, sae.b_dec), sae)
 
 
+def edited_tokens(tokens: torch.Tensor, sae: SparseAutoencoder, scales: dict[int, float],
+                  positions: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., n, d) tokens with features scaled, the SAE's reconstruction error kept:
+
+        t' = t + denormalise((z' - z) W_dec) = t + ((z' - z) W_dec) * input_scale,
+
+    where z = encode(normalise(t)) and z' is z with z'_f = scales[f] * z_f for every feature f in `scales`
+    (0 switches it off, 2 doubles it), at the token positions `positions` ((n,) bool, or None for every token)
+    and unchanged elsewhere. Only the edited features' decoder rows move the tokens; the part of t the SAE does
+    not reconstruct (t - x̂) stays, as in the interventions of Templeton et al. 2024 ("Scaling
+    Monosemanticity", feature steering with the error term). An empty `scales` returns `tokens` unchanged."""
+    if not scales:
+        return tokens
+    features = torch.tensor(sorted(scales), dtype=torch.long, device=tokens.device)
+    if int(features.min()) < 0 or int(features.max()) >= sae.info.features:
+        raise ValueError(f"this SAE has features 0 to {sae.info.features - 1}")
+    factor = torch.tensor([float(scales[int(f)]) for f in features], dtype=tokens.dtype, device=tokens.device)
+    z = encode(normalise(tokens, sae), sae.W_enc, sae.b_enc, sae.b_dec, sae.info.k)[..., features]  # (..., n, m)
+    delta = z * (factor - 1)  # (..., n, m): z' - z on the edited features
+    if positions is not None:
+        delta = delta * positions.to(delta.dtype).unsqueeze(-1)
+    shift = delta @ sae.W_dec[features]  # (..., n, d), SAE units
+    return tokens + (shift if sae.input_scale is None else shift * sae.input_scale)
+
+
 def auxk_loss(residual: torch.Tensor, pre: torch.Tensor, dead: torch.Tensor, W_dec: torch.Tensor, k_aux: int
               ) -> torch.Tensor:
     """Gao et al. 2024, Sec. A.2: ‖e - ê‖² with e = x - x̂ the (B, d) residual of the main reconstruction

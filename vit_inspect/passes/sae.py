@@ -7,11 +7,11 @@ SAE trained on the patch tokens only, only those are read or replaced; the prefi
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from vit_inspect.analysis.sae import reconstruct
+from vit_inspect.analysis.sae import edited_tokens, reconstruct
 from vit_inspect.core.errors import CaptureError
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.sae_file import SparseAutoencoder
@@ -68,6 +68,38 @@ def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Tok
             on_pair(tokens.detach(), x_hat.detach())
         replaced = hidden.clone()
         replaced[:, where] = x_hat
+        return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
+
+    removable = _block(handle, sae.info.layer).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        removable.remove()
+
+
+@contextmanager
+def edited_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: TokenLayout, scales: dict[int, float],
+                        patches: Sequence[int] | None = None) -> Iterator[None]:
+    """Forwards run inside see block `sae.info.layer`'s output with the SAE's features scaled
+    (`analysis.sae.edited_tokens`: feature f's code times `scales[f]`, the SAE's error kept) at the SAE's tokens
+    (`token_slice`), or only at the patch tokens numbered `patches` (row-major over the grid, from 0). Gradients
+    flow through the edit."""
+    where = token_slice(layout, sae.info.tokens)
+    count = where.stop - where.start
+    positions = None
+    if patches is not None:
+        offset = layout.patch_slice.start - where.start  # patch p sits at token offset + p within the SAE's slice
+        picked = [offset + int(p) for p in patches]
+        if any(not offset <= i < offset + layout.num_patches for i in picked):
+            raise CaptureError(f"the image has patches 0 to {layout.num_patches - 1}.")
+        positions = torch.zeros(count, dtype=torch.bool)
+        positions[picked] = True
+
+    def hook(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        mask = None if positions is None else positions.to(hidden.device)
+        edited = edited_tokens(hidden[:, where].float(), sae, scales, mask).to(hidden.dtype)
+        replaced = torch.cat([hidden[:, :where.start], edited, hidden[:, where.stop:]], 1)
         return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
 
     removable = _block(handle, sae.info.layer).register_forward_hook(hook)
