@@ -20,11 +20,12 @@ from vit_inspect.analysis.sae import encode, normalise
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import load_image
 from vit_inspect.core.sae_file import SAEInfo, SparseAutoencoder, save_sae
-from vit_inspect.passes.sae import block_output
+from vit_inspect.passes.sae import block_output, edited_block_output
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.session_store import SessionStore
 from vit_inspect.ui.tabs.features import (
+    MAX_SCALE,
     TOP_FEATURES,
     FeaturesTab,
     sae_bytes,
@@ -122,6 +123,36 @@ def test_a_patch_table_and_a_map_are_the_codes_of_that_patch(deit, app, session,
     np.testing.assert_allclose(features.feature_grid(other).ravel(), codes[:, other].numpy(), atol=1e-5)
     with pytest.raises(VitInspectError, match="between 0 and 255"):
         tab.show_feature(clicked, FEATURES)
+
+
+@pytest.mark.parametrize("scale", [0.0, 3.0])
+def test_an_edit_changes_the_logits_as_a_direct_forward_with_the_same_edit(deit, app, session, uploads, scale):
+    tab = FeaturesTab(app)
+    sae = random_sae(seed=2)
+    state, _, _ = loaded(tab, app, uploads, sae, "edit.safetensors")
+    quiet = dict(progress=lambda *a, **k: None)
+    encoded = tab.encode(session, state, app.key, **quiet)[0]
+    feature = encoded.feature
+    made, before, after, picture, note = tab.edit(session, encoded, state, app.key, scale, **quiet)
+    with torch.no_grad():
+        plain = deit.forward(session.pixels)[0]
+        with edited_block_output(deit, sae, deit.layout(), {feature: scale}):
+            direct = deit.forward(session.pixels)[0]
+    edited = made.slot.get().logits
+    np.testing.assert_allclose(encoded.slot.get()[0].logits, plain.numpy(), atol=1e-5)
+    np.testing.assert_allclose(edited, direct.numpy(), atol=1e-5)
+    assert float((direct - plain).abs().max()) > 1e-3  # the edit moved the logits
+    top = int(plain.argmax())
+    assert f"changes by {float(direct[top] - plain[top]):+.4g} logits" in note
+    assert (made.feature, made.scale) == (feature, scale) and sum(after.values()) <= 1 and before != after
+    assert picture.shape[1] > 2 * 224 and note.startswith(f"**Edited pass**: feature {feature} × {scale:g} at block 6")
+    with pytest.raises(VitInspectError, match="between -10 and 10"):
+        tab.edit(session, encoded, state, app.key, MAX_SCALE + 1)
+    with pytest.raises(VitInspectError, match="must be a number, not NaN"):
+        tab.edit(session, encoded, state, app.key, float("nan"))
+    other, _, _ = loaded(tab, app, uploads, random_sae(seed=3), "other.safetensors")
+    with pytest.raises(VitInspectError, match="another SAE"):
+        tab.edit(session, encoded, other, app.key, scale)
 
 
 def test_files_for_another_model_or_unsafe_files_get_a_sentence(app, uploads):

@@ -1,6 +1,8 @@
 """One image through a model with an SAE on block l's output: the SAE's codes of every patch token and the
 model's logits, from one forward pass (`image_features`), and what the app reads from them: a patch's most
-active features (`top_at`) and one feature's activation over the image (`ImageFeatures.feature_grid`).
+active features (`top_at`) and one feature's activation over the image (`ImageFeatures.feature_grid`). With
+feature edits (`scales`), the pass runs with those features scaled at block l (`passes.sae.edited_block_output`,
+the SAE's error kept) and everything it returns, codes and logits, is of that edited pass.
 
 The codes are z = TopK_k(ReLU((x - b_dec) W_enc + b_enc)) of each patch token x of block l's output, in the
 SAE's normalised units (`analysis.sae.encode`); they are kept sparse, the k values and feature indices of each
@@ -17,7 +19,7 @@ from vit_inspect.analysis.sae import normalise, pre_activations, top_k
 from vit_inspect.core.handle import ViTHandle
 from vit_inspect.core.sae_file import SparseAutoencoder
 from vit_inspect.core.tokens import TokenLayout
-from vit_inspect.passes.sae import block_output
+from vit_inspect.passes.sae import block_output, edited_block_output
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,14 +41,17 @@ class ImageFeatures:
         return self.layout.to_grid(at)
 
 
-def image_features(handle: ViTHandle, sae: SparseAutoencoder, pixels: torch.Tensor) -> ImageFeatures:
+def image_features(handle: ViTHandle, sae: SparseAutoencoder, pixels: torch.Tensor,
+                   scales: dict[int, float] | None = None) -> ImageFeatures:
     """The codes of ``sae`` for the patch tokens of one (1, 3, H, W) normalised image at block `sae.info.layer`,
     and the logits, from one forward without gradients. Prefix tokens are not encoded: the app's views are maps
-    over the patches."""
+    over the patches. With ``scales`` (feature -> factor, 0 switches it off), block l's output is edited first
+    and the codes are those of the edited tokens, re-encoded."""
     layout = handle.layout(tuple(pixels.shape[-2:]))
     seen = []
     sae = sae.to(handle.device)
-    with torch.no_grad(), block_output(handle, sae.info.layer, seen.append):
+    with (torch.no_grad(), edited_block_output(handle, sae, layout, scales or {}),  # registered first: runs first
+          block_output(handle, sae.info.layer, seen.append)):
         logits = handle.forward(pixels)  # (1, C)
     patches = seen[0][0, layout.patch_slice].float()  # (P, d)
     values, indices = top_k(pre_activations(normalise(patches, sae), sae.W_enc, sae.b_enc, sae.b_dec), sae.info.k)

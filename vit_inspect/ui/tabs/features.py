@@ -5,8 +5,11 @@ never unpickled) or chosen from the operator's folder (`AppConfig.sae_folder`); 
 (`core.sae_file.check_fits`), and it lives in the byte-bounded session store, its tensors' bytes counted.
 **Encode this image** runs one forward pass with the SAE's block read (`passes.sae_image.image_features`): a
 click on the map then lists that patch's most active features, and a feature's number draws its activation
-over the image. The SAE is cleared when the model changes and the codes when the model, the image or the SAE
-changes (`ui.stale`).
+over the image. **Apply the edit** scales the mapped feature at every token the SAE reads (0 switches it off) in
+one more pass (`passes.sae.edited_block_output`, the SAE's error kept), and shows that pass's prediction and
+map beside the unedited ones, labelled as edited; the page's own pass and maps stay unedited. The SAE is
+cleared when the model changes, the codes and the edit when the model, the image or the SAE changes
+(`ui.stale`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from vit_inspect.core.errors import InputError
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.passes.sae_image import ImageFeatures, image_features, top_at
+from vit_inspect.plots import canvas
 from vit_inspect.plots import maps as map_plots
 from vit_inspect.ui.common import (
     MAP_OUT,
@@ -47,9 +51,10 @@ from vit_inspect.ui.untrusted import (
 from vit_inspect.ui.zerogpu import gpu_pass
 
 TOP_FEATURES = 10  # rows of a patch's table
+MAX_SCALE = 10.0  # an edit scales a feature by -MAX_SCALE to MAX_SCALE
 TABLE_HEADERS = ["feature", "activation"]
 UNIT = "feature activation (SAE units)"
-PRESS_LOAD, PRESS_ENCODE = "**Load the SAE**", "**Encode this image**"
+PRESS_LOAD, PRESS_ENCODE, PRESS_EDIT = "**Load the SAE**", "**Encode this image**", "**Apply the edit**"
 SAE_SUFFIXES = (".safetensors",)  # what the operator's folder lists (saev files need a block, given on upload)
 
 
@@ -77,6 +82,16 @@ class Encoded:
     features: int  # F, the SAE's number of features
     patch: tuple[int, int]  # the patch whose features the table lists (row, col)
     feature: int  # the feature the map shows
+
+
+@dataclass(frozen=True)
+class Edited:
+    """The pass with one feature scaled (in the session store) and what it was made from."""
+
+    slot: Slot  # `ImageFeatures` of the edited pass
+    basis: Basis  # model, image, the SAE (extra) and the edit (options)
+    feature: int
+    scale: float
 
 
 def sae_bytes(sae: SparseAutoencoder) -> int:
@@ -122,6 +137,27 @@ def feature_panel(encoded: Encoded, features: ImageFeatures, rgb: np.ndarray) ->
                "table · colour range 0 to the peak")
     return map_plots.map_panel(rgb, grid, caption, UNIT, vmin=0.0, vmax=peak if peak > 0 else 1.0, marker=(row, col),
                                scale=picture_scale(features))
+
+
+def before_after(encoded: Encoded, features: ImageFeatures, edited: ImageFeatures, rgb: np.ndarray,
+                 feature: int, scale: float) -> np.ndarray:
+    """The edited feature's map from the unedited pass beside the one from the edited pass, on one colour range."""
+    grids = (features.feature_grid(feature), edited.feature_grid(feature))
+    peak = max(float(g.max()) for g in grids) or 1.0
+    panels = [map_plots.map_panel(rgb, grid, f"{words}: feature {feature}", UNIT, vmin=0.0, vmax=peak)
+              for grid, words in zip(grids, ("unedited pass", f"EDITED pass (feature {feature} × {scale:g})"))]
+    return canvas.titled(canvas.grid_of(panels, 2), f"Feature {feature} before and after scaling it by {scale:g} at "
+                         f"block {features.layer} (the SAE's error kept; codes of the edited tokens re-encoded): "
+                         f"{encoded.words} · colour range 0 to {peak:.3g}")
+
+
+def top_classes(handle, logits: np.ndarray) -> dict | None:
+    """The gr.Label value of logits' top 5 (None for a model without a head)."""
+    if not handle.has_head:
+        return None
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    return {f"{t['label']} (#{t['index']})": t["prob"] for t in handle.top_labels(probs, 5)}
 
 
 def picture_scale(features: ImageFeatures) -> int:
@@ -238,6 +274,32 @@ class FeaturesTab:
         shown = self.show_feature(encoded, evt.row_value[0])
         return *shown, shown[0].feature
 
+    def edit(self, session, encoded: Encoded | None, loaded: LoadedSAE | None, key, scale: object,
+             progress=gr.Progress()):
+        """One more pass with the mapped feature scaled at every token the SAE reads: (its state, the unedited
+        prediction, the edited one, the maps before and after, a line with the top class's change)."""
+        if encoded is None:
+            raise InputError(f"Press {PRESS_ENCODE} first; the edit applies to the feature it maps.")
+        if loaded is None or (loaded.name, loaded.digest) != encoded.basis.extra:
+            raise InputError(f"The codes shown were made with another SAE; press {PRESS_ENCODE} again.")
+        factor = finite_float(scale, "The scale", -MAX_SCALE, MAX_SCALE, default=0.0, clamp=False)
+        handle, sae = self.app.handle(key), loaded.sae
+        features, rgb = encoded.slot.get()
+        feature = encoded.feature
+        progress(0.3, desc=f"One forward pass with feature {feature} × {factor:g} at block {sae.info.layer}")
+        edited = self.run_pass(handle, sae, handle.preprocess.normalize(rgb), {feature: factor})
+        slot = self.app.store.put(edited, edited.nbytes())
+        made = Edited(slot, Basis.of(session, key, {"feature": feature, "scale": factor}, extra=encoded.basis.extra),
+                      feature, factor)
+        note = f"**Edited pass**: feature {feature} × {factor:g} at block {sae.info.layer}, every token the SAE reads."
+        if handle.has_head:
+            top = int(features.logits.argmax())
+            note += (f" The unedited top class, {plain_markdown(handle.label(top))} (#{top}), changes by "
+                     f"{float(edited.logits[top] - features.logits[top]):+.4g} logits; the edited top class is "
+                     f"{plain_markdown(handle.label(int(edited.logits.argmax())))} (#{int(edited.logits.argmax())}).")
+        return (made, top_classes(handle, features.logits), top_classes(handle, edited.logits),
+                before_after(encoded, features, edited, rgb, feature, factor), note)
+
 
 @dataclass(frozen=True)
 class FeaturesView:
@@ -257,6 +319,13 @@ class FeaturesView:
     table: gr.Dataframe
     feature: gr.Number
     made_from: gr.State  # the `Encoded` shown
+    scale: gr.Number
+    apply: gr.Button
+    top_before: gr.Label
+    top_after: gr.Label
+    edited: gr.Image
+    edit_note: gr.Markdown
+    edit_made_from: gr.State  # the `Edited` shown
 
 
 def layout(settings: PageSettings) -> FeaturesView:
@@ -284,9 +353,21 @@ def layout(settings: PageSettings) -> FeaturesView:
                 table = gr.Dataframe(headers=TABLE_HEADERS, label="The clicked patch's most active features "
                                      "(click a row to map it)", interactive=False, elem_id="features-table")
                 feature = gr.Number(None, label="Feature to map", precision=0, minimum=0, elem_id="features-feature")
-        sae, sae_id, made_from = gr.State(None), gr.State(None), gr.State(None)
+        gr.Markdown("**Edit**: scale the mapped feature at every token the SAE reads (0 switches it off), in one "
+                    "more pass whose prediction and map show below, beside the unedited ones. The page's other "
+                    "views stay unedited.")
+        with gr.Row():
+            scale = gr.Number(0.0, label=f"Scale (0: off; {-MAX_SCALE:g} to {MAX_SCALE:g})", minimum=-MAX_SCALE,
+                              maximum=MAX_SCALE, step=0.5, elem_id="features-scale")
+            apply = gr.Button(PRESS_EDIT.strip("*"), elem_id="features-apply")
+        edit_note = gr.Markdown(elem_id="features-edit-note")
+        with gr.Row():
+            top_before = gr.Label(num_top_classes=5, label="Prediction, unedited", elem_id="features-top-before")
+            top_after = gr.Label(num_top_classes=5, label="Prediction, EDITED", elem_id="features-top-after")
+        edited = OutputImage(elem_id="features-edited", **MAP_OUT)
+        sae, sae_id, made_from, edit_made_from = gr.State(None), gr.State(None), gr.State(None), gr.State(None)
     return FeaturesView(tab, sae_file, sae_choice, block, load, sae_status, sae, sae_id, encode, note, picture, table,
-                        feature, made_from)
+                        feature, made_from, scale, apply, top_before, top_after, edited, edit_note, edit_made_from)
 
 
 def wire(view: FeaturesView, ctx: TabContext) -> None:
@@ -313,16 +394,25 @@ def wire(view: FeaturesView, ctx: TabContext) -> None:
     gr.on([view.table.select], shows_errors(handlers.pick_row), inputs=[view.made_from],
           outputs=[view.made_from, view.picture, view.feature], api_name="features_row", show_progress="hidden",
           **RAW)
+    gr.on([view.apply.click], says_refusals(handlers.edit, view.edit_note),
+          inputs=[ctx.session, view.made_from, view.sae, ctx.key, view.scale],
+          outputs=[view.edit_made_from, view.top_before, view.top_after, view.edited, view.edit_note],
+          api_name="features_edit", show_progress_on=[view.edited], **RAW, **MODEL_PASS)
     ctx.events["sae"] = loaded
     ctx.track(Tracked("features_sae", view.sae, (view.sae_status,), (NOTE,), "model", PRESS_LOAD,
                       sentence=lambda old, now: f"*Cleared: the model changed. Press {PRESS_LOAD} to load an SAE "
                                                 "for the model in use.*"))
-    codes = Tracked("features", view.made_from, (view.picture, view.table, view.note), (None, None, NOTE), "image",
-                    PRESS_ENCODE, extra=view.sae_id)
+    ctx.track(another_sae(Tracked("features", view.made_from, (view.picture, view.table, view.note),
+                                  (None, None, NOTE), "image", PRESS_ENCODE, extra=view.sae_id)))
+    ctx.track(another_sae(Tracked("features_edit", view.edit_made_from,
+                                  (view.top_before, view.top_after, view.edited, view.edit_note),
+                                  (None, None, None, NOTE), "image", PRESS_EDIT, extra=view.sae_id)))
 
+
+def another_sae(tracked: Tracked) -> Tracked:
+    """``tracked`` whose cleared sentence says so when the SAE changed (its ``extra``), not the model."""
     def sentence(old: Basis, now: Basis) -> str:
         if old.model == now.model and old.extra != now.extra:
             return f"*Cleared: another SAE was loaded. Press {PRESS_ENCODE} to encode the image with it.*"
-        return cleared_sentence(replace(codes, sentence=None), old, now)
-
-    ctx.track(replace(codes, sentence=sentence))
+        return cleared_sentence(tracked, old, now)
+    return replace(tracked, sentence=sentence)
