@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 from gradio import utils as gradio_utils
+from support.sae import FEATURES, K, random_sae
 
 from vit_inspect.analysis.sae import encode, normalise
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import load_image
-from vit_inspect.core.sae_file import SAEInfo, SparseAutoencoder, save_sae
+from vit_inspect.core.sae_file import SparseAutoencoder, save_sae
 from vit_inspect.passes.sae import block_output, edited_block_output
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.model_cache import CacheKey
@@ -33,16 +34,6 @@ from vit_inspect.ui.tabs.features import (
 )
 
 CHELSEA = Path(__file__).resolve().parents[2] / "assets" / "chelsea.png"
-LAYER, FEATURES, K = 6, 256, 8
-
-
-def random_sae(width: int = 192, layer: int = LAYER, model: str = "deit_tiny_patch16_224", seed: int = 0
-               ) -> SparseAutoencoder:
-    torch.manual_seed(seed)
-    info = SAEInfo(model=model, layer=layer, k=K, features=FEATURES, width=width)
-    return SparseAutoencoder(W_enc=torch.randn(width, FEATURES) / width ** 0.5, b_enc=torch.randn(FEATURES) * 0.1,
-                             W_dec=torch.randn(FEATURES, width) / FEATURES ** 0.5, b_dec=torch.randn(width) * 0.1,
-                             info=info, input_mean=torch.randn(width) * 0.1, input_scale=torch.tensor(2.0))
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +121,7 @@ def test_an_edit_changes_the_logits_as_a_direct_forward_with_the_same_edit(deit,
     tab = FeaturesTab(app)
     sae = random_sae(seed=2)
     state, _, _ = loaded(tab, app, uploads, sae, "edit.safetensors")
-    quiet = dict(progress=lambda *a, **k: None)
+    quiet = {"progress": lambda *a, **k: None}
     encoded = tab.encode(session, state, app.key, **quiet)[0]
     feature = encoded.feature
     made, before, after, picture, note = tab.edit(session, encoded, state, app.key, scale, **quiet)

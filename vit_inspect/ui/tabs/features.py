@@ -120,10 +120,11 @@ def is_saev(path: str) -> bool:
         return handle.read(1) == b"{"
 
 
-def sae_words(loaded: LoadedSAE) -> str:
+def sae_words(loaded: LoadedSAE, name: str | None = None) -> str:
+    """"SAE NAME (block 6 output, 1536 features, top-32, all tokens)", the file's name as given or ``name``."""
     info = loaded.sae.info
     tokens = "patch tokens" if info.tokens == "patches" else "all tokens"
-    return f"SAE {loaded.name} (block {info.layer} output, {info.features} features, top-{info.k}, {tokens})"
+    return f"SAE {loaded.name if name is None else name} (block {info.layer} output, {info.features} features, top-{info.k}, {tokens})"
 
 
 def feature_panel(encoded: Encoded, features: ImageFeatures, rgb: np.ndarray) -> np.ndarray:
@@ -215,7 +216,7 @@ class FeaturesTab:
         check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {name!r}")
         slot = self.app.store.put(sae, sae_bytes(sae))
         loaded = LoadedSAE(slot, name, file_digest(path), Basis(model=key, model_words=shown_model(handle)))
-        status = f"**{plain_markdown(sae_words(loaded))}** loaded for {plain_markdown(shown_model(handle))}."
+        status = f"{sae_words(loaded, f'**{plain_markdown(name)}**')} loaded for `{shown_model(handle)}`."
         return loaded, (name, loaded.digest), status
 
     def encode(self, session, loaded: LoadedSAE | None, key, progress=gr.Progress()):
@@ -237,7 +238,7 @@ class FeaturesTab:
         encoded = Encoded(slot, Basis.of(session, key, extra=(loaded.name, loaded.digest)),
                           f"{shown_model(handle)}, {session.image_words}, {sae_words(loaded)}", sae.info.features,
                           patch, feature)
-        note = (f"Encoded {plain_markdown(session.image_words)} with {plain_markdown(loaded.name)}. Click the map "
+        note = (f"Encoded {plain_markdown(session.image_words)} with **{plain_markdown(loaded.name)}**. Click the map "
                 f"for a patch's features; the map shows feature {feature}, the image's strongest.")
         return encoded, feature_panel(encoded, features, rgb), table_rows(features, patch), feature, note
 
