@@ -206,6 +206,7 @@ class FeaturesTab:
             path, name = os.path.join(self.app.config.sae_folder, choice), choice
         else:
             raise InputError("Upload an SAE file, or choose one of this server's.")
+        block = block.strip() if isinstance(block, str) else block
         layer = None if block in (None, "") else finite_int(block, "The block", 0, 10_000, clamp=False)
         if layer is None and is_saev(path):
             raise InputError("This is a saev SAE file, which does not record the block it reads; give the block "
@@ -309,7 +310,7 @@ class FeaturesView:
     tab: gr.Tab
     sae_file: gr.File
     sae_choice: gr.Dropdown
-    block: gr.Number
+    block: gr.Textbox  # saev's files do not record their block: typed, never a default a user did not choose
     load: gr.Button
     sae_status: gr.Markdown
     sae: gr.State  # the `LoadedSAE` (None: none)
@@ -341,8 +342,8 @@ def layout(settings: PageSettings) -> FeaturesView:
                                scale=3, elem_id="features-sae-file")
             sae_choice = gr.Dropdown([], value=None, label="or one of this server's SAEs", visible=False, scale=2,
                                      elem_id="features-sae-choice")
-            block = gr.Number(None, label="Block (saev files)", precision=0, minimum=0, scale=1,
-                              elem_id="features-block")
+            block = gr.Textbox("", label="Block it reads (saev files only)", placeholder="e.g. 6", max_length=6,
+                               scale=1, elem_id="features-block")
         load = gr.Button("Load the SAE", elem_id="features-load")
         sae_status = gr.Markdown("No SAE loaded.", elem_id="features-sae-status")
         encode = gr.Button("Encode this image", variant="primary", elem_id="features-encode")
