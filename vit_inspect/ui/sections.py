@@ -1,4 +1,4 @@
-"""The page's sections: a few top-level tabs (Explain, Heads, How it sees, Compare, Downloads), the first three
+"""The page's sections: a few top-level tabs (Explain, Heads, How it sees, Compare, Features, Downloads), the first three
 with sub-tabs, so that every view is in reach without Gradio's overflow menu at 1366 pixels or wider; each
 sub-tab is a tab module's `layout()` (`ui.tabs`).
 
