@@ -114,6 +114,8 @@ def test_a_patch_table_and_a_map_are_the_codes_of_that_patch(deit, app, session,
     np.testing.assert_allclose(features.feature_grid(other).ravel(), codes[:, other].numpy(), atol=1e-5)
     with pytest.raises(VitInspectError, match="between 0 and 255"):
         tab.show_feature(clicked, FEATURES)
+    by_row, _, typed = tab.pick_row(SimpleNamespace(row_value=[other, 1.5]), clicked)  # a click on a table row
+    assert by_row.feature == typed == other and by_row.patch == clicked.patch
 
 
 @pytest.mark.parametrize("scale", [0.0, 3.0])
