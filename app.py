@@ -22,7 +22,12 @@ from vit_inspect.core.module_spec import model_file_name
 from vit_inspect.core.open_clip_models import is_open_clip_name
 from vit_inspect.core.prompts import DEFAULT_TEMPLATES, check_labels, read_labels
 from vit_inspect.ui.common import own_upload_folder
-from vit_inspect.ui.config import AppConfig, launch_limits, with_launch_limits
+from vit_inspect.ui.config import (
+    SAE_FOLDER_ENV,
+    AppConfig,
+    launch_limits,
+    with_launch_limits,
+)
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.inspector import Inspector
 from vit_inspect.ui.model_cache import DEFAULT_CACHE_SIZE, CacheKey, ModelCache
@@ -68,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
                              f"are dropped beyond this; 0 turns it off (default {AppConfig.spill_budget / 2 ** 30:g})")
     parser.add_argument("--max-sessions", type=int, default=AppConfig.max_sessions,
                         help=f"sessions kept in memory; the oldest is dropped beyond this (default {AppConfig.max_sessions})")
+    parser.add_argument("--sae-folder", default=os.environ.get(SAE_FOLDER_ENV),
+                        help="folder of SAE files (.safetensors) the Features view offers by name "
+                             f"(default: ${SAE_FOLDER_ENV}; none: uploads only)")
+    parser.add_argument("--max-sae-upload-mb", type=float, default=AppConfig.max_sae_upload_mb,
+                        help=f"largest SAE file a web user may upload (default {AppConfig.max_sae_upload_mb:g})")
     args = parser.parse_args(argv)
     try:
         model = model_file_name(args.model_file) if args.model_file else args.model
@@ -75,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
         parser.error(str(exc))
     for option, value in (("--max-upload-mb", args.max_upload_mb), ("--max-image-pixels", args.max_image_pixels),
                           ("--memory-budget", args.memory_budget), ("--max-sessions", args.max_sessions),
-                          ("--cache-size", args.cache_size)):
+                          ("--cache-size", args.cache_size), ("--max-sae-upload-mb", args.max_sae_upload_mb)):
         if not (math.isfinite(value) and value > 0):  # a bound must bound: NaN, inf, 0 and below are refused
             parser.error(f"{option} must be a positive finite number, got {value!r}.")
     if not math.isfinite(args.spill_budget):  # at most 0 turns spilling off; NaN or inf is a typing mistake
@@ -93,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AppConfig, argparse.Names
                        cache_size=args.cache_size,
                        max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels,
                        max_sessions=args.max_sessions, memory_budget=int(args.memory_budget * 2 ** 30),
-                       spill_budget=int(max(0.0, args.spill_budget) * 2 ** 30))
+                       spill_budget=int(max(0.0, args.spill_budget) * 2 ** 30), sae_folder=args.sae_folder,
+                       max_sae_upload_mb=args.max_sae_upload_mb)
     return config, args
 
 

@@ -27,7 +27,9 @@ from gradio import utils as gradio_utils  # noqa: E402
 from gradio_client import Client, handle_file  # noqa: E402
 from gradio_client.exceptions import AppError  # noqa: E402
 from support.app import dependency, queue_call, refusal, refused
+from support.sae import random_sae
 
+from vit_inspect.core.sae_file import save_sae
 from vit_inspect.ui.config import AppConfig
 from vit_inspect.ui.demo import build_demo
 from vit_inspect.ui.model_cache import ModelCache  # noqa: E402
@@ -115,7 +117,7 @@ def outcome(message: dict) -> tuple[bool, object]:
 
 FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
                "dataset_distance": (0, lambda f: [f]), "similarity_other_image": (0, lambda f: f),
-               "class_concepts": (0, lambda f: [f])}
+               "class_concepts": (0, lambda f: [f]), "features_load_sae": (0, lambda f: f)}
 
 
 def file_call_data(client: Client, api_name: str, payload) -> list:
@@ -203,7 +205,8 @@ HOSTILE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": 1e308, "
            "text": "abc", "null_byte": "a\x00b", "list": [1, 2], "dict": {"a": 1}, "empty": ""}
 
 
-CLICKS = ("pick_patch", "pick_similar_patch")  # endpoints of a click on a map: their event data is attacked too
+# endpoints of a click on a map or a table row: their event data is attacked too
+CLICKS = ("pick_patch", "pick_similar_patch", "features_patch", "features_row")
 
 
 def assert_sentence(api_name: str, what: str, message: dict, component: str) -> None:
@@ -237,13 +240,19 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
             "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
             "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result",
-            "sanity_checks", "cancel_sanity_checks"} <= set(endpoints)
+            "sanity_checks", "cancel_sanity_checks", "features_load_sae", "features_encode", "features_patch",
+            "features_feature", "features_row", "features_edit", "features_saes", "stale_check_sae"} <= set(endpoints)
+    sae = Path(tempfile.mkdtemp()) / "random.safetensors"  # an SAE loaded and the image encoded: every handler
+    save_sae(random_sae(), sae)  # of the Features view then has codes to read when the hostile values come
+    client.predict(handle_file(str(sae)), None, None, api_name="/features_load_sae")
+    assert client.predict(api_name="/features_encode")[0]
     values = list(HOSTILE.items())
     tried = 0
     for api_name in endpoints:
         inputs = dependency(client, api_name)["inputs"]
         open_inputs = [p for p, c in enumerate(inputs) if components[c] != "state"]
-        event_data = {"index": [100, 40], "value": None, "selected": True} if api_name in CLICKS else None
+        event_data = ({"index": [100, 40], "value": None, "selected": True, "row_value": [3, 0.5]}
+                      if api_name in CLICKS else None)
 
         def attempt(positions, value, what):
             data = defaults(client, api_name)
@@ -265,7 +274,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
         if api_name in CLICKS:
             for what, value in values:
                 message = queue_call(client, api_name, defaults(client, api_name),
-                                     {"index": [value, 3], "value": None, "selected": True})
+                                     {"index": [value, 3], "value": None, "selected": True, "row_value": [value]})
                 assert_sentence(api_name, f"click at x = {what}", message, "click")
     assert tried > 100
     assert analyze(client, CHELSEA.with_name("coffee.png"))["predictions"]["confidences"]  # still serving
@@ -281,6 +290,52 @@ def handle_file_payload(client: Client) -> dict:
             response = httpx.post(client.src.rstrip("/") + "/gradio_api/upload", files={"files": f}, timeout=30)
         _UPLOADED["cat"] = {"path": response.json()[0], "orig_name": "chelsea.png", "meta": META}
     return _UPLOADED["cat"]
+
+
+def test_hostile_sae_files_get_sentences_without_a_path(server, tmp_path):
+    """The Features view's upload: a pickle, files that only claim to be an SAE, one that lies about its shapes or
+    size, NaN weights, a broken saev line, one over the size cap, one for another model: each a sentence naming
+    no server path, nothing loaded."""
+    import torch
+    from safetensors.torch import save_file
+
+    from vit_inspect.core.sae_file import METADATA_KEY
+
+    good = random_sae()
+    save_sae(good, tmp_path / "good.safetensors")
+    whole = (tmp_path / "good.safetensors").read_bytes()
+    files = {"sae.pt": None, "text.safetensors": b"not a safetensors file at all",
+             "truncated.safetensors": whole[: len(whole) // 2], "saev_broken": b'{"d_vit": 192,\n\x00\x01'}
+    torch.save(good.tensors(), tmp_path / "sae.pt")
+    lying = dict(good.tensors())
+    save_file(lying, str(tmp_path / "lying.safetensors"),
+              metadata={METADATA_KEY: good.info.__class__(**{**good.info.__dict__, "features": 300}).to_json()})
+    save_file(lying, str(tmp_path / "huge.safetensors"),
+              metadata={METADATA_KEY: good.info.__class__(**{**good.info.__dict__, "features": 2 ** 40}).to_json()})
+    nan = {name: t.clone() for name, t in good.tensors().items()}
+    nan["W_dec"][0, 0] = float("nan")
+    save_file(nan, str(tmp_path / "nan.safetensors"), metadata={METADATA_KEY: good.info.to_json()})
+    save_sae(random_sae(width=384), tmp_path / "wide.safetensors")
+    (tmp_path / "big.safetensors").write_bytes(whole + b"\0" * (17 * 2 ** 20))
+    for name, data in files.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+    expected = {"sae.pt": "pickled checkpoint", "text.safetensors": "", "truncated.safetensors": "",
+                "saev_broken": "", "lying.safetensors": "shape", "huge.safetensors": "features",
+                "nan.safetensors": "", "wide.safetensors": "384-wide tokens", "big.safetensors": "16 MiB"}
+    client = Client(server.url, verbose=False)
+    for name, words in expected.items():
+        sentence = refused(client, handle_file(str(tmp_path / name)), None, 6, api_name="/features_load_sae")
+        assert words in sentence and len(sentence.split()) >= 3, (name, sentence)
+        assert not any(raw in sentence for raw in RAW_PYTHON), (name, sentence)
+        assert not any(path in sentence for path in SERVER_PATHS), (name, sentence)
+    for block in (-1, "six", [6], 1e9):  # NaN and the rest: every endpoint's sweep above
+        sentence = refused(client, handle_file(str(tmp_path / "saev_broken")), None, block,
+                           api_name="/features_load_sae")
+        assert "block" in sentence.lower() and not any(path in sentence for path in SERVER_PATHS), sentence
+    for choice in ("/etc/passwd", "../good.safetensors", "good.safetensors"):  # no server folder is configured
+        assert refused(client, None, choice, None, api_name="/features_load_sae") == (
+            "This server offers no SAE of that name; choose one from the list.")
 
 
 @pytest.mark.parametrize("api_name, data, message", [

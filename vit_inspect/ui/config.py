@@ -16,6 +16,8 @@ from vit_inspect.ui.session_store import DEFAULT_BUDGET
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the example photos, beside the package
 FIRST_IMAGE = ASSETS / "chelsea.png"  # what the page shows on load, so that its first view answers at once
+SAE_FOLDER_ENV = "VIT_INSPECT_SAE_FOLDER"  # the operator's folder of SAE files the Features view lists
+MAX_SAE_UPLOAD_MB = 16.0  # largest SAE file a web user may upload (one of 1536 features for DeiT-Ti: 2.4 MB)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class AppConfig:
     memory_budget: int = DEFAULT_BUDGET  # bytes of session results plus loaded models; LRU results dropped beyond
     spill_budget: int = DEFAULT_SPILL_BUDGET  # bytes of attention maps spilled to local disk (vit_inspect.passes.spill); 0: none
     session_ttl_s: float = 3600.0  # a session's results are dropped this long after their last update
+    sae_folder: str | None = None  # SAE files offered by name in the Features view; None: uploads only
+    max_sae_upload_mb: float = MAX_SAE_UPLOAD_MB  # largest SAE file a web user may upload, MiB
     first_image: str | None = str(FIRST_IMAGE) if FIRST_IMAGE.is_file() else None  # analysed on page load; None: none
 
     @property

@@ -1,5 +1,5 @@
-"""The page's sections: a few top-level tabs (Explain, Heads, How it sees, Compare, Downloads), the first three
-with sub-tabs, so that every view is in reach without Gradio's overflow menu at 1366 pixels or wider; each
+"""The page's sections: a few top-level tabs (Explain, Heads, How it sees, Compare, Features, Downloads), the
+first three with sub-tabs, so that every view is in reach without Gradio's overflow menu at 1366 pixels or wider; each
 sub-tab is a tab module's `layout()` (`ui.tabs`).
 
 The page records the sub-tab it shows in a hidden textbox (``shown``), in the browser and at once: a sub-tab
@@ -12,7 +12,7 @@ import gradio as gr
 
 from vit_inspect.ui.context import PageSettings
 from vit_inspect.ui.tabs import (all_heads, all_maps, attention, compare, concepts, distance, downloads, faithfulness,
-                                 gradcam, heads, model, overview, rollout, similarity)
+                                 features, gradcam, heads, model, overview, rollout, similarity)
 
 # The page's sections in order: (name, label, elem_id, its views as (name, tab module)); a section of one view
 # has no sub-tabs (label and elem_id None: the view's own tab is the section). A new view is one tab module
@@ -25,6 +25,7 @@ SECTIONS = (
     ("sees", "How it sees", "sees-section", (("model", model), ("distance", distance), ("concepts", concepts),
                                             ("similarity", similarity))),
     ("compare", None, None, (("compare", compare),)),
+    ("features", None, None, (("features", features),)),
     ("downloads", None, None, (("downloads", downloads),)),
 )
 

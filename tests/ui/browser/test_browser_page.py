@@ -19,8 +19,8 @@ pytestmark = [*APP_MARKS, pytest.mark.slow]  # slow: Chromium on the served app
 
 COFFEE = REPO / "assets" / "coffee.png"
 CHELSEA_CLASSES = re.compile("Egyptian cat|tabby|tiger cat|lynx|Persian cat")  # image 1's top 5
-SECTIONS = ("Explain", "Heads", "How it sees", "Compare", "Downloads")
-VIEWS = [*SECTION_OF, "Compare", "Downloads"]
+SECTIONS = ("Explain", "Heads", "How it sees", "Compare", "Features", "Downloads")
+VIEWS = [*SECTION_OF, "Compare", "Features", "Downloads"]
 # every picture shown at its own size (never shrunk, so its 12-13 px text stays so); its natural width
 SIZES = """() => [...document.querySelectorAll('img')].filter(i => i.offsetParent && i.naturalWidth && i.closest('[id]'))
   .map(i => [i.closest('[id]').id, i.naturalWidth, Math.round(i.getBoundingClientRect().width)])

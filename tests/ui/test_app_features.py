@@ -1,0 +1,53 @@
+"""The Features view through the served app: an uploaded SAE, the image encoded, a click and a feature, an edit,
+and the stale-result rule (a new image, another SAE, another model clear what was made before)."""
+from __future__ import annotations
+
+import pytest
+from gradio_client import Client, handle_file
+from support.app import APP_MARKS, CHELSEA, analyze, dependency, queue_call
+from support.sae import random_sae
+
+from vit_inspect.core.sae_file import save_sae
+
+pytestmark = [*APP_MARKS, pytest.mark.slow]
+COFFEE = CHELSEA.with_name("coffee.png")
+
+
+def shown(client: Client, api_name: str, *args) -> dict:
+    """An event's outputs (states left out, as gradio_client gives them) by elem_id."""
+    ids = {c["id"]: c.get("props", {}).get("elem_id") for c in client.config["components"] if c["type"] != "state"}
+    outputs = [ids[i] for i in dependency(client, api_name)["outputs"] if i in ids]
+    answer = client.predict(*args, api_name=f"/{api_name}")
+    return dict(zip(outputs, answer if isinstance(answer, tuple) else (answer,), strict=True))
+
+
+def test_an_uploaded_sae_encodes_clicks_edits_and_goes_stale(server, tmp_path):
+    client = Client(server.url, verbose=False)
+    save_sae(random_sae(seed=4), tmp_path / "first.safetensors")
+    save_sae(random_sae(seed=5), tmp_path / "second.safetensors")
+    analyze(client)
+    loaded = shown(client, "features_load_sae", handle_file(str(tmp_path / "first.safetensors")), None, None)
+    assert loaded["features-sae-status"] == ("SAE **first.safetensors** (block 6 output, 256 features, top-8, all "
+                                             "tokens) loaded for `deit_tiny_patch16_224 (deit_tiny_patch16_224.safetensors)`.")
+    assert str(tmp_path) not in loaded["features-sae-status"]
+    encoded = shown(client, "features_encode")
+    assert encoded["features-map"] and len(encoded["features-table"]["data"]) == 8
+    assert encoded["features-note"].startswith("Encoded chelsea.png \\(model's centre crop")
+    first = encoded["features-table"]["data"][0][0]
+    forwards = server.forwards
+    clicked = queue_call(client, "features_patch", [None], {"index": [2 * 16 * 7 + 3, 2 * 16 * 2 + 3], "value": None})
+    assert clicked["success"] and server.forwards == forwards  # a click redraws from the stored codes
+    assert shown(client, "features_feature", first)["features-map"]
+    edited = shown(client, "features_edit", 0)
+    assert edited["features-edit-note"].startswith("**Edited pass**") and edited["features-top-after"]["confidences"]
+    assert server.forwards == forwards + 1  # the edit is one more pass
+
+    shown(client, "features_load_sae", handle_file(str(tmp_path / "second.safetensors")), None, None)
+    cleared = shown(client, "stale_check_sae")
+    assert cleared["features-map"] is None and "another SAE was loaded" in cleared["features-note"]
+    assert "another SAE was loaded" in cleared["features-edit-note"]
+    assert shown(client, "features_encode")["features-map"]
+    analyze(client, COFFEE)
+    cleared = shown(client, "stale_check_image")
+    assert cleared["features-map"] is None and cleared["features-table"]["data"] == []
+    assert "(these were for chelsea.png (model" in cleared["features-note"] and "**Encode this image**" in cleared["features-note"]
