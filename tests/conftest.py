@@ -19,6 +19,13 @@ atexit.register(shutil.rmtree, GRADIO_FOLDER, ignore_errors=True)
 
 from support import DEIT_WEIGHTS, TINY_TIMM  # noqa: E402  (after the environment above)
 
+# On pytest-xdist's workers (`-n 2`), each worker's torch computes on its share of the cores: two workers of two
+# OpenMP threads each on two cores would spin against each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # The user-path tests run alone, with the environment the README's install makes (.ci/run's first stage:
 # `python -m pytest tests/userpath`); the full suite leaves them out, so that CI does not run them twice.
 collect_ignore = ["userpath"]
