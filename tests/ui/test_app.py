@@ -52,15 +52,15 @@ def _zlib_level_class(png: bytes) -> int:
 
 
 def test_the_page_records_the_tab_it_shows():
-    """Five sections, three with sub-tabs; a sub-tab opening records its label (and remembers it for its
+    """Six sections, three with sub-tabs; a sub-tab opening records its label (and remembers it for its
     section), a section opening records the sub-tab it last showed, its first at the start; all in the page."""
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     tabs = [block for block in demo.blocks.values() if isinstance(block, gr.Tab)]
     labels = {tab.label for tab in tabs}
     assert set(LATER_PANELS.values()) | {FIRST_TAB, "Ablate & rank"} <= labels  # the tabs the gating names exist
     sections = {"Explain": "Overview", "Heads": "All heads", "How it sees": "Filters & positions",
-                "Compare": "Compare", "Downloads": "Downloads"}
-    assert set(sections) <= labels and len(tabs) == 15  # 5 sections, 12 views
+                "Compare": "Compare", "Features": "Features", "Downloads": "Downloads"}
+    assert set(sections) <= labels and len(tabs) == 18  # 6 sections, 15 views
     shown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "shown-tab")
     assert shown.value == FIRST_TAB and not shown.visible
     recorded = {}
@@ -81,9 +81,10 @@ def test_the_page_records_the_tab_it_shows():
 def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
-    assert len(outputs) == 33  # every map and figure of every tab
+    assert len(outputs) == 40  # every map and figure of every tab
     plain = [block for block in demo.blocks.values() if type(block) is gr.Image]
-    assert [block.label for block in plain] == ["Image (upload, drop, paste or webcam)"]  # the upload, an input
+    assert [block.label for block in plain] == ["Image (upload, drop, paste or webcam)",  # the uploads, inputs
+                                                "Second image (optional)"]
     kinds = {c["id"]: c["type"] for c in demo.config["components"]}
     assert {kinds[block._id] for block in outputs} == {"image"}  # drawn by Gradio's own image component
     picture = np.random.default_rng(0).integers(0, 256, (37, 53, 3)).astype(np.uint8)

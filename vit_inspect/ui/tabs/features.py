@@ -383,7 +383,7 @@ def wire(view: FeaturesView, ctx: TabContext) -> None:
     loaded = gr.on([view.load.click], says_refusals(handlers.load, view.sae_status),
                    inputs=[view.sae_file, view.sae_choice, view.block, ctx.key],
                    outputs=[view.sae, view.sae_id, view.sae_status], api_name="features_load_sae",
-                   show_progress_on=[view.sae_status], **RAW)
+                   show_progress="hidden", **RAW)
     gr.on([view.encode.click], says_refusals(handlers.encode, view.note),
           inputs=[ctx.session, view.sae, ctx.key],
           outputs=[view.made_from, view.picture, view.table, view.feature, view.note], api_name="features_encode",
