@@ -32,6 +32,16 @@ def _block(handle: ViTHandle, layer: int) -> torch.nn.Module:
     return handle.blocks[layer]
 
 
+@contextmanager
+def _hooked(block: torch.nn.Module, hook: Callable) -> Iterator[None]:
+    """`hook` on `block`'s forward inside, removed in `finally`."""
+    removable = block.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        removable.remove()
+
+
 class _StopForward(Exception):
     """Raised by `block_output(..., stop=True)` once it has the block's output; never leaves the context."""
 
@@ -73,11 +83,8 @@ def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Tok
         replaced[:, where] = x_hat
         return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
 
-    removable = _block(handle, sae.info.layer).register_forward_hook(hook)
-    try:
+    with _hooked(_block(handle, sae.info.layer), hook):
         yield
-    finally:
-        removable.remove()
 
 
 def patch_codes(handle: ViTHandle, sae: SparseAutoencoder, pixels: torch.Tensor, logits: bool = False
@@ -176,8 +183,5 @@ def edited_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Token
         replaced = torch.cat([hidden[:, :where.start], edited, hidden[:, where.stop:]], 1)
         return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
 
-    removable = _block(handle, sae.info.layer).register_forward_hook(hook)
-    try:
+    with _hooked(_block(handle, sae.info.layer), hook):
         yield
-    finally:
-        removable.remove()
