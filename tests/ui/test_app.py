@@ -101,6 +101,12 @@ def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     np.testing.assert_array_equal(np.asarray(Image.open(floats)), picture)
     webp = OutputImage(format="webp").postprocess(picture)
     assert webp.path.endswith(".webp")
+    # the same picture again names the same file and never rewrites it: a browser may be reading it
+    served = Path(sent.path)
+    served.write_bytes(b"the bytes a reader is being sent")
+    assert outputs[1].postprocess(picture).path == sent.path
+    assert served.read_bytes() == b"the bytes a reader is being sent"
+    assert not list(served.parent.glob(".image.*"))  # nothing half-written is left beside it
     assert not list((REPO / "vit_inspect").rglob("*.pyi"))  # Gradio's stub writer was kept out of the package
 
 

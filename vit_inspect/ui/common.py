@@ -66,7 +66,12 @@ with _no_stub_files():
         drawing takes ≈ 2.5 ms (bench/bench_render.py). The file goes into Gradio's own cache the way its
         encoder puts it there (`processing_utils.save_bytes_to_cache`, a folder named by the content's hash);
         anything else (other dtypes, another format, a watermark) takes Gradio's own path. The browser draws
-        it with Gradio's image component."""
+        it with Gradio's image component.
+
+        The same picture drawn again (a redraw that changes nothing) names the same file, which a browser may be
+        reading at that moment. So a file already there is never rewritten, and a new one appears whole, under
+        its name, by a rename (`cache_png`): a reader that measured a half-written file would otherwise be sent
+        more bytes than it announced, and the image would break."""
 
         def get_block_name(self) -> str:
             return "image"
@@ -75,10 +80,31 @@ with _no_stub_files():
             if (isinstance(value, np.ndarray) and value.dtype == np.uint8 and self.format == "png"
                     and getattr(getattr(self, "watermark", None), "watermark", None) is None
                     and (value.ndim == 2 or (value.ndim == 3 and value.shape[2] in (3, 4)))):
-                path = processing_utils.save_bytes_to_cache(encode_png(value), "image.png",
-                                                            cache_dir=self.GRADIO_CACHE)
-                return ImageData(path=path, orig_name=Path(path).name)
+                path = cache_png(encode_png(value), self.GRADIO_CACHE)
+                return ImageData(path=str(path), orig_name=path.name)
             return super().postprocess(value)
+
+
+def cache_png(data: bytes, cache_dir: str | Path) -> Path:
+    """`data` as ``image.png`` in Gradio's cache, in the folder Gradio names by the content's hash
+    (`processing_utils.hash_bytes`). Written once: under a name of its own, then renamed into place, so the
+    file under the served name is always complete; a file already there has these bytes and is kept, touched
+    so that the server's `delete_cache`, which ages files by their change time, counts from this use."""
+    folder = Path(cache_dir) / processing_utils.hash_bytes(data)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = (folder / "image.png").resolve()
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        handle, partial = tempfile.mkstemp(dir=folder, prefix=".image.", suffix=".part")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(partial, path)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
+    return path
 
 
 def progress_slot(elem_id: str) -> gr.Markdown:
