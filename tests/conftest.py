@@ -26,6 +26,30 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The unit of work a test belongs to on pytest-xdist's workers (`--dist loadgroup`): the group it names
+    (`pytest.mark.xdist_group`), else its file."""
+    names = sorted(str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                   for mark in item.iter_markers("xdist_group"))
+    return "_".join(names) or item.path.as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """How the suite spreads over two workers (the README's `-n 2 --dist loadgroup --no-loadscope-reorder`):
+    - a test file is one unit, so its module fixtures (a served app, a model) start once, unless a test names
+      a group of its own, as the parts of the longest test do;
+    - the units holding slow tests run first, so the run does not end with one worker busy on a long unit while
+      the other waits. Plain `python -m pytest` runs the same tests in this order in one process."""
+    for item in items:
+        if not any(item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(config.rootpath).as_posix()))
+    slow = {xdist_group(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: xdist_group(item) not in slow)  # stable: each unit stays in one piece
+
+
 # The user-path tests run alone, with the environment the README's install makes (.ci/run's first stage:
 # `python -m pytest tests/userpath`); the full suite leaves them out, so that CI does not run them twice.
 collect_ignore = ["userpath"]

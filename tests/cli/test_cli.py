@@ -13,6 +13,8 @@ from support import IMAGENET, PHOTOS, REPO, make_tiny_timm, run_cli
 
 from vit_inspect.methods import methods
 
+pytestmark = pytest.mark.slow  # each test runs whole commands: tens of seconds
+
 ANALYZE_KEYS = {"image", "model", "weights", "input_geometry", "target", "contrast", "score", "input_size", "patch_size",
                 "grid", "num_prefix_tokens", "topk", "mean_attention_distance", "rollout", "gradcam", "chefer",
                 "legrad", "attnlrp"} | {name for name, m in methods().items() if m.record}  # and installed plugins'

@@ -12,6 +12,8 @@ from support.clip import TINY_CLIP, make_clip, register_tiny_configs, save_clip
 from vit_inspect.cli.main import main
 from vit_inspect.passes.records import rounded
 
+pytestmark = pytest.mark.slow  # each test runs whole commands: tens of seconds
+
 pytest.importorskip("open_clip")
 CHELSEA, COFFEE = PHOTOS / "chelsea.png", PHOTOS / "coffee.png"
 

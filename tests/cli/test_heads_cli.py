@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from support import PHOTOS, run_cli
 
+pytestmark = pytest.mark.slow  # each test runs whole commands: tens of seconds
+
 
 def test_heads_everything_on_chelsea(capsys, tmp_path, deit_args):
     code, out, err = run_cli(capsys, "heads", str(PHOTOS / "chelsea.png"), "--ablate", "3:1,5:0", "--importance",

@@ -220,11 +220,18 @@ def assert_sentence(api_name: str, what: str, message: dict, component: str) -> 
     assert not any(path in error for path in SERVER_PATHS), (api_name, what, error)
 
 
-def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(server):
+SWEEP_PARTS = 4  # the sweep's endpoints in four parts, each its own unit on the test workers (tests/conftest.py)
+
+
+@pytest.mark.parametrize("part", [pytest.param(part, marks=pytest.mark.xdist_group(f"endpoint-sweep-{part}"))
+                                  for part in range(SWEEP_PARTS)])
+def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(server, part):
     """Every api_name in the app's config (new ones included automatically), after a real analysis so
     the handlers have a session: each hostile value in every input at once (the image of /analyze
     kept real so that its controls are reached), then every input on its own with one hostile value
-    in turn (rotating, so that each kind of value meets each kind of input across the endpoints)."""
+    in turn (rotating, so that each kind of value meets each kind of input across the endpoints).
+    Part p takes the endpoints at positions p, p + 4, ... of the sorted list, so the four parts together
+    take every endpoint once."""
     client = Client(server.url, verbose=False)
     analyze(client)
     components = {c["id"]: c.get("type") for c in client.config["components"]}
@@ -248,7 +255,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     assert client.predict(api_name="/features_encode")[0]
     values = list(HOSTILE.items())
     tried = 0
-    for api_name in endpoints:
+    for api_name in sorted(endpoints)[part::SWEEP_PARTS]:
         inputs = dependency(client, api_name)["inputs"]
         open_inputs = [p for p, c in enumerate(inputs) if components[c] != "state"]
         event_data = ({"index": [100, 40], "value": None, "selected": True, "row_value": [3, 0.5]}
@@ -276,7 +283,7 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
                 message = queue_call(client, api_name, defaults(client, api_name),
                                      {"index": [value, 3], "value": None, "selected": True, "row_value": [value]})
                 assert_sentence(api_name, f"click at x = {what}", message, "click")
-    assert tried > 100
+    assert tried > 100 / SWEEP_PARTS
     assert analyze(client, CHELSEA.with_name("coffee.png"))["predictions"]["confidences"]  # still serving
 
 

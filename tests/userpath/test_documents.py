@@ -25,7 +25,7 @@ CPU_TORCH = re.compile(r"pip install torch==(\S+) torchvision==(\S+) --index-url
 ELSEWHERE = {  # commands of the pages run by another part of CI, and where
     "pip install -r requirements.txt -e .": "made this environment (.ci/user-path)",
     "pip install -r requirements-dev.txt": ".ci/run installs the test tools into this environment after this stage",
-    "python -m pytest -n 2 --dist loadfile": ".ci/run runs the full suite in this environment after this stage",
+    "python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder": ".ci/run runs the full suite in this environment after this stage",
     "python app.py": "test_app.py serves the app from this environment and drives every section in Chromium",
 }
 
