@@ -51,7 +51,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # The user-path tests run alone, with the environment the README's install makes (.ci/run's first stage:
-# `python -m pytest tests/userpath`); the full suite leaves them out, so that CI does not run them twice.
+# `python -m pytest -n 2 --dist loadfile tests/userpath`); the full suite leaves them out, so that CI does not run
+# them twice.
 collect_ignore = ["userpath"]
 
 

@@ -1,7 +1,8 @@
 """The user's path: what a new user does after the README's install, in the environment that install made.
 
 `.ci/run`'s first stage makes a fresh virtual environment, runs the README's install command in it (and installs
-pytest and playwright, nothing else), then runs `python -m pytest tests/userpath` with that environment active.
+pytest, pytest-xdist and playwright, nothing else), then runs `python -m pytest -n 2 --dist loadfile tests/userpath`
+with that environment active.
 Every command here runs as the user would run it: in a process of its own, from a folder outside the repository
 (beside a link to its `assets/`), with the `python` and `vit-inspect` the PATH finds (`support.user`). The full
 suite leaves this folder out (tests/conftest.py).
