@@ -75,6 +75,8 @@ def test_a_folders_class_concepts_in_json_equal_the_librarys(capsys, tmp_path, t
     np.testing.assert_allclose([e["importance"] for e in record["concepts"]], expected.importance, rtol=1e-6)
     np.testing.assert_allclose([e["logit_drop"] for e in record["concepts"]], expected.logit_drop, rtol=1e-6)
     assert record["class_logit_model"] == pytest.approx(expected.logit_model)
+    assert record["residual_kept"] is True  # the rebuilt patches keep the residual: the model's own logit at M = 1
+    assert record["class_logit_rebuilt"] == pytest.approx(expected.logit_model, abs=1e-4)
     first = record["concepts"][0]["top_crops"][0]
     best = int(np.argmax(expected.crop_coefficients[:, 0]))
     assert [first[key] for key in ("top", "left", "side")] == expected.crop_boxes[best, 1:].tolist()

@@ -33,11 +33,11 @@ def noise_images(count: int, seed: int = 0) -> list[Image.Image]:
     return [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(count)]
 
 
-@pytest.fixture(scope="module")
-def found():
+@pytest.fixture(scope="module", params=[True, False], ids=["residual kept", "rebuilt from the concepts alone"])
+def found(request):
     handle = tiny_handle("cls", seed=1)
     images = noise_images(6)
-    return handle, images, class_concepts(handle, images, TARGET, k=4, crops=5, seed=3)
+    return handle, images, class_concepts(handle, images, TARGET, k=4, crops=5, seed=3, residual=request.param)
 
 
 def whole_model_logit(handle, image, layer: int, patch_tokens: np.ndarray) -> float:
@@ -88,19 +88,26 @@ def test_the_logit_drop_is_a_forward_of_the_whole_model_without_the_concept(foun
     handle, images, concepts = found
     drops, rebuilt = [], []
     for image in images:
-        shifted = np.maximum(image_tokens(handle, image, 0) - concepts.offset, 0)
-        u = concept_coefficients(shifted, concepts.bank)  # (P, k)
-        full = whole_model_logit(handle, image, 0, u @ concepts.bank + concepts.offset)
+        tokens = image_tokens(handle, image, 0)
+        u = concept_coefficients(np.maximum(tokens - concepts.offset, 0), concepts.bank)  # (P, k)
+        rest = tokens - (u @ concepts.bank + concepts.offset) if concepts.residual else 0.0
+        full = whole_model_logit(handle, image, 0, u @ concepts.bank + concepts.offset + rest)
         rebuilt.append(full)
         drops.append([full - whole_model_logit(handle, image, 0, np.delete(u, j, 1) @ np.delete(concepts.bank, j, 0)
-                                               + concepts.offset) for j in range(concepts.k)])
+                                               + concepts.offset + rest) for j in range(concepts.k)])
     np.testing.assert_allclose(concepts.logit_drop, np.mean(drops, axis=0), atol=1e-4)
     assert concepts.logit_rebuilt == pytest.approx(np.mean(rebuilt), abs=1e-4)
+    if concepts.residual:  # every patch rebuilt with what the concepts leave out is the block's own output
+        assert concepts.logit_rebuilt == pytest.approx(concepts.logit_model, abs=1e-4)
+    else:
+        assert abs(concepts.logit_rebuilt - concepts.logit_model) > 1e-3
 
 
 def test_importance_ranks_equal_craft_xais_on_the_same_activations(found):
     """craft-xai's `Craft` fitted on our crops (its patch size the model's input, so each crop is one patch of
-    itself), its g the block's shifted patch tokens on the grid and its h the rest of the model on them."""
+    itself), its g the block's shifted patch tokens on the grid and its h the rest of the model on them; with the
+    residual kept, h adds each patch's residual (what the concepts leave out of the image's own tokens) to what
+    the reference rebuilds."""
     handle, images, concepts = found
     layout, model = handle.layout(), handle.model
     offset = torch.as_tensor(concepts.offset)
@@ -121,10 +128,16 @@ def test_importance_ranks_equal_craft_xais_on_the_same_activations(found):
 
     importances = []
     for i in range(len(images)):
-        prefix = layout.split(tokens_of(pixels[i:i + 1]), axis=1)[0]
+        with torch.no_grad():
+            prefix, own = layout.split(tokens_of(pixels[i:i + 1]), axis=1)
+        rest = 0.0
+        if concepts.residual:
+            u = torch.as_tensor(concept_coefficients((own[0] - offset).clamp_min(0).numpy(), concepts.bank),
+                                dtype=torch.float32)
+            rest = own - (u @ torch.as_tensor(concepts.bank) + offset)
 
-        def h(a, prefix=prefix):  # (M, D, grid_h, grid_w) -> logits through block 1, norm and head
-            patches = a.flatten(2).transpose(1, 2) + offset
+        def h(a, prefix=prefix, rest=rest):  # (M, D, grid_h, grid_w) -> logits through block 1, norm and head
+            patches = a.flatten(2).transpose(1, 2) + offset + rest
             x = model.blocks[1](layout.join(prefix.expand(len(a), -1, -1), patches, axis=1))
             return model.forward_head(model.norm(x))
 

@@ -116,7 +116,7 @@ def class_record(handle: ViTHandle, concepts: ClassConcepts, folder: str) -> dic
             "k": concepts.k, "crops": len(concepts.crop_boxes), "seed": concepts.seed,
             "target": {"index": concepts.target, "label": handle.label(concepts.target)},
             "class_logit_model": concepts.logit_model, "class_logit_rebuilt": concepts.logit_rebuilt,
-            "reconstruction_error": concepts.error, "concepts": entries}
+            "residual_kept": concepts.residual, "reconstruction_error": concepts.error, "concepts": entries}
 
 
 def class_table(record: dict) -> str:

@@ -14,14 +14,18 @@ stream after block l.
    another image may lie below a crop minimum), projected on W (`concept_coefficients`): U (P, k), concept j's
    heatmap on that image being column j.
 5. **Importance.** For each image, h(M) = the class logit of the model's remaining blocks and head
-   (`passes.tail`) run on block l's tokens with the patches rebuilt as (U ⊙ M) W + o, M ∈ [0, 1]^k the same
+   (`passes.tail`) run on block l's tokens with the patches rebuilt as (U ⊙ M) W + o + R, M ∈ [0, 1]^k the same
    mask on every patch (the reference's 4-D re-parameterisation), and the prefix tokens as they were; the
    total-order Sobol indices of h by Jansen's estimator, averaged over the images (`Craft.estimate_importance`).
+   R is what the k concepts leave out of each patch, R_p = A_p − (U_p W + o), so that h(1) is the model's own
+   logit and a mask changes nothing but the concepts (``residual=True``, the default). The reference rebuilds
+   the activations from the concepts alone (R = 0, ``residual=False``): its h(1) is then the logit of an
+   approximation of the image, and a concept's importance and drop are measured from there.
    Each image costs (k + 2) N + k + 1 runs of the remaining blocks (395 for k = 10 and the reference's N = 32),
    so they are averaged over ``importance_images`` of the images, evenly spaced in their order (all of them
    when there are no more); the concepts are fitted on every image's crops.
 6. **Logit drop.** h(1) − h(1 − e_j): the class logit lost when concept j's coefficients are set to 0 on every
-   patch, averaged over the images.
+   patch, averaged over the images (with R kept, the model's logit minus its logit without concept j).
 """
 from __future__ import annotations
 
@@ -73,12 +77,13 @@ class ClassConcepts:
     offset: np.ndarray  # (D,) float32 o, the channels' least values over the crops' patch tokens
     importance: np.ndarray  # (k,) float64 total-order Sobol index of the class logit, mean over the images
     logit_drop: np.ndarray  # (k,) float64 class logit lost when the concept is removed, mean over the images
-    logit_rebuilt: float  # mean class logit with every patch rebuilt from all k concepts, h(1)
+    logit_rebuilt: float  # mean class logit with every patch rebuilt from all k concepts (and R when kept), h(1)
     logit_model: float  # mean class logit of the model itself on those images
     crop_coefficients: np.ndarray  # (n_crops, k) float32 U of the crops' activations
     crop_boxes: np.ndarray  # (n_crops, 4) int: image index, top, left, side in the model input's pixels
     galleries: np.ndarray  # (k, GALLERY, GALLERY_SIDE, GALLERY_SIDE, 3) uint8 each concept's top crops
     error: float  # ||A - U W||_F / ||A||_F of the crops' activations
+    residual: bool = True  # whether the rebuilt patches keep what the concepts leave out (module docstring, 5)
 
     @property
     def k(self) -> int:
@@ -148,13 +153,14 @@ def default_layer(handle: ViTHandle) -> int:
 
 def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DEFAULT_CONCEPTS,
                    layer: int | None = None, crops: int = DEFAULT_CROPS, seed: int = 0,
-                   design: int = DESIGN, importance_images: int = IMPORTANCE_IMAGES,
+                   design: int = DESIGN, importance_images: int = IMPORTANCE_IMAGES, residual: bool = True,
                    progress: Callable[[int, int], None] | None = None,
                    cancelled: Callable[[], bool] | None = None) -> ClassConcepts:
     """CRAFT's ``k`` concepts of class ``target`` over ``images`` (paths or PIL images of that class) at block
     ``layer`` (None: `default_layer`), from ``crops`` random crops per image (module docstring), ordered by
     importance, which is averaged over ``importance_images`` of the images. ``design`` is N of the Sobol design
-    (h runs (k + 2) N + k + 1 times per image). An
+    (h runs (k + 2) N + k + 1 times per image). ``residual`` keeps, in every rebuilt patch, what the concepts leave
+    out of it (module docstring, 5). An
     `InputError` with a sentence for an image count, crop count, k, block or class out of range.
 
     ``progress(done, total)`` is called after the crops' forwards (step 1) and after each image's importance
@@ -209,10 +215,11 @@ def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DE
     for i in range(len(chosen)):
         shifted = (patches[i] - offset).clamp_min(0).cpu().numpy()  # (P, D)
         coefficients = torch.as_tensor(concept_coefficients(shifted, w), dtype=torch.float32, device=tokens.device)
+        rest = patches[i] - (coefficients @ bank + offset) if residual else 0.0  # R, (P, D)
         outputs = []
         for start in range(0, len(masks), BATCH):
             m = torch.as_tensor(masks[start:start + BATCH], device=tokens.device)  # (b, k)
-            rebuilt_patches = (coefficients[None] * m[:, None, :]) @ bank + offset  # (b, P, D)
+            rebuilt_patches = (coefficients[None] * m[:, None, :]) @ bank + offset + rest  # (b, P, D)
             sequence = layout.join(prefix[i:i + 1].expand(len(m), -1, -1), rebuilt_patches, axis=1)
             outputs.append(tail(sequence)[:, target].float().cpu().numpy())
         y = np.concatenate(outputs)
@@ -232,7 +239,7 @@ def class_concepts(handle: ViTHandle, images: Sequence, target: int, k: int = DE
         bank=w[order].astype(np.float32), offset=offset.cpu().numpy().astype(np.float32),
         importance=importance[order], logit_drop=drops[order], logit_rebuilt=float(np.mean(rebuilt)),
         logit_model=float(logits_model.mean()), crop_coefficients=u[:, order].astype(np.float32), crop_boxes=boxes,
-        galleries=_gallery(rgbs, boxes, u[:, order]), error=error)
+        galleries=_gallery(rgbs, boxes, u[:, order]), error=error, residual=bool(residual))
 
 
 def class_concept_heatmaps(handle: ViTHandle, concepts: ClassConcepts, image) -> np.ndarray:

@@ -162,7 +162,9 @@ class ConceptsTab:
                 f"when the concept alone is held fixed (0: the logit never depends on it). The logit drop is what "
                 f"the class logit loses when the concept is taken out of every patch (mean class logit "
                 f"{found.logit_model:.2f} for the model, {found.logit_rebuilt:.2f} with every patch rebuilt from the "
-                f"{found.k} concepts; {100 * found.error:.0f} % of the crops' activations left out). Averaged over "
+                f"{found.k} concepts" + (" and what they leave out of it, so that taking a concept out is the only "
+                                          "change" if found.residual else "") +
+                f"; {100 * found.error:.0f} % of the crops' activations left out by the concepts). Averaged over "
                 f"{len(found.explained)} of the images.")
         return run, picture, note
 
