@@ -34,8 +34,8 @@ from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.session_store import SessionStore
 from vit_inspect.ui.tabs.features import (
     MAX_SCALE,
-    TOP_FEATURES,
     PRESS_ENCODE,
+    TOP_FEATURES,
     FeaturesTab,
     index_nbytes,
     sae_bytes,
@@ -204,7 +204,7 @@ QUIET = {"progress": lambda *a, **k: None}
 @pytest.fixture(scope="module")
 def indexed(deit, tmp_path_factory):
     """A server folder with an SAE and its index built over two photos, an SAE beside another SAE's index, and
-    an SAE without one; the app that offers them."""
+    an SAE without one and one beside a damaged index; the app that offers them."""
     folder = tmp_path_factory.mktemp("indexed_saes")
     sae = random_sae(seed=6)
     save_sae(sae, folder / "indexed.safetensors")
@@ -214,6 +214,8 @@ def indexed(deit, tmp_path_factory):
     save_sae(random_sae(seed=7), folder / "mismatched.safetensors")
     save_index(built, index_path(folder / "mismatched.safetensors"))
     save_sae(random_sae(seed=8), folder / "bare.safetensors")
+    save_sae(sae, folder / "damaged.safetensors")
+    index_path(folder / "damaged.safetensors").write_bytes((2 ** 40).to_bytes(8, "little") + b"{}")  # a lying header
     config = AppConfig(device="cpu", sae_folder=str(folder), max_sae_upload_mb=1.0)
     app = SimpleNamespace(config=config, store=SessionStore(2 ** 30), handle=lambda k: deit,
                           key=CacheKey.of("deit_tiny_patch16_224", None, "cpu"), folder=folder)
@@ -267,6 +269,8 @@ def test_an_index_of_another_sae_or_none_gets_a_sentence(indexed, session):
     tab = FeaturesTab(app)
     state, _, status = tab.load(None, "mismatched.safetensors", None, app.key, **QUIET)
     assert state.index is None and "The feature index belongs to another SAE. Its galleries and labels are off." in status
+    state, _, status = tab.load(None, "damaged.safetensors", None, app.key, **QUIET)
+    assert state.index is None and status.endswith("Its galleries and labels are off.") and str(app.folder) not in status
     state, _, status = tab.load(None, "bare.safetensors", None, app.key, **QUIET)
     sentence = ("bare.safetensors has no feature index beside it; the operator builds one with "
                 "`vit-inspect sae index FOLDER --sae bare.safetensors`.")
@@ -276,7 +280,7 @@ def test_an_index_of_another_sae_or_none_gets_a_sentence(indexed, session):
 
 
 def test_the_explained_feature_has_the_maps_of_passes_targets(deit, indexed, session):
-    app, sae, index = indexed
+    app, sae, _ = indexed
     tab = FeaturesTab(app)
     state, _, _ = tab.load(None, "indexed.safetensors", None, app.key, **QUIET)
     with pytest.raises(VitInspectError, match="Press \\*\\*Encode this image\\*\\* first"):
