@@ -1,5 +1,6 @@
 """The Features view through the served app: an uploaded SAE (no index: no labels, a sentence for the gallery),
-the image encoded, a click and a feature, an edit, the feature explained, and the stale-result rule (a new image, another SAE, another model clear what was made before)."""
+the image encoded, a click and a feature, an edit, the feature explained, and the stale-result rule (a new image,
+another SAE, another model clear what was made before)."""
 from __future__ import annotations
 
 import pytest

@@ -268,9 +268,11 @@ def test_an_index_of_another_sae_or_none_gets_a_sentence(indexed, session):
     app, _, _ = indexed
     tab = FeaturesTab(app)
     state, _, status = tab.load(None, "mismatched.safetensors", None, app.key, **QUIET)
-    assert state.index is None and "The feature index belongs to another SAE. Its galleries and labels are off." in status
+    assert state.index is None and status.endswith("The feature index belongs to another SAE. Its galleries and labels "
+                                                   "are off.")
     state, _, status = tab.load(None, "damaged.safetensors", None, app.key, **QUIET)
-    assert state.index is None and status.endswith("Its galleries and labels are off.") and str(app.folder) not in status
+    assert state.index is None and status.endswith("Its galleries and labels are off.")
+    assert "damaged" in status and str(app.folder) not in status
     state, _, status = tab.load(None, "bare.safetensors", None, app.key, **QUIET)
     sentence = ("bare.safetensors has no feature index beside it; the operator builds one with "
                 "`vit-inspect sae index FOLDER --sae bare.safetensors`.")

@@ -68,7 +68,7 @@ PRESS_LOAD, PRESS_ENCODE, PRESS_EDIT = "**Load the SAE**", "**Encode this image*
 PRESS_EXPLAIN = "**Explain this feature**"
 NO_INDEX_UPLOAD = ("Galleries and labels need a feature index beside an SAE of this server's folder; an uploaded SAE "
                    "has none.")
-GALLERY_COLUMNS = 8  # crops per row of a feature's gallery
+GALLERY_COLUMNS = 4  # crops per row of a feature's gallery (its captions legible in the view's width)
 SAE_SUFFIXES = (".safetensors",)  # what the operator's folder lists (saev files need a block, given on upload)
 
 
@@ -102,7 +102,7 @@ class Encoded:
     index_note: str = ""  # why there is no index
     sae_text: str = ""  # the SAE, for captions (`sae_words`)
 
-    def labels(self) -> SAEIndex | None:
+    def feature_index(self) -> SAEIndex | None:
         """The index, or None without one."""
         return None if self.index is None else self.index.get()
 
@@ -222,7 +222,7 @@ def table_rows(features: SparseCodes, patch: tuple[int, int], index: SAEIndex | 
 def gallery(encoded: Encoded) -> tuple[np.ndarray | None, str]:
     """(the shown feature's top-activating patches from the index as one picture, or None, a line about it):
     each crop titled with its activation and image, the picture captioned with SAE, block, feature and label."""
-    index = encoded.labels()
+    index = encoded.feature_index()
     if index is None:
         return None, encoded.index_note
     entry = index.feature(encoded.feature)
@@ -357,7 +357,7 @@ class FeaturesTab:
                           patch, feature, loaded.index, loaded.index_note, sae_words(loaded))
         note = (f"Encoded {plain_markdown(session.image_words)} with **{plain_markdown(loaded.name)}**. Click the map "
                 f"for a patch's features; the map shows feature {feature}, the image's strongest.")
-        return (encoded, feature_panel(encoded, features, rgb), table_rows(features, patch, encoded.labels()),
+        return (encoded, feature_panel(encoded, features, rgb), table_rows(features, patch, encoded.feature_index()),
                 feature, note, *gallery(encoded), *explanation_kept(explained, feature))
 
     def pick_patch(self, evt: gr.SelectData, encoded: Encoded | None):
@@ -375,7 +375,8 @@ class FeaturesTab:
         if not (0 <= x < width and 0 <= y < height):
             return gr.skip(), gr.skip(), gr.skip()
         encoded = replace(encoded, patch=features.layout.patch_at(y, x))
-        return encoded, feature_panel(encoded, features, rgb), table_rows(features, encoded.patch, encoded.labels())
+        rows = table_rows(features, encoded.patch, encoded.feature_index())
+        return encoded, feature_panel(encoded, features, rgb), rows
 
     def show_feature(self, encoded: Encoded | None, feature: object, explained: Explained | None = None):
         """The map of the feature typed in the box (0 to F - 1), its gallery and the line about it, and the
@@ -411,7 +412,7 @@ class FeaturesTab:
         nbytes = sum(m.nbytes for m in maps.maps.values() if m is not None)
         slot = self.app.store.put(maps, nbytes)
         made = Explained(slot, Basis.of(session, key, {"feature": feature}, extra=encoded.basis.extra), feature)
-        index = encoded.labels()
+        index = encoded.feature_index()
         label = index.label(feature) if index is not None else ""
         note = (f"**Why feature {feature} fires here**: Grad-CAM, LeGrad and AttnLRP of its activation summed over "
                 f"the patches ({maps.score:.4g}), blocks 0 to {sae.info.layer} taking part.")
@@ -500,7 +501,8 @@ def layout(settings: PageSettings) -> FeaturesView:
                 picture = OutputImage(elem_id="features-map", **MAP_OUT)
             with gr.Column(scale=2, min_width=240):
                 table = gr.Dataframe(headers=TABLE_HEADERS, label="The clicked patch's most active features "
-                                     "(click a row to map it)", interactive=False, elem_id="features-table")
+                                     "(click a row to map it)", interactive=False, wrap=True,
+                                     column_widths=["18%", "22%", "60%"], elem_id="features-table")
                 feature = gr.Number(None, label="Feature to map", precision=0, minimum=0, elem_id="features-feature")
         gallery_note = gr.Markdown(elem_id="features-gallery-note")
         gallery_picture = OutputImage(elem_id="features-gallery", **MAP_OUT)
