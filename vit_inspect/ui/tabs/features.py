@@ -502,7 +502,7 @@ def layout(settings: PageSettings) -> FeaturesView:
             with gr.Column(scale=2, min_width=240):
                 table = gr.Dataframe(headers=TABLE_HEADERS, label="The clicked patch's most active features "
                                      "(click a row to map it)", interactive=False, wrap=True,
-                                     column_widths=["18%", "22%", "60%"], elem_id="features-table")
+                                     column_widths=["22%", "26%", "52%"], elem_id="features-table")
                 feature = gr.Number(None, label="Feature to map", precision=0, minimum=0, elem_id="features-feature")
         gallery_note = gr.Markdown(elem_id="features-gallery-note")
         gallery_picture = OutputImage(elem_id="features-gallery", **MAP_OUT)
