@@ -407,7 +407,7 @@ class FeaturesTab:
         check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {loaded.name!r}")
         _, rgb = encoded.slot.get()
         feature = encoded.feature
-        progress(0.3, desc=f"One forward and backward passes from feature {feature} at block {sae.info.layer}")
+        progress(0.3, desc=f"One forward pass and backwards from feature {feature} at block {sae.info.layer}")
         maps = self.run_maps(handle, handle.preprocess.normalize(rgb), FeatureTarget(sae, feature, loaded.name))
         nbytes = sum(m.nbytes for m in maps.maps.values() if m is not None)
         slot = self.app.store.put(maps, nbytes)
