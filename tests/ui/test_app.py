@@ -81,7 +81,7 @@ def test_the_page_records_the_tab_it_shows():
 def test_output_images_are_sent_as_fast_pngs_that_gradio_draws():
     demo = build_demo(AppConfig(), ModelCache(loader=lambda *a, **k: None))
     outputs = [block for block in demo.blocks.values() if isinstance(block, OutputImage)]
-    assert len(outputs) == 40  # every map and figure of every tab
+    assert len(outputs) == 42  # every map and figure of every tab
     plain = [block for block in demo.blocks.values() if type(block) is gr.Image]
     assert [block.label for block in plain] == ["Image (upload, drop, paste or webcam)",  # the uploads, inputs
                                                 "Second image (optional)"]

@@ -248,7 +248,8 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
             "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",
             "stale_check_model", "stale_check_model_b", "stale_check_settings", "stale_check_result",
             "sanity_checks", "cancel_sanity_checks", "features_load_sae", "features_encode", "features_patch",
-            "features_feature", "features_row", "features_edit", "features_saes", "stale_check_sae"} <= set(endpoints)
+            "features_feature", "features_row", "features_edit", "features_explain", "features_saes",
+            "stale_check_sae"} <= set(endpoints)
     sae = Path(tempfile.mkdtemp()) / "random.safetensors"  # an SAE loaded and the image encoded: every handler
     save_sae(random_sae(), sae)  # of the Features view then has codes to read when the hostile values come
     client.predict(handle_file(str(sae)), None, None, api_name="/features_load_sae")

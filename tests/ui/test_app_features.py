@@ -1,5 +1,6 @@
-"""The Features view through the served app: an uploaded SAE, the image encoded, a click and a feature, an edit,
-and the stale-result rule (a new image, another SAE, another model clear what was made before)."""
+"""The Features view through the served app: an uploaded SAE (no index: no labels, a sentence for the gallery),
+the image encoded, a click and a feature, an edit, the feature explained, and the stale-result rule (a new image,
+another SAE, another model clear what was made before)."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +9,7 @@ from support.app import APP_MARKS, CHELSEA, analyze, dependency, queue_call
 from support.sae import random_sae
 
 from vit_inspect.core.sae_file import save_sae
+from vit_inspect.ui.tabs.features import NO_INDEX_UPLOAD
 
 pytestmark = [*APP_MARKS, pytest.mark.slow]
 COFFEE = CHELSEA.with_name("coffee.png")
@@ -28,10 +30,14 @@ def test_an_uploaded_sae_encodes_clicks_edits_and_goes_stale(server, tmp_path):
     analyze(client)
     loaded = shown(client, "features_load_sae", handle_file(str(tmp_path / "first.safetensors")), None, None)
     assert loaded["features-sae-status"] == ("SAE **first.safetensors** (block 6 output, 256 features, top-8, all "
-                                             "tokens) loaded for `deit_tiny_patch16_224 (deit_tiny_patch16_224.safetensors)`.")
+                                             "tokens) loaded for `deit_tiny_patch16_224 (deit_tiny_patch16_224.safetensors)`. "
+                                             + NO_INDEX_UPLOAD)
     assert str(tmp_path) not in loaded["features-sae-status"]
     encoded = shown(client, "features_encode")
     assert encoded["features-map"] and len(encoded["features-table"]["data"]) == 8
+    assert encoded["features-table"]["headers"] == ["feature", "activation", "label"]
+    assert all(row[2] == "" for row in encoded["features-table"]["data"])  # an upload has no index: no labels
+    assert encoded["features-gallery"] is None and encoded["features-gallery-note"] == NO_INDEX_UPLOAD
     assert encoded["features-note"].startswith("Encoded chelsea.png \\(model's centre crop")
     first = encoded["features-table"]["data"][0][0]
     forwards = server.forwards
@@ -41,11 +47,20 @@ def test_an_uploaded_sae_encodes_clicks_edits_and_goes_stale(server, tmp_path):
     edited = shown(client, "features_edit", 0)
     assert edited["features-edit-note"].startswith("**Edited pass**") and edited["features-top-after"]["confidences"]
     assert server.forwards == forwards + 1  # the edit is one more pass
+    explained = shown(client, "features_explain")
+    assert explained["features-explained"] and server.forwards == forwards + 2  # and so is the explanation
+    assert explained["features-explain-note"].startswith(f"**Why feature {first} fires here**")
+    other = shown(client, "features_feature", encoded["features-table"]["data"][1][0])
+    assert other["features-explained"] is None and other["features-explain-note"].startswith("*Cleared: these maps")
+    assert other["features-gallery"] is None and other["features-gallery-note"] == NO_INDEX_UPLOAD
+    shown(client, "features_feature", first)
+    shown(client, "features_explain")
 
     shown(client, "features_load_sae", handle_file(str(tmp_path / "second.safetensors")), None, None)
     cleared = shown(client, "stale_check_sae")
     assert cleared["features-map"] is None and "another SAE was loaded" in cleared["features-note"]
     assert "another SAE was loaded" in cleared["features-edit-note"]
+    assert cleared["features-explained"] is None and "another SAE was loaded" in cleared["features-explain-note"]
     assert shown(client, "features_encode")["features-map"]
     analyze(client, COFFEE)
     cleared = shown(client, "stale_check_image")

@@ -160,9 +160,9 @@ def test_a_result_is_checked_again_once_written(client):
     by_image = dependency(client, "stale_check_image")
     made_from = {i for i in by_image["outputs"] if i in states and i in by_image["inputs"]}
     after = dependency(client, "stale_check_result")
-    assert {(i, "change") for i in made_from} == {tuple(t) for t in after["targets"]} and len(made_from) == 14
-    # faithfulness, sanity, compare, heads, model, dataset_distance, downloads, the Features view's SAE, codes and
-    # edit, and the concepts, similarity, class concepts and their heatmaps (`demo.build_demo`)
+    assert {(i, "change") for i in made_from} == {tuple(t) for t in after["targets"]} and len(made_from) == 15
+    # faithfulness, sanity, compare, heads, model, dataset_distance, downloads, the Features view's SAE, codes,
+    # edit and explained feature, and the concepts, similarity, class concepts and their heatmaps (`demo.build_demo`)
     assert after["trigger_mode"] == "always_last"  # a record written during a check is checked again, not dropped
     analyze(client, COFFEE)
     files, note = client.predict(api_name="/downloads")

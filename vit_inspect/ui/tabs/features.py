@@ -10,6 +10,13 @@ one more pass (`passes.sae.edited_block_output`, the SAE's error kept), and show
 map beside the unedited ones, labelled as edited; the page's own pass and maps stay unedited. The SAE is
 cleared when the model changes, the codes and the edit when the model, the image or the SAE changes
 (`ui.stale`).
+
+An SAE of the operator's folder comes with its feature index when ``<stem>.index.safetensors`` sits beside it
+(`core.sae_index`, checked to belong to that SAE, its bytes counted in the session store): the table then
+labels each feature with the classes where it fires, and the shown feature's top-activating patches over the
+index's folder are drawn under the map. **Explain this feature** runs one more pass for Grad-CAM, LeGrad and
+AttnLRP of the shown feature's activation summed over the patches (`passes.targets`); its maps are cleared
+when the image, the SAE or the shown feature changes.
 """
 from __future__ import annotations
 
@@ -21,12 +28,15 @@ from dataclasses import dataclass, replace
 import gradio as gr
 import numpy as np
 
-from vit_inspect.core.errors import InputError
+from vit_inspect.core.errors import InputError, WeightsError
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
+from vit_inspect.core.sae_index import SAEIndex, index_path, read_index
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.passes.sae_image import SparseCodes, sparse_codes, top_at
+from vit_inspect.passes.targets import FeatureTarget, TargetMaps, target_maps
 from vit_inspect.plots import canvas
 from vit_inspect.plots import maps as map_plots
+from vit_inspect.plots.sae import feature_gallery
 from vit_inspect.ui.common import (
     MAP_OUT,
     MODEL_PASS,
@@ -52,9 +62,13 @@ from vit_inspect.ui.zerogpu import gpu_pass
 
 TOP_FEATURES = 10  # rows of a patch's table
 MAX_SCALE = 10.0  # an edit scales a feature by -MAX_SCALE to MAX_SCALE
-TABLE_HEADERS = ["feature", "activation"]
+TABLE_HEADERS = ["feature", "activation", "label"]
 UNIT = "feature activation (SAE units)"
 PRESS_LOAD, PRESS_ENCODE, PRESS_EDIT = "**Load the SAE**", "**Encode this image**", "**Apply the edit**"
+PRESS_EXPLAIN = "**Explain this feature**"
+NO_INDEX_UPLOAD = ("Galleries and labels need a feature index beside an SAE of this server's folder; an uploaded SAE "
+                   "has none.")
+GALLERY_COLUMNS = 4  # crops per row of a feature's gallery (its captions legible in the view's width)
 SAE_SUFFIXES = (".safetensors",)  # what the operator's folder lists (saev files need a block, given on upload)
 
 
@@ -66,6 +80,8 @@ class LoadedSAE:
     name: str  # its file's name as the user gave it (no folder)
     digest: str  # of the file's bytes: two loads of one file are one SAE
     basis: Basis  # the model it was checked against (level "model")
+    index: Slot | None = None  # its `SAEIndex` in the app's store; None: no index
+    index_note: str = ""  # why there is no index (a sentence), or "" with one
 
     @property
     def sae(self) -> SparseAutoencoder:
@@ -82,6 +98,13 @@ class Encoded:
     features: int  # F, the SAE's number of features
     patch: tuple[int, int]  # the patch whose features the table lists (row, col)
     feature: int  # the feature the map shows
+    index: Slot | None = None  # the SAE's `SAEIndex` (`LoadedSAE.index`); None: no index
+    index_note: str = ""  # why there is no index
+    sae_text: str = ""  # the SAE, for captions (`sae_words`)
+
+    def feature_index(self) -> SAEIndex | None:
+        """The index, or None without one."""
+        return None if self.index is None else self.index.get()
 
 
 @dataclass(frozen=True)
@@ -94,8 +117,23 @@ class Edited:
     scale: float
 
 
+@dataclass(frozen=True)
+class Explained:
+    """The maps of one feature as a target (`TargetMaps`, in the session store) and what they were made from."""
+
+    slot: Slot  # `TargetMaps` of the pass
+    basis: Basis  # model, image, the SAE (extra) and the feature (options)
+    feature: int
+
+
 def sae_bytes(sae: SparseAutoencoder) -> int:
     return sum(t.numel() * t.element_size() for t in sae.tensors().values())
+
+
+def index_nbytes(index: SAEIndex) -> int:
+    """Bytes of an index's arrays (its crops counted, memory-mapped or not)."""
+    return sum(a.nbytes for a in (index.activation, index.image, index.patch, index.crops, index.label_class,
+                                  index.label_share, index.fired))
 
 
 def server_saes(folder: str | None) -> list[str]:
@@ -152,6 +190,15 @@ def before_after(encoded: Encoded, features: SparseCodes, edited: SparseCodes, r
                          f"{encoded.words} · colour range 0 to {peak:.3g}")
 
 
+def explanation_kept(explained: Explained | None, feature: int) -> tuple:
+    """The explanation's outputs (state, maps, line) when the shown feature becomes ``feature``: left as they
+    are when they explain it (or there are none), cleared with a sentence when they explain another."""
+    if explained is None or explained.feature == feature:
+        return gr.skip(), gr.skip(), gr.skip()
+    return None, None, (f"*Cleared: these maps explained feature {explained.feature}; the view now shows feature "
+                        f"{feature}. Press {PRESS_EXPLAIN} to explain it.*")
+
+
 def top_classes(handle, logits: np.ndarray) -> dict | None:
     """The gr.Label value of logits' top 5 (None for a model without a head)."""
     if not handle.has_head:
@@ -166,8 +213,54 @@ def picture_scale(features: SparseCodes) -> int:
     return max(1, math.ceil(MAIN_MAP_PIXELS / features.layout.input_size[1]))
 
 
-def table_rows(features: SparseCodes, patch: tuple[int, int]) -> list[list]:
-    return [[feature, round(value, 4)] for feature, value in top_at(features, *patch, TOP_FEATURES)]
+def table_rows(features: SparseCodes, patch: tuple[int, int], index: SAEIndex | None = None) -> list[list]:
+    """The patch's most active features: [feature, activation, the index's label ("" without an index)]."""
+    return [[feature, round(value, 4), index.label(feature) if index is not None else ""]
+            for feature, value in top_at(features, *patch, TOP_FEATURES)]
+
+
+def gallery(encoded: Encoded) -> tuple[np.ndarray | None, str]:
+    """(the shown feature's top-activating patches from the index as one picture, or None, a line about it):
+    each crop titled with its activation and image, the picture captioned with SAE, block, feature and label."""
+    index = encoded.feature_index()
+    if index is None:
+        return None, encoded.index_note
+    entry = index.feature(encoded.feature)
+    label = f" · {entry.label}" if entry.label else ""
+    images = index.built_from.get("images", 0)
+    title = (f"Feature {encoded.feature}{label}: its top patches over the index's folder ({images} images), "
+             f"{encoded.sae_text} · z: the feature's activation at the outlined patch")
+    note = (f"Feature {encoded.feature}'s {len(entry.activations)} most activating patches of the index "
+            f"(it fired on {entry.fired:.2%} of the folder's patch tokens).")
+    return feature_gallery(entry, index.patch_size, title, GALLERY_COLUMNS), note
+
+
+METHOD_NAMES = {"gradcam": "Grad-CAM", "legrad": "LeGrad", "attnlrp": "AttnLRP"}
+
+
+def explain_panel(encoded: Encoded, maps: TargetMaps, rgb: np.ndarray, label: str) -> np.ndarray:
+    """The three maps of the feature's summed activation side by side, each with its colour bar and a caption
+    naming the method and the blocks it read, under a title naming model, image, SAE, block, feature and label."""
+    blocks = maps.legrad_layers
+    read = {"gradcam": f"block {maps.gradcam_layer} output, ReLU'd",
+            "legrad": f"blocks {blocks[0]}-{blocks[-1]}" if len(blocks) > 1 else f"block {blocks[0]}",
+            "attnlrp": "pixels summed per patch"}
+    units = {"gradcam": "activation × gradient", "legrad": "relevance (SAE activation units)",
+             "attnlrp": "relevance (SAE activation units)"}
+    panels = []
+    for method, grid in maps.maps.items():
+        name = f"{METHOD_NAMES[method]} ({read[method]}) of feature {encoded.feature}"
+        if grid is None:
+            panels.append(map_plots.note_panel(rgb, f"{METHOD_NAMES[method]}: this model's attention is one the "
+                                                    "relevance rules cannot follow; no map."))
+            continue
+        relu = method == "gradcam"
+        low, high = canvas.map_range(grid, relu)
+        panels.append(map_plots.map_panel(rgb, grid, name, units[method], vmin=low, vmax=high, relu=relu))
+    named = f" ({label})" if label else ""
+    return canvas.titled(canvas.grid_of(panels, len(panels)), f"Why feature {encoded.feature}{named} fires here: "
+                         f"{encoded.words} · explained score: its activation summed over the patches, "
+                         f"{maps.score:.4g}")
 
 
 def strongest(features: SparseCodes) -> tuple[int, tuple[int, int]]:
@@ -183,6 +276,7 @@ class FeaturesTab:
     def __init__(self, app):
         self.app = app
         self.run_pass = gpu_pass(sparse_codes)
+        self.run_maps = gpu_pass(target_maps)
 
     def choices(self):
         listed = server_saes(self.app.config.sae_folder)
@@ -194,6 +288,7 @@ class FeaturesTab:
         choice = text(choice, "The SAE's name", 200)
         cap = int(self.app.config.max_sae_upload_mb * 2 ** 20)
         given = client_file(upload, upload_folders(), max_bytes=cap, default_name="sae")
+        served = given is None and bool(choice)
         if given is not None:
             path, name = given
             if isinstance(path, bytes):
@@ -216,13 +311,34 @@ class FeaturesTab:
         sae = load_sae(path, layer=layer, model=handle.name)
         check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {name!r}")
         slot = self.app.store.put(sae, sae_bytes(sae))
-        loaded = LoadedSAE(slot, name, file_digest(path), Basis(model=key, model_words=shown_model(handle)))
+        index, index_note = self.index_of(path, sae, name) if served else (None, NO_INDEX_UPLOAD)
+        loaded = LoadedSAE(slot, name, file_digest(path), Basis(model=key, model_words=shown_model(handle)), index,
+                           index_note)
         status = f"{sae_words(loaded, f'**{plain_markdown(name)}**')} loaded for `{shown_model(handle)}`."
+        if index is not None:
+            status += f" Its feature index ({index.get().top} patches per feature) labels and illustrates each feature."
+        else:
+            status += f" {index_note}"
         return loaded, (name, loaded.digest), status
 
-    def encode(self, session, loaded: LoadedSAE | None, key, progress=gr.Progress()):
+    def index_of(self, path: str, sae: SparseAutoencoder, name: str) -> tuple[Slot | None, str]:
+        """(the index beside an SAE of the server's folder in the session store, or None, and why none): an
+        index of another SAE or a damaged one is a sentence, and the SAE loads without it."""
+        beside = index_path(path)
+        if not beside.is_file():
+            return None, (f"{plain_markdown(name)} has no feature index beside it; the operator builds one with "
+                          f"`vit-inspect sae index FOLDER --sae {plain_markdown(name)}`.")
+        try:
+            index = read_index(beside, sae)
+        except WeightsError as exc:
+            return None, f"{exc.public} Its galleries and labels are off."
+        return self.app.store.put(index, index_nbytes(index)), ""
+
+    def encode(self, session, loaded: LoadedSAE | None, key, explained: Explained | None = None,
+               progress=gr.Progress()):
         """One forward pass of the session's image with the SAE's block read: the state, the map of the image's
-        strongest feature, the table of the patch where it peaks, the feature box and a line saying so."""
+        strongest feature, the table of the patch where it peaks, the feature box, a line saying so, the
+        feature's gallery and its line, and the explanation's outputs (`explanation_kept`)."""
         if session is None:
             raise InputError("Analyse an image first; its patches are encoded.")
         if loaded is None:
@@ -238,10 +354,11 @@ class FeaturesTab:
         slot = self.app.store.put((features, rgb), features.nbytes() + rgb.nbytes)
         encoded = Encoded(slot, Basis.of(session, key, extra=(loaded.name, loaded.digest)),
                           f"{shown_model(handle)}, {session.image_words}, {sae_words(loaded)}", sae.info.features,
-                          patch, feature)
+                          patch, feature, loaded.index, loaded.index_note, sae_words(loaded))
         note = (f"Encoded {plain_markdown(session.image_words)} with **{plain_markdown(loaded.name)}**. Click the map "
                 f"for a patch's features; the map shows feature {feature}, the image's strongest.")
-        return encoded, feature_panel(encoded, features, rgb), table_rows(features, patch), feature, note
+        return (encoded, feature_panel(encoded, features, rgb), table_rows(features, patch, encoded.feature_index()),
+                feature, note, *gallery(encoded), *explanation_kept(explained, feature))
 
     def pick_patch(self, evt: gr.SelectData, encoded: Encoded | None):
         """A click on the map (its pixel in the enlarged crop) lists that patch's features; a click on the colour
@@ -258,23 +375,48 @@ class FeaturesTab:
         if not (0 <= x < width and 0 <= y < height):
             return gr.skip(), gr.skip(), gr.skip()
         encoded = replace(encoded, patch=features.layout.patch_at(y, x))
-        return encoded, feature_panel(encoded, features, rgb), table_rows(features, encoded.patch)
+        rows = table_rows(features, encoded.patch, encoded.feature_index())
+        return encoded, feature_panel(encoded, features, rgb), rows
 
-    def show_feature(self, encoded: Encoded | None, feature: object):
-        """The map of the feature typed in the box (0 to F - 1)."""
+    def show_feature(self, encoded: Encoded | None, feature: object, explained: Explained | None = None):
+        """The map of the feature typed in the box (0 to F - 1), its gallery and the line about it, and the
+        explanation's outputs (its state, maps, line): cleared when they explain another feature."""
         if encoded is None:
-            return gr.skip(), gr.skip()
+            return (gr.skip(),) * 7
         features, rgb = encoded.slot.get()
         chosen = finite_int(feature, "The feature", 0, encoded.features - 1, clamp=False)
         encoded = replace(encoded, feature=chosen)
-        return encoded, feature_panel(encoded, features, rgb)
+        return (encoded, feature_panel(encoded, features, rgb), *gallery(encoded),
+                *explanation_kept(explained, chosen))
 
-    def pick_row(self, evt: gr.SelectData, encoded: Encoded | None):
-        """A click on a row of the table shows that row's feature."""
+    def pick_row(self, evt: gr.SelectData, encoded: Encoded | None, explained: Explained | None = None):
+        """A click on a row of the table shows that row's feature (`show_feature`), and puts it in the box."""
         if encoded is None or not isinstance(evt.row_value, (list, tuple)) or not evt.row_value:
-            return gr.skip(), gr.skip(), gr.skip()
-        shown = self.show_feature(encoded, evt.row_value[0])
+            return (gr.skip(),) * 8
+        shown = self.show_feature(encoded, evt.row_value[0], explained)
         return *shown, shown[0].feature
+
+    def explain(self, session, encoded: Encoded | None, loaded: LoadedSAE | None, key, progress=gr.Progress()):
+        """One more pass for Grad-CAM, LeGrad and AttnLRP of the shown feature's activation summed over the
+        patches (`passes.targets.target_maps`): (its state, the maps, a line)."""
+        if encoded is None:
+            raise InputError(f"Press {PRESS_ENCODE} first; the maps explain the feature it shows.")
+        if loaded is None or (loaded.name, loaded.digest) != encoded.basis.extra:
+            raise InputError(f"The codes shown were made with another SAE; press {PRESS_ENCODE} again.")
+        handle, sae = self.app.handle(key), loaded.sae
+        check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {loaded.name!r}")
+        _, rgb = encoded.slot.get()
+        feature = encoded.feature
+        progress(0.3, desc=f"One forward pass and backwards from feature {feature} at block {sae.info.layer}")
+        maps = self.run_maps(handle, handle.preprocess.normalize(rgb), FeatureTarget(sae, feature, loaded.name))
+        nbytes = sum(m.nbytes for m in maps.maps.values() if m is not None)
+        slot = self.app.store.put(maps, nbytes)
+        made = Explained(slot, Basis.of(session, key, {"feature": feature}, extra=encoded.basis.extra), feature)
+        index = encoded.feature_index()
+        label = index.label(feature) if index is not None else ""
+        note = (f"**Why feature {feature} fires here**: Grad-CAM, LeGrad and AttnLRP of its activation summed over "
+                f"the patches ({maps.score:.4g}), blocks 0 to {sae.info.layer} taking part.")
+        return made, explain_panel(encoded, maps, rgb, label), note
 
     def edit(self, session, encoded: Encoded | None, loaded: LoadedSAE | None, key, scale: object,
              progress=gr.Progress()):
@@ -328,6 +470,12 @@ class FeaturesView:
     edited: gr.Image
     edit_note: gr.Markdown
     edit_made_from: gr.State  # the `Edited` shown
+    gallery: gr.Image  # the shown feature's top patches from the index
+    gallery_note: gr.Markdown
+    explain: gr.Button
+    explained: gr.Image  # the shown feature's Grad-CAM, LeGrad and AttnLRP
+    explain_note: gr.Markdown
+    explain_made_from: gr.State  # the `Explained` shown
 
 
 def layout(settings: PageSettings) -> FeaturesView:
@@ -353,8 +501,16 @@ def layout(settings: PageSettings) -> FeaturesView:
                 picture = OutputImage(elem_id="features-map", **MAP_OUT)
             with gr.Column(scale=2, min_width=240):
                 table = gr.Dataframe(headers=TABLE_HEADERS, label="The clicked patch's most active features "
-                                     "(click a row to map it)", interactive=False, elem_id="features-table")
+                                     "(click a row to map it)", interactive=False, wrap=True,
+                                     column_widths=["22%", "26%", "52%"], elem_id="features-table")
                 feature = gr.Number(None, label="Feature to map", precision=0, minimum=0, elem_id="features-feature")
+        gallery_note = gr.Markdown(elem_id="features-gallery-note")
+        gallery_picture = OutputImage(elem_id="features-gallery", **MAP_OUT)
+        gr.Markdown("**Why does this feature fire here?** Grad-CAM, LeGrad and AttnLRP of the mapped feature's "
+                    "activation summed over the patches, in one more pass (blocks up to the SAE's take part).")
+        explain = gr.Button(PRESS_EXPLAIN.strip("*"), elem_id="features-explain")
+        explain_note = gr.Markdown(elem_id="features-explain-note")
+        explained = OutputImage(elem_id="features-explained", **MAP_OUT)
         gr.Markdown("**Edit**: scale the mapped feature at every token the SAE reads (0 switches it off), in one "
                     "more pass whose prediction and map show below, beside the unedited ones. The page's other "
                     "views stay unedited.")
@@ -368,8 +524,10 @@ def layout(settings: PageSettings) -> FeaturesView:
             top_after = gr.Label(num_top_classes=5, label="Prediction, EDITED", elem_id="features-top-after")
         edited = OutputImage(elem_id="features-edited", **MAP_OUT)
         sae, sae_id, made_from, edit_made_from = gr.State(None), gr.State(None), gr.State(None), gr.State(None)
+        explain_made_from = gr.State(None)
     return FeaturesView(tab, sae_file, sae_choice, block, load, sae_status, sae, sae_id, encode, note, picture, table,
-                        feature, made_from, scale, apply, top_before, top_after, edited, edit_note, edit_made_from)
+                        feature, made_from, scale, apply, top_before, top_after, edited, edit_note, edit_made_from,
+                        gallery_picture, gallery_note, explain, explained, explain_note, explain_made_from)
 
 
 def wire(view: FeaturesView, ctx: TabContext) -> None:
@@ -384,18 +542,25 @@ def wire(view: FeaturesView, ctx: TabContext) -> None:
                    inputs=[view.sae_file, view.sae_choice, view.block, ctx.key],
                    outputs=[view.sae, view.sae_id, view.sae_status], api_name="features_load_sae",
                    show_progress="hidden", **RAW)
+    explanation = [view.explain_made_from, view.explained, view.explain_note]
     gr.on([view.encode.click], says_refusals(handlers.encode, view.note),
-          inputs=[ctx.session, view.sae, ctx.key],
-          outputs=[view.made_from, view.picture, view.table, view.feature, view.note], api_name="features_encode",
+          inputs=[ctx.session, view.sae, ctx.key, view.explain_made_from],
+          outputs=[view.made_from, view.picture, view.table, view.feature, view.note, view.gallery,
+                   view.gallery_note, *explanation], api_name="features_encode",
           show_progress_on=[view.picture], **RAW, **MODEL_PASS)
     gr.on([view.picture.select], shows_errors(handlers.pick_patch), inputs=[view.made_from],
           outputs=[view.made_from, view.picture, view.table], api_name="features_patch", show_progress="hidden",
           **RAW)
-    gr.on([view.feature.submit], shows_errors(handlers.show_feature), inputs=[view.made_from, view.feature],
-          outputs=[view.made_from, view.picture], api_name="features_feature", show_progress="hidden", **RAW)
-    gr.on([view.table.select], shows_errors(handlers.pick_row), inputs=[view.made_from],
-          outputs=[view.made_from, view.picture, view.feature], api_name="features_row", show_progress="hidden",
-          **RAW)
+    gr.on([view.feature.submit], shows_errors(handlers.show_feature),
+          inputs=[view.made_from, view.feature, view.explain_made_from],
+          outputs=[view.made_from, view.picture, view.gallery, view.gallery_note, *explanation],
+          api_name="features_feature", show_progress="hidden", **RAW)
+    gr.on([view.table.select], shows_errors(handlers.pick_row), inputs=[view.made_from, view.explain_made_from],
+          outputs=[view.made_from, view.picture, view.gallery, view.gallery_note, *explanation, view.feature],
+          api_name="features_row", show_progress="hidden", **RAW)
+    gr.on([view.explain.click], says_refusals(handlers.explain, view.explain_note),
+          inputs=[ctx.session, view.made_from, view.sae, ctx.key], outputs=explanation,
+          api_name="features_explain", show_progress_on=[view.explained], **RAW, **MODEL_PASS)
     gr.on([view.apply.click], says_refusals(handlers.edit, view.edit_note),
           inputs=[ctx.session, view.made_from, view.sae, ctx.key, view.scale],
           outputs=[view.edit_made_from, view.top_before, view.top_after, view.edited, view.edit_note],
@@ -404,11 +569,14 @@ def wire(view: FeaturesView, ctx: TabContext) -> None:
     ctx.track(Tracked("features_sae", view.sae, (view.sae_status,), (NOTE,), "model", PRESS_LOAD,
                       sentence=lambda old, now: f"*Cleared: the model changed. Press {PRESS_LOAD} to load an SAE "
                                                 "for the model in use.*"))
-    ctx.track(another_sae(Tracked("features", view.made_from, (view.picture, view.table, view.note),
-                                  (None, None, NOTE), "image", PRESS_ENCODE, extra=view.sae_id)))
+    ctx.track(another_sae(Tracked("features", view.made_from,
+                                  (view.picture, view.table, view.note, view.gallery, view.gallery_note),
+                                  (None, None, NOTE, None, ""), "image", PRESS_ENCODE, extra=view.sae_id)))
     ctx.track(another_sae(Tracked("features_edit", view.edit_made_from,
                                   (view.top_before, view.top_after, view.edited, view.edit_note),
                                   (None, None, None, NOTE), "image", PRESS_EDIT, extra=view.sae_id)))
+    ctx.track(another_sae(Tracked("features_explain", view.explain_made_from, (view.explained, view.explain_note),
+                                  (None, NOTE), "image", PRESS_EXPLAIN, extra=view.sae_id)))
 
 
 def another_sae(tracked: Tracked) -> Tracked:
