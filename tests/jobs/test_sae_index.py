@@ -116,7 +116,9 @@ def test_the_file_round_trips_and_refuses_another_sae(built):
     for name in ("activation", "image", "patch", "crops", "label_class", "label_share", "fired"):
         assert np.array_equal(getattr(back, name), getattr(index, name)), name
     assert back.images == index.images and back.classes == index.classes and back.label(0) == index.label(0)
-    assert path.stat().st_size - index_bytes(6, 3, 12, 2) < 4096  # the formula is the tensors' bytes
+    tensors = sum(getattr(index, name).nbytes for name in ("activation", "image", "patch", "crops", "label_class",
+                                                            "label_share", "fired"))
+    assert index_bytes(6, 3, 12, 2) == tensors and 0 < path.stat().st_size - tensors < 4096  # and a header
     with pytest.raises(WeightsError, match="another SAE of the same size"):
         read_index(path, tiny_sae(handle, seed=5))
     with pytest.raises(WeightsError, match="indexes an SAE of 6 features on block 1, but this SAE has 8"):
@@ -166,7 +168,7 @@ def test_hostile_headers_are_refused_before_any_tensor_is_read(built, tmp_path):
 
 def test_sizes_over_the_bound_are_refused_before_building():
     check_sizes(1536, 8, 32, 3)
-    assert index_bytes(1536, 8, 32, 3) == 1536 * 8 * (3 * 32 * 32 + 12) + 1536 * 28 < MAX_INDEX_BYTES
+    assert index_bytes(1536, 8, 32, 3) == 1536 * 8 * (3 * 32 * 32 + 16) + 1536 * 28 < MAX_INDEX_BYTES
     with pytest.raises(WeightsError, match="more than 134,217,728"):
         check_sizes(16384, 8, 32, 3)
     with pytest.raises(WeightsError, match="1 to 64 patches"):

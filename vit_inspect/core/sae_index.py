@@ -12,8 +12,8 @@ Tensors (F features, N = `top` patches per feature, S = `crop` pixels, L = `labe
     label_share F32 (F, L)           each one's share of that activation, 0 to 1
     fired       F32 (F,)             the fraction of the folder's patch tokens the feature fired on
 
-Size in bytes: F·N·(3·S² + 12) + F·(8·L + 4) plus the header (`index_bytes`); 1536 features, 8 patches of
-32 px and 3 labels make 37.9 MB. Files declaring more than `MAX_INDEX_BYTES` are refused before any tensor is
+Size in bytes: F·N·(3·S² + 16) + F·(8·L + 4) plus the header (`index_bytes`); 1536 features, 8 patches of
+32 px and 3 labels make 38.0 MB. Files declaring more than `MAX_INDEX_BYTES` are refused before any tensor is
 read, and so are builds that would write one.
 
 The header's `__metadata__` holds one JSON string under "vit_inspect.sae_index": the SAE it indexes (model,
@@ -127,8 +127,9 @@ def sae_record(sae: SparseAutoencoder) -> dict:
 
 
 def index_bytes(features: int, top: int, crop: int, labels: int) -> int:
-    """Tensor bytes of an index: F·N·(3·S² + 12) + F·(8·L + 4)."""
-    return features * top * (3 * crop * crop + 12) + features * (8 * labels + 4)
+    """Tensor bytes of an index: F·N·(3·S² + 16) + F·(8·L + 4) (per top patch its crop, activation, image and
+    patch; per feature its labels, their shares and how often it fired)."""
+    return features * top * (3 * crop * crop + 16) + features * (8 * labels + 4)
 
 
 def check_sizes(features: int, top: int, crop: int, labels: int) -> None:
