@@ -55,7 +55,7 @@ def test_the_notebooks_and_the_site_are_where_ci_builds_them():
         assert f"notebooks/{path.name}" in config
     assert "strict: true" in config
     ci = (REPO / ".ci" / "run").read_text()
-    assert "mkdocs build --strict" in ci and re.search(r"pytest --nbmake\b.* docs/notebooks", ci)
+    assert "mkdocs build --strict" in ci and re.search(r"pytest .*--nbmake\b.* docs/notebooks", ci)
 
 
 def test_benchmarks_quote_the_csv_files_the_scripts_write():
