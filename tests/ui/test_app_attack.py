@@ -241,8 +241,8 @@ def test_every_endpoint_answers_hostile_values_with_a_result_or_a_sentence(serve
     assert browser_only and all(d["js"] and d["api_visibility"] == "private" for d in browser_only)
     endpoints = [d["api_name"] for d in client.config["dependencies"] if d.get("api_name") and d.get("backend_fn")]
     assert {"analyze", "attention", "pos_similarity", "load_model", "dataset_distance", "downloads", "concepts",
-            "patch_similarity", "pick_similar_patch", "similarity_other_image", "class_concepts",
-            "cancel_class_concepts", "class_concept_maps"} <= set(endpoints)
+            "patch_similarity", "patch_similarity_opened", "pick_similar_patch", "similarity_other_image",
+            "class_concepts", "cancel_class_concepts", "class_concept_maps"} <= set(endpoints)
     # this page's own: the first view, the model lists, the Explain maps, and the stale-result checks
     assert {"analyze_first_image", "first_view", "explain_opened", "gradient_weighted_attention", "model_choices",
             "model_figures", "panels_of_new_image", "stale_check_image", "stale_check_class", "stale_check_search",

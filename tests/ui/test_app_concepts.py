@@ -128,6 +128,22 @@ def test_a_click_on_the_map_picks_its_patch_and_the_colour_bar_does_nothing(page
         assert len(error.value.message.split()) >= 5
 
 
+def test_opening_the_tab_draws_only_when_no_map_of_this_image_is_shown(page):
+    """Opening the tab sends the row and column the browser had then, and runs after a click on the map that came
+    meanwhile: it keeps the clicked patch's maps rather than drawing the old patch over them."""
+    inspector, _, session = page
+    tab = SimilarityTab(inspector)
+    layout, scale = session.result.layout, main_scale(session.result)
+    clicked = tab.pick(gr.SelectData(None, {"index": [(2 * layout.patch_w + 1) * scale, 1], "value": None}),
+                       session, None, None, 0, progress=progress)
+    assert clicked[3].startswith("Patch (row 0, column 2)")
+    kept = tab.draw_on_open(session, None, None, 0, 1, 1, clicked[0], progress=progress)
+    assert all(value.get("__type__") == "update" for value in kept)
+    for made_from in (None, Basis(model=session.model, image="another picture")):
+        drawn = tab.draw_on_open(session, None, None, 0, 1, 1, made_from, progress=progress)
+        assert drawn[0] == clicked[0] and drawn[3].startswith("Patch (row 1, column 1)") and drawn[4:6] == (1, 1)
+
+
 def test_similarity_redraws_after_a_check_only_when_shown_and_drawn_for_another_image(page):
     inspector, _, session = page
     tab = SimilarityTab(inspector)

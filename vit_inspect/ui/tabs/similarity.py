@@ -81,6 +81,7 @@ class SimilarityTab:
         patch = (finite_int(row, "The patch row", 0, layout.grid_h - 1, default=layout.grid_h // 2),
                  finite_int(col, "The patch column", 0, layout.grid_w - 1, default=layout.grid_w // 2))
         second = self.other_pass(session, other)
+        import time; time.sleep(4)
         own, theirs = patch_similarity(self.app.handle(session.model), result, patch, layer, second)
         return Similarity(layer, patch, own, theirs, second)
 
@@ -145,6 +146,16 @@ class SimilarityTab:
         other = None if upload is None else Other(upload[0], plain_markdown(upload[1]), self.app.store.put({}, 0))
         if session is None:
             return (*SKIPPED, other)
+        return self.draw(session, key, other, block, row, col, progress=progress)
+
+    def draw_on_open(self, session, key: CacheKey | None, other: Other | None, block: object, row: object,
+                     col: object, made_from: Basis | None, progress=gr.Progress()):
+        """When the tab or its section opens: the maps, unless those shown were drawn for this model and image.
+        ``made_from`` is the server's own state when the event runs, and the row and column are the browser's when
+        it was sent: a click on the map that ran between them is not drawn over with the patch from before it."""
+        if session is not None and made_from is not None and \
+                made_from.key("image") == Basis.of(session, key or session.model).key("image"):
+            return (*SKIPPED, gr.skip())
         return self.draw(session, key, other, block, row, col, progress=progress)
 
     def draw_if_shown(self, session, key: CacheKey | None, shown: object, other: Other | None, block: object,
@@ -212,7 +223,11 @@ def wire(view: SimilarityView, ctx: TabContext) -> None:
     tab is shown."""
     handlers, session, key = SimilarityTab(ctx.app), ctx.session, ctx.key
     settings = [view.block, view.row, view.col]
-    gr.on([*ctx.opened(view.tab), view.block.release, view.row.submit, view.col.submit],
+    gr.on(ctx.opened(view.tab), says_refusals(handlers.draw_on_open, view.note),
+          inputs=[session, key, view.other, *settings, view.made_from], outputs=view.outputs,
+          api_name="patch_similarity_opened", show_progress_on=[view.panel], trigger_mode="always_last", **RAW,
+          **MODEL_PASS)
+    gr.on([view.block.release, view.row.submit, view.col.submit],
           says_refusals(handlers.draw, view.note), inputs=[session, key, view.other, *settings],
           outputs=view.outputs, api_name="patch_similarity", show_progress_on=[view.panel],
           trigger_mode="always_last", **RAW, **MODEL_PASS)
