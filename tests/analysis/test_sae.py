@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from vit_inspect.analysis.sae import (auxk_loss, decode, dead_fraction, edited_tokens, encode, kl_divergence, l0,
-                                      normalise, pre_activations, reconstruct, top1_agreement, variance_explained)
+from vit_inspect.analysis.sae import (auxk_loss, decode, decode_sparse, dead_fraction, densify, edited_tokens, encode,
+                                      kl_divergence, l0, normalise, pre_activations, reconstruct, top_k,
+                                      top1_agreement, variance_explained)
 from vit_inspect.core.sae_file import SAEInfo, SparseAutoencoder
 
 # d = 2, F = 3: feature 0 reads x0, feature 1 reads x1, feature 2 reads -x0 - x1
@@ -30,6 +31,24 @@ def test_encode_and_decode_by_hand():
     z2 = encode(x, W_ENC, B_ENC, B_DEC, k=2)
     assert torch.equal(z2, torch.tensor([[2.0, 2.5, 0.0], [0.0, 0.0, 4.0]]))  # the ReLU zeroes the second of row 2
     assert torch.equal(l0(z2), torch.tensor([2, 1]))
+
+
+def test_the_sparse_decoder_is_the_dense_one_with_the_same_gradients():
+    x = torch.tensor([[2.5, 3.0], [-1.5, -2.0]])
+    values, indices = top_k(pre_activations(x, W_ENC, B_ENC, B_DEC), 2)  # rows: (2.5 at 1, 2 at 0), (4 at 2, 0)
+    assert torch.equal(decode_sparse(values, indices, W_DEC, B_DEC), torch.tensor([[2.5, 5.0], [4.5, 4.0]]))
+    generator = torch.Generator().manual_seed(0)
+    pre = torch.randn(64, 48, generator=generator)
+    W, b = torch.randn(48, 8, generator=generator), torch.randn(8, generator=generator)
+    grads = []
+    for decoder in (lambda v, i, W, b: decode(densify(v, i, 48), W, b), decode_sparse):
+        W_, b_, pre_ = (t.clone().requires_grad_() for t in (W, b, pre))
+        values, indices = top_k(pre_, 6)
+        out = decoder(values, indices, W_, b_)
+        (out ** 2).sum().backward()
+        grads.append((out.detach(), W_.grad, b_.grad, pre_.grad))
+    for dense, sparse in zip(*grads):
+        torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
 
 
 def test_normalisation_is_applied_and_undone():

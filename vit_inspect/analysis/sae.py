@@ -69,6 +69,14 @@ def decode(z: torch.Tensor, W_dec: torch.Tensor, b_dec: torch.Tensor) -> torch.T
     return z @ W_dec + b_dec
 
 
+def decode_sparse(values: torch.Tensor, indices: torch.Tensor, W_dec: torch.Tensor, b_dec: torch.Tensor
+                  ) -> torch.Tensor:
+    """(B, d) x̂ = z W_dec + b_dec for codes given in sparse form, (B, k) `values` at (B, k) `indices` (as
+    `top_k` returns them): Σ_j values[:, j] · W_dec[indices[:, j]] + b_dec, the same sum as `decode(densify(...))`
+    without the (B, F) zeros, in k/F of its multiplications. Differentiable in `values`, `W_dec` and `b_dec`."""
+    return F.embedding_bag(indices, W_dec, per_sample_weights=values, mode="sum") + b_dec
+
+
 def reconstruct(tokens: torch.Tensor, sae: SparseAutoencoder) -> torch.Tensor:
     """(..., d) the SAE's reconstruction of (..., d) tokens, in the model's units (normalised, encoded,
     decoded, denormalised)."""

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from vit_inspect.analysis.sae import auxk_loss, decode, densify, pre_activations, top_k
+from vit_inspect.analysis.sae import auxk_loss, decode_sparse, pre_activations, top_k
 from vit_inspect.core.errors import VitInspectError
 
 AUXK_COEFFICIENT = 1 / 32  # α of Gao et al. 2024, Sec. A.2
@@ -122,7 +122,7 @@ def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, 
             x = (torch.from_numpy(rows) - mean_t) / scale  # (B, d)
             pre = pre_activations(x, W_enc, b_enc, b_dec)  # (B, F)
             values, indices = top_k(pre, options.k)  # (B, k) each
-            x_hat = decode(densify(values, indices, f), W_dec, b_dec)  # (B, d)
+            x_hat = decode_sparse(values, indices, W_dec, b_dec)  # (B, d)
             mse = ((x - x_hat) ** 2).sum() / (x ** 2).sum().clamp_min(1e-12)
             fired = torch.zeros(f, dtype=torch.bool)
             fired[indices[values > 0]] = True
