@@ -51,6 +51,27 @@ def test_the_activation_pass_stops_after_the_block_and_spills_its_tokens(tmp_pat
     assert np.allclose(sums.arrays["sum"], rows.astype(np.float64).sum(0)) and sums.arrays["tokens"][0] == len(rows)
 
 
+def test_mirrored_tokens_are_those_of_the_input_flipped_left_to_right(tmp_path):
+    handle = tiny_handle("cls")
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    sums = SAEActivationWorker(handle, 1, "all", str(tmp_path), mirror=True).map_batch(images, ["a.png", "b.png"])
+    rows = np.load(next(tmp_path.glob("tokens-*.npy")))
+    n, d = handle.layout().num_tokens, handle.embed_dim
+    assert rows.shape == (4 * n, d) and sums.arrays["tokens"][0] == 4 * n and sums.count == 2
+    pixels = torch.cat([handle.preprocess.apply(Image.fromarray(i))[0] for i in images])
+    for half, given in ((rows[:2 * n], pixels), (rows[2 * n:], pixels.flip(-1))):
+        outputs = []
+        with torch.no_grad(), block_output(handle, 1, outputs.append):
+            handle.forward(given)
+        assert np.allclose(half, outputs[0].reshape(-1, d).numpy(), atol=1e-6)
+    # the flip is of the model's input; here, where the centre crop is the whole image, it is the photo mirrored
+    flipped = torch.cat([handle.preprocess.apply(Image.fromarray(np.ascontiguousarray(i[:, ::-1])))[0]
+                         for i in images])
+    assert torch.allclose(flipped, pixels.flip(-1))
+    assert not np.allclose(rows[:2 * n], rows[2 * n:], atol=1e-3)
+
+
 @pytest.mark.slow
 def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
     write_folder(tmp_path, count=40)
@@ -60,6 +81,10 @@ def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
     longer = TrainOptions(features=64, k=8, epochs=12, batch_tokens=64, lr=3e-3, seed=3)
     first = train_from_folder(handle, files[:32], 1, short)
     trained = train_from_folder(handle, files[:32], 1, longer, spill=str(tmp_path / "spill"))
+    assert trained.info.training["mirrored"] is False
+    mirrored = train_from_folder(handle, files[:32], 1, short, mirror=True)
+    assert mirrored.info.training["mirrored"] is True
+    assert mirrored.info.training_tokens == 2 * first.info.training_tokens
     losses = trained.info.training["epoch_loss"]
     assert losses[-1] < 0.7 * losses[0]
     assert trained.info.training["dead_strategy"].startswith("AuxK")

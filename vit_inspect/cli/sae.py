@@ -56,6 +56,8 @@ def add_parser(sub) -> None:
     train.add_argument("--out", required=True, help="the SAE file to write (.safetensors)")
     train.add_argument("--tokens", choices=("all", "patches"), default="all",
                        help="train on every token of the block's output, or on the patch tokens only (default all)")
+    train.add_argument("--mirror", action="store_true",
+                       help="train on each image mirrored left to right too: twice the tokens, from the same images")
     train.add_argument("--epochs", type=int, default=TRAIN_DEFAULTS.epochs,
                        help=f"passes over the tokens (default {TRAIN_DEFAULTS.epochs})")
     train.add_argument("--lr", type=float, default=TRAIN_DEFAULTS.lr, help=f"Adam (default {TRAIN_DEFAULTS.lr})")
@@ -141,7 +143,7 @@ def run_train(args: argparse.Namespace) -> None:
     spill = os.path.join(args.cache, "tokens") if args.cache else None
     sae = train_from_folder(handle, train_files, args.layer, options, args.tokens, args.engine,
                             _engine(args, "train"), spill, args.model_file, progress,
-                            progress_line("{done}/{total} training steps"))
+                            progress_line("{done}/{total} training steps"), mirror=args.mirror)
     save_with_metrics(sae, args.out, None)
     quality = None
     if held_out:

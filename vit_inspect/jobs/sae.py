@@ -1,7 +1,9 @@
 """Folder jobs of sparse autoencoders, for any engine (`jobs.run.run_job`).
 
 `SAEActivationJob`: one forward per image; block `layer`'s output tokens are written to a spill folder, one
-`.npy` file of (n, d) float32 per batch, and the running sums give their mean and scale. Under Ray the actors
+`.npy` file of (n, d) float32 per batch, and the running sums give their mean and scale. With `mirror`, each
+image's model input mirrored left to right is forwarded too (its tokens follow the batch's own in the file): the
+same photos give twice the tokens, as the horizontal flip of ImageNet training augments them. Under Ray the actors
 write there too: on one machine that is the local disk; on a cluster it must be a folder every node shares.
 `SAEEvalJob`: the quality of an SAE over a folder (`analysis.sae`): running sums of the reconstruction error,
 the codes and the model's predictions with the block's tokens replaced by x̂ against the unmodified model.
@@ -54,16 +56,20 @@ class ActivationStats:
 class SAEActivationWorker:
     """Holds the model; writes each batch's tokens of block `layer` to the spill folder."""
 
-    def __init__(self, handle: ViTHandle, layer: int, tokens: str, spill: str) -> None:
-        self.handle, self.layer, self.spill = handle, layer, Path(spill)
+    def __init__(self, handle: ViTHandle, layer: int, tokens: str, spill: str, mirror: bool = False) -> None:
+        self.handle, self.layer, self.spill, self.mirror = handle, layer, Path(spill), mirror
         self.where = token_slice(handle.layout(), tokens)
 
     def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """Sums {"sum": (d,) Σx, "squares": (1,) Σ‖x‖², "tokens": (1,) n}; the tokens go to a file named by
-        the batch's image names."""
+        the batch's image names. With `mirror`, the (B, 3, H, W) input and its mirror image (flipped along W) are
+        forwarded as one batch of 2B."""
         captured: list[torch.Tensor] = []
+        pixels = _pixels(self.handle, images)
+        if self.mirror:
+            pixels = torch.cat([pixels, pixels.flip(-1)])
         with torch.no_grad(), block_output(self.handle, self.layer, captured.append, stop=True):
-            self.handle.forward(_pixels(self.handle, images).to(self.handle.device))
+            self.handle.forward(pixels.to(self.handle.device))
         rows = captured[0][:, self.where].reshape(-1, captured[0].shape[-1]).float().cpu().numpy()  # (B·n, d)
         digest = hashlib.sha256("\0".join(names or map(str, range(len(images)))).encode()).hexdigest()[:24]
         path = self.spill / f"tokens-{digest}.npy"
@@ -87,11 +93,12 @@ class SAEActivationJob:
     weights: str | None = None
     device: str | None = None
     model_file: str | None = None
+    mirror: bool = False  # also the tokens of each input mirrored left to right
     name: str = "sae_activations"
 
     def open(self) -> SAEActivationWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
-        return SAEActivationWorker(handle, self.layer, self.tokens, self.spill)
+        return SAEActivationWorker(handle, self.layer, self.tokens, self.spill, self.mirror)
 
     def merge(self, a: Sums, b: Sums) -> Sums:
         return a + b
