@@ -81,7 +81,6 @@ class SimilarityTab:
         patch = (finite_int(row, "The patch row", 0, layout.grid_h - 1, default=layout.grid_h // 2),
                  finite_int(col, "The patch column", 0, layout.grid_w - 1, default=layout.grid_w // 2))
         second = self.other_pass(session, other)
-        import time; time.sleep(4)
         own, theirs = patch_similarity(self.app.handle(session.model), result, patch, layer, second)
         return Similarity(layer, patch, own, theirs, second)
 
