@@ -61,9 +61,10 @@ def planted(tmp_path_factory):
     upload_dir.mkdir(parents=True)
     link = upload_dir / "link_cat.png"
     os.symlink(photo, link)
+    save_sae(random_sae(), upload_dir / "uploaded_sae.safetensors")  # a real upload, for the index beside it
     yield {"planted": str(photo), "symlink": str(link), "missing": str(outside / "no_such_file.png"),
            "passwd": "/etc/passwd", "dotdot": str(upload_dir / ".." / ".." / outside.name / photo.name),
-           "weights": str(WEIGHTS)}
+           "weights": str(WEIGHTS), "sae": str(upload_dir / "uploaded_sae.safetensors")}
     shutil.rmtree(upload_dir, ignore_errors=True)
 
 
@@ -117,31 +118,40 @@ def outcome(message: dict) -> tuple[bool, object]:
 
 FILE_INPUTS = {"analyze": (0, lambda f: f), "analyze_first_image": (0, lambda f: f), "load_model": (1, lambda f: f),
                "dataset_distance": (0, lambda f: [f]), "similarity_other_image": (0, lambda f: f),
-               "class_concepts": (0, lambda f: [f]), "features_load_sae": (0, lambda f: f)}
+               "class_concepts": (0, lambda f: [f]), "features_load_sae": (0, lambda f: f),
+               "features_load_sae/index": (4, lambda f: f)}  # the feature index uploaded beside a real SAE
 
 
-def file_call_data(client: Client, api_name: str, payload) -> list:
-    index, wrap = FILE_INPUTS[api_name]
-    data = defaults(client, api_name)
+def file_call_data(client: Client, case: str, payload, planted: dict) -> list:
+    index, wrap = FILE_INPUTS[case]
+    data = defaults(client, endpoint(case))
     data[index] = wrap(payload)
-    if api_name == "load_model":
+    if case == "load_model":
         data[0] = "deit_tiny_patch16_224"
+    if case == "features_load_sae/index":
+        data[0] = {"path": planted["sae"], "orig_name": "sae.safetensors", "meta": META}
     return data
 
 
-@pytest.mark.parametrize("api_name", sorted(FILE_INPUTS))
-def test_no_file_outside_the_upload_folder_is_ever_read(server, planted, api_name):
+def endpoint(case: str) -> str:
+    """The api_name of a `FILE_INPUTS` case ("features_load_sae/index": its index input)."""
+    return case.split("/")[0]
+
+
+@pytest.mark.parametrize("case", sorted(FILE_INPUTS))
+def test_no_file_outside_the_upload_folder_is_ever_read(server, planted, case):
     """Raw HTTP, both the queue and the /call route: every shape of a path outside Gradio's upload
     folder (or a symlink out of it) is refused, with the same answer whether the file exists or not."""
     client = Client(server.url, verbose=False)
     cases = [("planted", s, p) for s, p in shapes(planted["planted"]).items()]
     cases += [(t, s, shapes(planted[t])[s]) for t in ("symlink", "passwd", "dotdot") for s in ("meta", "no_meta", "bare")]
+    api_name = endpoint(case)
     for target, shape, payload in cases:
-        answers = [outcome(queue_call(client, api_name, file_call_data(client, api_name, payload))),
-                   call_route(client, api_name, file_call_data(client, api_name, payload))]
+        answers = [outcome(queue_call(client, api_name, file_call_data(client, case, payload, planted))),
+                   call_route(client, api_name, file_call_data(client, case, payload, planted))]
         if target == "planted":
             missing = shapes(planted["missing"])[shape]
-            answers.append(call_route(client, api_name, file_call_data(client, api_name, missing)))
+            answers.append(call_route(client, api_name, file_call_data(client, case, missing, planted)))
             assert answers[1] == answers[2], f"{api_name} {shape}: a client can tell {target} from a missing file"
         for was_refused, sentence in answers:
             assert was_refused, (api_name, target, shape)

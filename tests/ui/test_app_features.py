@@ -66,3 +66,27 @@ def test_an_uploaded_sae_encodes_clicks_edits_and_goes_stale(server, tmp_path):
     cleared = shown(client, "stale_check_image")
     assert cleared["features-map"] is None and cleared["features-table"]["data"] == []
     assert "(these were for chelsea.png (model" in cleared["features-note"] and "**Encode this image**" in cleared["features-note"]
+
+
+def test_an_index_uploaded_beside_the_sae_labels_the_table_and_draws_galleries(server, deit, tmp_path):
+    from vit_inspect.core.sae_index import index_path, save_index
+    from vit_inspect.jobs.sae_index import build_index
+
+    client = Client(server.url, verbose=False)
+    sae = random_sae(seed=4)
+    save_sae(sae, tmp_path / "mine.safetensors")
+    index = build_index(deit, sae, tmp_path / "mine.safetensors", [CHELSEA, COFFEE], top=3, crop=32, labels=2)
+    save_index(index, index_path(tmp_path / "mine.safetensors"))
+    analyze(client)
+    loaded = shown(client, "features_load_sae", handle_file(str(tmp_path / "mine.safetensors")), None, None,
+                   handle_file(str(index_path(tmp_path / "mine.safetensors"))))
+    assert loaded["features-sae-status"].endswith("Its feature index (3 patches per feature) labels and illustrates "
+                                                  "each feature.")
+    encoded = shown(client, "features_encode")
+    rows = encoded["features-table"]["data"]
+    assert [row[2] for row in rows] == [index.label(int(row[0])) for row in rows] and any(row[2] for row in rows)
+    assert encoded["features-gallery"] and encoded["features-gallery-note"].startswith("Feature ")
+    other = shown(client, "features_load_sae", handle_file(str(tmp_path / "mine.safetensors")), None, None,
+                  handle_file(str(CHELSEA)))  # a photo is no index: the SAE loads, the index is refused
+    assert other["features-sae-status"].endswith("Its galleries and labels are off.")
+    assert str(tmp_path) not in other["features-sae-status"]

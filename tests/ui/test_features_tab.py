@@ -10,6 +10,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import gradio as gr
@@ -20,7 +21,7 @@ from gradio import utils as gradio_utils
 from support.sae import FEATURES, K, random_sae
 
 from vit_inspect.analysis.sae import encode, normalise
-from vit_inspect.core.errors import VitInspectError
+from vit_inspect.core.errors import InputError, VitInspectError
 from vit_inspect.core.images import load_image
 from vit_inspect.core.sae_file import SparseAutoencoder, save_sae
 from vit_inspect.core.sae_index import index_path, read_index, save_index
@@ -34,6 +35,7 @@ from vit_inspect.ui.model_cache import CacheKey
 from vit_inspect.ui.session_store import SessionStore
 from vit_inspect.ui.tabs.features import (
     MAX_SCALE,
+    NO_INDEX_UPLOAD,
     PRESS_ENCODE,
     TOP_FEATURES,
     FeaturesTab,
@@ -96,7 +98,7 @@ def test_a_patch_table_and_a_map_are_the_codes_of_that_patch(deit, app, session,
     assert sae_id[0] == "sae.safetensors" and "block 6 output, 256 features, top-8" in status
     encoded, picture, rows, feature, note, shelf, shelf_note, *explained = tab.encode(
         session, state, app.key, progress=lambda *a, **k: None)
-    assert shelf is None and "no feature index" not in shelf_note and "uploaded SAE has none" in shelf_note
+    assert shelf is None and "no feature index" not in shelf_note and shelf_note == NO_INDEX_UPLOAD
     assert explained == [gr.skip()] * 3 and all(r[2] == "" for r in rows)  # no index: no labels
     codes = direct_codes(deit, sae, session.pixels)  # (196, 256)
     strongest = int(codes.max(0).values.argmax())
@@ -279,6 +281,36 @@ def test_an_index_of_another_sae_or_none_gets_a_sentence(indexed, session):
     assert state.index is None and status.endswith(sentence) and str(app.folder) not in status
     _, _, rows, _, _, shelf, shelf_note, *_ = tab.encode(session, state, app.key, **QUIET)
     assert shelf is None and shelf_note == sentence and all(r[2] == "" for r in rows)
+
+
+def test_an_uploaded_index_beside_an_uploaded_sae_labels_its_table_and_is_checked(indexed, session, uploads):
+    app, sae, index = indexed
+    tab = FeaturesTab(app)
+    save_sae(sae, uploads / "mine.safetensors")
+    shutil.copy(index_path(app.folder / "indexed.safetensors"), uploads / "mine.index.safetensors")
+    upload = {"path": str(uploads / "mine.safetensors"), "orig_name": "mine.safetensors"}
+    before = app.store.held
+    state, _, status = tab.load(upload, None, None, app.key, {"path": str(uploads / "mine.index.safetensors"),
+                                                              "orig_name": "mine.index.safetensors"}, **QUIET)
+    assert app.store.held - before == sae_bytes(sae) + index_nbytes(index)
+    assert "Its feature index (3 patches per feature)" in status and str(uploads) not in status
+    _, _, rows, feature, _, shelf, shelf_note, *_ = tab.encode(session, state, app.key, **QUIET)
+    assert [r[2] for r in rows] == [index.label(r[0]) for r in rows] and any(r[2] for r in rows)
+    assert shelf is not None and shelf_note.startswith(f"Feature {feature}'s")
+    # another SAE's index, a pickle and a file over the page's upload bound: the SAE loads without them
+    save_sae(random_sae(seed=9), uploads / "other.safetensors")
+    other = {"path": str(uploads / "other.safetensors"), "orig_name": "other.safetensors"}
+    state, _, status = tab.load(other, None, None, app.key, str(uploads / "mine.index.safetensors"), **QUIET)
+    assert state.index is None and status.endswith("The feature index belongs to another SAE. Its galleries and "
+                                                   "labels are off.")
+    (uploads / "evil.index.safetensors").write_bytes(b"\x80\x04cos\nsystem\n(S'echo pwned'\ntR.")
+    state, _, status = tab.load(upload, None, None, app.key, str(uploads / "evil.index.safetensors"), **QUIET)
+    assert state.index is None and status.endswith("Its galleries and labels are off.") and str(uploads) not in status
+    small = FeaturesTab(SimpleNamespace(**{**vars(app), "config": replace(app.config, max_upload_mb=0.05)}))
+    state, _, status = small.load(upload, None, None, app.key, str(uploads / "mine.index.safetensors"), **QUIET)
+    assert state.index is None and "larger than the 0.05 MiB this server accepts" in status
+    with pytest.raises(InputError, match="not available"):  # only files in the upload folder are read
+        tab.load(upload, None, None, app.key, str(index_path(app.folder / "indexed.safetensors")), **QUIET)
 
 
 def test_the_explained_feature_has_the_maps_of_passes_targets(deit, indexed, session):

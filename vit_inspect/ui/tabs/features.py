@@ -11,8 +11,11 @@ map beside the unedited ones, labelled as edited; the page's own pass and maps s
 cleared when the model changes, the codes and the edit when the model, the image or the SAE changes
 (`ui.stale`).
 
-An SAE of the operator's folder comes with its feature index when ``<stem>.index.safetensors`` sits beside it
-(`core.sae_index`, checked to belong to that SAE, its bytes counted in the session store): the table then
+An SAE comes with its feature index (`core.sae_index`) when one is uploaded beside it (untrusted like the SAE:
+the page's upload bound, its header, shapes and every index in it checked before use) or, for an SAE of the
+operator's folder, when ``<stem>.index.safetensors`` sits beside it. Either is checked to belong to that SAE and
+its bytes are counted in the session store; an index that does not fit is a sentence and the SAE loads without
+it. The table then
 labels each feature with the classes where it fires, and the shown feature's top-activating patches over the
 index's folder are drawn under the map. **Explain this feature** runs one more pass for Grad-CAM, LeGrad and
 AttnLRP of the shown feature's activation summed over the patches (`passes.targets`); its maps are cleared
@@ -66,8 +69,8 @@ TABLE_HEADERS = ["feature", "activation", "label"]
 UNIT = "feature activation (SAE units)"
 PRESS_LOAD, PRESS_ENCODE, PRESS_EDIT = "**Load the SAE**", "**Encode this image**", "**Apply the edit**"
 PRESS_EXPLAIN = "**Explain this feature**"
-NO_INDEX_UPLOAD = ("Galleries and labels need a feature index beside an SAE of this server's folder; an uploaded SAE "
-                   "has none.")
+NO_INDEX_UPLOAD = ("Galleries and labels need a feature index: upload the SAE's `.index.safetensors` (built with "
+                   "`vit-inspect sae index`) beside it and load again.")
 GALLERY_COLUMNS = 4  # crops per row of a feature's gallery (its captions legible in the view's width)
 SAE_SUFFIXES = (".safetensors",)  # what the operator's folder lists (saev files need a block, given on upload)
 
@@ -282,9 +285,11 @@ class FeaturesTab:
         listed = server_saes(self.app.config.sae_folder)
         return gr.update(choices=listed, value=None, visible=bool(listed))
 
-    def load(self, upload: object, choice: object, block: object, key, progress=gr.Progress()):
+    def load(self, upload: object, choice: object, block: object, key, index_upload: object = None,
+             progress=gr.Progress()):
         """The SAE of the upload (or, without one, of the operator's folder by name) checked against the model
-        in use: (its state, its identity for results, the status line)."""
+        in use, with its feature index (`index_upload`, else the one beside a server's SAE): (its state, its
+        identity for results, the status line)."""
         choice = text(choice, "The SAE's name", 200)
         cap = int(self.app.config.max_sae_upload_mb * 2 ** 20)
         given = client_file(upload, upload_folders(), max_bytes=cap, default_name="sae")
@@ -311,7 +316,10 @@ class FeaturesTab:
         sae = load_sae(path, layer=layer, model=handle.name)
         check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {name!r}")
         slot = self.app.store.put(sae, sae_bytes(sae))
-        index, index_note = self.index_of(path, sae, name) if served else (None, NO_INDEX_UPLOAD)
+        if index_upload not in (None, "", {}):
+            index, index_note = self.uploaded_index(index_upload, sae)
+        else:
+            index, index_note = self.index_of(path, sae, name) if served else (None, NO_INDEX_UPLOAD)
         loaded = LoadedSAE(slot, name, file_digest(path), Basis(model=key, model_words=shown_model(handle)), index,
                            index_note)
         status = f"{sae_words(loaded, f'**{plain_markdown(name)}**')} loaded for `{shown_model(handle)}`."
@@ -320,6 +328,27 @@ class FeaturesTab:
         else:
             status += f" {index_note}"
         return loaded, (name, loaded.digest), status
+
+    def uploaded_index(self, upload: object, sae: SparseAutoencoder) -> tuple[Slot | None, str]:
+        """(an uploaded index in the session store, or None, and why none): bounded by the page's upload size,
+        read by `read_index` (header, shapes and contents checked; crops memory-mapped), and checked to belong
+        to `sae`. A file that is no index of this SAE is a sentence; the SAE loads without it."""
+        cap = int(self.app.config.max_upload_mb * 2 ** 20)
+        given = client_file(upload, upload_folders(), max_bytes=cap, default_name="index")
+        if given is None:
+            return None, NO_INDEX_UPLOAD
+        path, _ = given
+        if isinstance(path, bytes):
+            raise InputError("Upload the feature index as a file.")
+        if os.path.getsize(path) > cap:
+            return None, (f"The feature index is larger than the {self.app.config.max_upload_mb:g} MiB this server accepts; build a "
+                          "smaller one (`vit-inspect sae index` with fewer `--index-top` patches or a smaller "
+                          "`--index-crop`). Its galleries and labels are off.")
+        try:
+            index = read_index(path, sae)
+        except WeightsError as exc:
+            return None, f"{exc.public} Its galleries and labels are off."
+        return self.app.store.put(index, index_nbytes(index)), ""
 
     def index_of(self, path: str, sae: SparseAutoencoder, name: str) -> tuple[Slot | None, str]:
         """(the index beside an SAE of the server's folder in the session store, or None, and why none): an
@@ -453,6 +482,7 @@ class FeaturesView:
     sae_file: gr.File
     sae_choice: gr.Dropdown
     block: gr.Textbox  # saev's files do not record their block: typed, never a default a user did not choose
+    index_file: gr.File  # the SAE's feature index, uploaded beside it (optional)
     load: gr.Button
     sae_status: gr.Markdown
     sae: gr.State  # the `LoadedSAE` (None: none)
@@ -492,6 +522,8 @@ def layout(settings: PageSettings) -> FeaturesView:
                                      elem_id="features-sae-choice")
             block = gr.Textbox("", label="Block it reads (saev files only)", placeholder="e.g. 6", max_length=6,
                                scale=1, elem_id="features-block")
+            index_file = gr.File(label="Its feature index (optional: .index.safetensors)", type="filepath",
+                                 height=100, scale=2, elem_id="features-index-file")
         load = gr.Button("Load the SAE", elem_id="features-load")
         sae_status = gr.Markdown("No SAE loaded.", elem_id="features-sae-status")
         encode = gr.Button("Encode this image", variant="primary", elem_id="features-encode")
@@ -525,7 +557,7 @@ def layout(settings: PageSettings) -> FeaturesView:
         edited = OutputImage(elem_id="features-edited", **MAP_OUT)
         sae, sae_id, made_from, edit_made_from = gr.State(None), gr.State(None), gr.State(None), gr.State(None)
         explain_made_from = gr.State(None)
-    return FeaturesView(tab, sae_file, sae_choice, block, load, sae_status, sae, sae_id, encode, note, picture, table,
+    return FeaturesView(tab, sae_file, sae_choice, block, index_file, load, sae_status, sae, sae_id, encode, note, picture, table,
                         feature, made_from, scale, apply, top_before, top_after, edited, edit_note, edit_made_from,
                         gallery_picture, gallery_note, explain, explained, explain_note, explain_made_from)
 
@@ -539,7 +571,7 @@ def wire(view: FeaturesView, ctx: TabContext) -> None:
     gr.on(ctx.opened(view.tab), handlers.choices, outputs=[view.sae_choice], api_name="features_saes",
           show_progress="hidden")
     loaded = gr.on([view.load.click], says_refusals(handlers.load, view.sae_status),
-                   inputs=[view.sae_file, view.sae_choice, view.block, ctx.key],
+                   inputs=[view.sae_file, view.sae_choice, view.block, ctx.key, view.index_file],
                    outputs=[view.sae, view.sae_id, view.sae_status], api_name="features_load_sae",
                    show_progress="hidden", **RAW)
     explanation = [view.explain_made_from, view.explained, view.explain_note]
