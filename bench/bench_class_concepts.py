@@ -32,15 +32,9 @@ TARGET_S = 60.0
 
 def augmented(photo: Image.Image, count: int, seed: int) -> list[Image.Image]:
     """``count`` views of ``photo``: random squares of 50-100 % of its shorter side, mirrored with probability 1/2."""
-    rng = np.random.default_rng(seed)
-    width, height = photo.size
-    views = []
-    for _ in range(count):
-        side = int(rng.uniform(0.5, 1.0) * min(width, height))
-        left, top = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
-        view = photo.crop((left, top, left + side, top + side))
-        views.append(view.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else view)
-    return views
+    from vit_inspect.core.images import square_crops
+
+    return square_crops(photo, count, np.random.default_rng(seed))
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from PIL import Image
 from support import tiny_handle, write_folder
 
 from vit_inspect.core.errors import VitInspectError
-from vit_inspect.core.images import find_images
+from vit_inspect.core.images import find_images, square_crops
 from vit_inspect.jobs.sae import SAEActivationWorker
 from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, train_from_folder
 from vit_inspect.jobs.sae_train import TrainOptions, shuffled_batches
@@ -72,6 +72,46 @@ def test_mirrored_tokens_are_those_of_the_input_flipped_left_to_right(tmp_path):
     assert not np.allclose(rows[:2 * n], rows[2 * n:], atol=1e-3)
 
 
+def test_square_crops_draw_side_corner_and_mirror_in_that_order():
+    photo = Image.fromarray(np.arange(40 * 60 * 3, dtype=np.uint32).reshape(40, 60, 3).astype(np.uint8))
+    views = square_crops(photo, 3, np.random.default_rng(5))
+    rng = np.random.default_rng(5)  # by hand: side from 50-100 % of the shorter side (40), corner, then the mirror
+    for view in views:
+        side = int(rng.uniform(0.5, 1.0) * 40)
+        left, top = int(rng.integers(0, 60 - side + 1)), int(rng.integers(0, 40 - side + 1))
+        expected = np.asarray(photo)[top:top + side, left:left + side]
+        expected = expected[:, ::-1] if rng.random() < 0.5 else expected
+        assert view.size == (side, side) and 20 <= side <= 40
+        assert np.array_equal(np.asarray(view), expected)
+    assert len({v.size for v in views}) > 1
+
+
+def test_crop_tokens_are_those_of_the_seeded_crops_whatever_the_batch(tmp_path):
+    handle = tiny_handle("cls")
+    rng = np.random.default_rng(1)
+    images = [rng.integers(0, 256, (48, 40, 3), dtype=np.uint8) for _ in range(2)]
+    worker = SAEActivationWorker(handle, 1, "all", str(tmp_path / "both"), mirror=True, crops=2, seed=4)
+    (tmp_path / "both").mkdir()
+    sums = worker.map_batch(images, ["a.png", "b.png"])
+    rows = np.load(next((tmp_path / "both").glob("tokens-*.npy")))
+    n, d = handle.layout().num_tokens, handle.embed_dim
+    assert rows.shape == (8 * n, d) and sums.arrays["tokens"][0] == 8 * n and sums.count == 2
+    crops = worker.crops_of(images[0], "a.png") + worker.crops_of(images[1], "b.png")
+    pixels = torch.cat([handle.preprocess.apply(view)[0] for view in crops])
+    outputs = []
+    with torch.no_grad(), block_output(handle, 1, outputs.append):
+        handle.forward(pixels)
+    assert np.allclose(rows[4 * n:], outputs[0].reshape(-1, d).numpy(), atol=1e-6)  # after the plain and mirrored
+    alone = SAEActivationWorker(handle, 1, "all", str(tmp_path / "alone"), crops=2, seed=4)
+    (tmp_path / "alone").mkdir()
+    alone.map_batch(images[1:], ["b.png"])  # b.png in a batch of its own: the same crops
+    single = np.load(next((tmp_path / "alone").glob("tokens-*.npy")))
+    assert np.allclose(single[n:], rows[6 * n:], atol=1e-6)
+    other = SAEActivationWorker(handle, 1, "all", str(tmp_path), crops=2, seed=5).crops_of(images[1], "b.png")
+    assert [v.size for v in other] != [v.size for v in crops[2:]] or not all(
+        np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(other, crops[2:]))  # another seed, other crops
+
+
 @pytest.mark.slow
 def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
     write_folder(tmp_path, count=40)
@@ -85,6 +125,10 @@ def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
     mirrored = train_from_folder(handle, files[:32], 1, short, mirror=True)
     assert mirrored.info.training["mirrored"] is True
     assert mirrored.info.training_tokens == 2 * first.info.training_tokens
+    cropped = train_from_folder(handle, files[:32], 1, short, mirror=True, crops=2)
+    assert cropped.info.training["crops"] == 2 and cropped.info.training_tokens == 4 * first.info.training_tokens
+    with pytest.raises(VitInspectError, match="--crops must be between 0 and 16"):
+        train_from_folder(handle, files[:32], 1, short, crops=17)
     losses = trained.info.training["epoch_loss"]
     assert losses[-1] < 0.7 * losses[0]
     assert trained.info.training["dead_strategy"].startswith("AuxK")

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
                        help="train on every token of the block's output, or on the patch tokens only (default all)")
     train.add_argument("--mirror", action="store_true",
                        help="train on each image mirrored left to right too: twice the tokens, from the same images")
+    train.add_argument("--crops", type=int, default=0, metavar="N",
+                       help="train on N random square crops of each image too (50-100%% of its shorter side, "
+                            "mirrored at random, seeded by --seed; default 0)")
     train.add_argument("--epochs", type=int, default=TRAIN_DEFAULTS.epochs,
                        help=f"passes over the tokens (default {TRAIN_DEFAULTS.epochs})")
     train.add_argument("--lr", type=float, default=TRAIN_DEFAULTS.lr, help=f"Adam (default {TRAIN_DEFAULTS.lr})")
@@ -143,7 +146,7 @@ def run_train(args: argparse.Namespace) -> None:
     spill = os.path.join(args.cache, "tokens") if args.cache else None
     sae = train_from_folder(handle, train_files, args.layer, options, args.tokens, args.engine,
                             _engine(args, "train"), spill, args.model_file, progress,
-                            progress_line("{done}/{total} training steps"), mirror=args.mirror)
+                            progress_line("{done}/{total} training steps"), mirror=args.mirror, crops=args.crops)
     save_with_metrics(sae, args.out, None)
     quality = None
     if held_out:

@@ -271,3 +271,17 @@ def find_images(paths: Iterable[str | os.PathLike]) -> list[Path]:
         else:
             found.append(path)
     return found
+
+
+def square_crops(photo: Image.Image, count: int, rng: np.random.Generator) -> list[Image.Image]:
+    """``count`` random views of ``photo`` for augmentation: each a square whose side is a uniform 50-100 % of the
+    photo's shorter side, at a uniform position inside it, mirrored left to right with probability 1/2. Draws,
+    per view: the side, the left and top corner, then the mirror (so a seeded ``rng`` gives the same views)."""
+    width, height = photo.size
+    views = []
+    for _ in range(count):
+        side = max(1, int(rng.uniform(0.5, 1.0) * min(width, height)))
+        left, top = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
+        view = photo.crop((left, top, left + side, top + side))
+        views.append(view.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else view)
+    return views

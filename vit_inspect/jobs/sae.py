@@ -3,7 +3,10 @@
 `SAEActivationJob`: one forward per image; block `layer`'s output tokens are written to a spill folder, one
 `.npy` file of (n, d) float32 per batch, and the running sums give their mean and scale. With `mirror`, each
 image's model input mirrored left to right is forwarded too (its tokens follow the batch's own in the file): the
-same photos give twice the tokens, as the horizontal flip of ImageNet training augments them. Under Ray the actors
+same photos give twice the tokens, as the horizontal flip of ImageNet training augments them. With `crops` N, N
+random squares of each photo (`core.images.square_crops`: 50-100 % of its shorter side, mirrored at random) are
+forwarded too, drawn from a generator seeded by `seed` and the image's name, so every engine and batch order
+draws the same crops; their tokens follow. Under Ray the actors
 write there too: on one machine that is the local disk; on a cluster it must be a folder every node shares.
 `SAEEvalJob`: the quality of an SAE over a folder (`analysis.sae`): running sums of the reconstruction error,
 the codes and the model's predictions with the block's tokens replaced by x̂ against the unmodified model.
@@ -24,6 +27,7 @@ from vit_inspect.analysis.sae import (dead_fraction, encode, kl_divergence, l0, 
                                       variance_explained)
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import ViTHandle
+from vit_inspect.core.images import square_crops
 from vit_inspect.core.load import load_model
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
 from vit_inspect.core.sae_load import load_sae
@@ -56,18 +60,29 @@ class ActivationStats:
 class SAEActivationWorker:
     """Holds the model; writes each batch's tokens of block `layer` to the spill folder."""
 
-    def __init__(self, handle: ViTHandle, layer: int, tokens: str, spill: str, mirror: bool = False) -> None:
+    def __init__(self, handle: ViTHandle, layer: int, tokens: str, spill: str, mirror: bool = False, crops: int = 0,
+                 seed: int = 0) -> None:
         self.handle, self.layer, self.spill, self.mirror = handle, layer, Path(spill), mirror
+        self.crops, self.seed = crops, seed
         self.where = token_slice(handle.layout(), tokens)
+
+    def crops_of(self, rgb: np.ndarray, name: str) -> list[Image.Image]:
+        """The `crops` random squares of one image, from a generator seeded by `seed` and the image's name."""
+        key = int.from_bytes(hashlib.sha256(f"{self.seed}\0{name}".encode()).digest()[:8], "little")
+        return square_crops(Image.fromarray(rgb), self.crops, np.random.default_rng(key))
 
     def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """Sums {"sum": (d,) Σx, "squares": (1,) Σ‖x‖², "tokens": (1,) n}; the tokens go to a file named by
         the batch's image names. With `mirror`, the (B, 3, H, W) input and its mirror image (flipped along W) are
-        forwarded as one batch of 2B."""
+        forwarded as one batch of 2B; with `crops` N, then N·B crops (each image's N in turn)."""
         captured: list[torch.Tensor] = []
         pixels = _pixels(self.handle, images)
         if self.mirror:
             pixels = torch.cat([pixels, pixels.flip(-1)])
+        if self.crops:
+            names = list(names) or [str(i) for i in range(len(images))]
+            views = [np.asarray(view) for rgb, name in zip(images, names) for view in self.crops_of(rgb, name)]
+            pixels = torch.cat([pixels, _pixels(self.handle, views)])
         with torch.no_grad(), block_output(self.handle, self.layer, captured.append, stop=True):
             self.handle.forward(pixels.to(self.handle.device))
         rows = captured[0][:, self.where].reshape(-1, captured[0].shape[-1]).float().cpu().numpy()  # (B·n, d)
@@ -94,11 +109,13 @@ class SAEActivationJob:
     device: str | None = None
     model_file: str | None = None
     mirror: bool = False  # also the tokens of each input mirrored left to right
+    crops: int = 0  # also the tokens of this many random square crops of each image
+    seed: int = 0  # seeds the crops (with each image's name)
     name: str = "sae_activations"
 
     def open(self) -> SAEActivationWorker:
         handle = load_model(self.model, weights=self.weights, device=self.device, model_file=self.model_file)
-        return SAEActivationWorker(handle, self.layer, self.tokens, self.spill, self.mirror)
+        return SAEActivationWorker(handle, self.layer, self.tokens, self.spill, self.mirror, self.crops, self.seed)
 
     def merge(self, a: Sums, b: Sums) -> Sums:
         return a + b

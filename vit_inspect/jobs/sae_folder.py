@@ -20,33 +20,40 @@ from vit_inspect.jobs.sae import SAEActivationJob, SAEActivationWorker, SAEEvalJ
 from vit_inspect.jobs.sae_train import TrainOptions, train_sae
 from vit_inspect.jobs.workers import absolute_model_file, model_source
 
+MAX_CROPS = 16  # random crops per image an activation pass forwards at most
+
 
 def train_from_folder(handle: ViTHandle, files: Sequence[Path], layer: int, options: TrainOptions,
                       tokens: str = "all", engine: str = "local", engine_options: EngineOptions = EngineOptions(),
                       spill: str | None = None, model_file: str | None = None,
                       on_images: Progress | None = None, on_steps: Callable[[int, int], None] | None = None,
-                      mirror: bool = False) -> SparseAutoencoder:
+                      mirror: bool = False, crops: int = 0) -> SparseAutoencoder:
     """An SAE of block `layer`'s output trained on `files` (with `mirror`, on each image's input mirrored left to
-    right too: twice the tokens). The tokens are spilled to `spill` (kept), or to a temporary folder removed
+    right too: twice the tokens; with `crops` N, on N random square crops of each image too, seeded by
+    `options.seed`: see `jobs.sae`). The tokens are spilled to `spill` (kept), or to a temporary folder removed
     afterwards; memory holds the model, the SAE and the training buffer (`TrainOptions.buffer_bytes`), never the
     folder's tokens."""
     if not 0 <= layer < handle.depth:
         raise VitInspectError(f"--layer must be a block of {handle.name!r}: 0 to {handle.depth - 1}.")
+    if not 0 <= crops <= MAX_CROPS:
+        raise VitInspectError(f"--crops must be between 0 and {MAX_CROPS}; got {crops}.")
     folder = Path(spill) if spill else Path(tempfile.mkdtemp(prefix="vit-inspect-sae-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
         model, weights = model_source(handle)
         job = SAEActivationJob(model, layer, str(folder.resolve()), tokens, weights,
-                               model_file=absolute_model_file(model_file), mirror=mirror)
+                               model_file=absolute_model_file(model_file), mirror=mirror, crops=crops,
+                               seed=options.seed)
         started = time.perf_counter()
         stats, _ = run_job(job, files, engine, engine_options, on_images,
-                           worker=SAEActivationWorker(handle, layer, tokens, str(folder.resolve()), mirror))
+                           worker=SAEActivationWorker(handle, layer, tokens, str(folder.resolve()), mirror, crops,
+                                                      options.seed))
         pass_seconds = time.perf_counter() - started
         result = train_sae(stats.files, handle.embed_dim, stats.tokens, stats.mean, stats.scale, options, on_steps)
     finally:
         if not spill:
             shutil.rmtree(folder, ignore_errors=True)
-    training = {"images": stats.images, "mirrored": mirror, "tokens_per_epoch": stats.tokens, "epochs": options.epochs,
+    training = {"images": stats.images, "mirrored": mirror, "crops": crops, "tokens_per_epoch": stats.tokens, "epochs": options.epochs,
                 "batch_tokens": options.batch_tokens, "lr": options.lr, "seed": options.seed,
                 "buffer_bytes": options.buffer_bytes, "dead_strategy": "AuxK (Gao et al. 2024)",
                 "epoch_loss": [round(v, 6) for v in result.epoch_loss], "dead_at_end": result.dead_at_end,
