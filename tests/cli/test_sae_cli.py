@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from support import IMAGENET, cli_on_both_engines, run_cli
+from support import IMAGENET, cli_on_both_engines, run_cli, write_folder
 
 from vit_inspect.core.sae_index import index_path, read_index
 from vit_inspect.core.sae_load import load_sae
@@ -30,6 +30,23 @@ def _train(photos, out, deit_args, *more):
             "--epochs", "2", "--holdout", "2", "--out", str(out), *more]
 
 
+def test_the_held_out_images_are_the_last_by_name_or_a_seeded_draw(tmp_path):
+    from argparse import Namespace
+
+    from vit_inspect.cli.sae import _held_out_words, _split
+
+    write_folder(tmp_path, count=10)
+    files = sorted(tmp_path.glob("*.png"))
+    train, held = _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=None))
+    assert (train, held) == (files[:7], files[7:])
+    assert _held_out_words(Namespace(holdout=3, holdout_seed=None)) == "the last 3 by file name"
+    drawn = sorted(np.random.default_rng(4).permutation(10)[:3].tolist())  # by hand: the first 3 of a permutation
+    train, held = _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=4))
+    assert held == [files[i] for i in drawn] and train == [f for i, f in enumerate(files) if i not in drawn]
+    assert held != files[7:] and _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=4))[1] == held
+    assert _held_out_words(Namespace(holdout=3, holdout_seed=4)) == "3 drawn at random with seed 4"
+
+
 @pytest.mark.slow
 def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     out = tmp_path / "sae.safetensors"
@@ -40,6 +57,7 @@ def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     assert info["training_tokens"] == 2 * 4 * 197  # 2 epochs over 4 images of 197 tokens
     assert info["training"]["mirrored"] is False and info["training"]["crops"] == 0
     assert info["metrics"]["held_out"]["images"] == 2
+    assert info["metrics"]["held_out"]["selection"] == "the last 2 by file name"
     index = read_index(index_path(out), load_sae(out))  # built by default, over the training images
     assert index.built_from == {"images": 4, "patches": 4 * 196} and index.features == 96 and index.top == 8
     code, stdout, stderr = run_cli(capsys, "sae", "eval", str(photos), *deit_args, "--sae", str(out), "--holdout", "2",

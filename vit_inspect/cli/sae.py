@@ -2,11 +2,11 @@
 (docs/sae.md).
 
 `train FOLDER --layer L --features F --k K --out FILE` runs the model over the folder's images (all but the
-last `--holdout`), trains the SAE, measures it on the held-out images and writes one safetensors file, then
+`--holdout` held out: the last N by name, or N drawn at random with `--holdout-seed`), trains the SAE, measures it on the held-out images and writes one safetensors file, then
 its feature index beside it (`<stem>.index.safetensors`, unless `--no-index`); it prints the file's metadata as
-JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the last `--holdout` of them when
+JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the held-out ones when `--holdout` is
 given) as JSON. `index FOLDER --sae FILE` writes the feature index of an SAE over the folder's images (all but
-the last `--holdout`) and prints a summary as JSON. `features IMAGE --sae FILE` prints the image's top
+the held-out ones) and prints a summary as JSON. `features IMAGE --sae FILE` prints the image's top
 features, over the image or at one patch, with their labels when the index is beside the SAE.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 import sys
+
+import numpy as np
 
 from vit_inspect.cli.common import engine_flags, progress, progress_line
 from vit_inspect.core.errors import VitInspectError
@@ -40,7 +42,11 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-file", metavar="FILE.py:FUNCTION", help="a hand-written ViT (see README)")
     p.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--holdout", type=int, default=0,
-                   help="the last N images of the folder are held out: train skips them, eval uses only them")
+                   help="N images of the folder are held out (the last N by name, unless --holdout-seed): train "
+                        "skips them, eval uses only them")
+    p.add_argument("--holdout-seed", type=int, metavar="S",
+                   help="hold out N images drawn at random with seed S instead of the last N (names that sort by "
+                        "class, as ImageNet's do, put whole groups of classes last)")
     p.add_argument("--cache", help="folder for the engine's shards (resume) and, in train, the spilled tokens")
     engine_flags(p)
 
@@ -128,8 +134,18 @@ def _split(args: argparse.Namespace) -> tuple[list, list]:
     if not 0 <= args.holdout < len(files):
         raise VitInspectError(f"--holdout must be between 0 and {len(files) - 1} (the folder has {len(files)} "
                               "images).")
-    cut = len(files) - args.holdout
-    return files[:cut], files[cut:]
+    if args.holdout_seed is None:
+        cut = len(files) - args.holdout
+        return files[:cut], files[cut:]
+    held = set(np.random.default_rng(args.holdout_seed).permutation(len(files))[:args.holdout].tolist())
+    return ([f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held])
+
+
+def _held_out_words(args: argparse.Namespace) -> str:
+    """How the held-out images were chosen, for the SAE's metadata."""
+    if args.holdout_seed is None:
+        return f"the last {args.holdout} by file name"
+    return f"{args.holdout} drawn at random with seed {args.holdout_seed}"
 
 
 def _engine(args: argparse.Namespace, job: str) -> EngineOptions:
@@ -152,7 +168,7 @@ def run_train(args: argparse.Namespace) -> None:
     if held_out:
         quality = evaluate_sae(handle, args.out, held_out, args.engine, _engine(args, "holdout"),
                                model_file=args.model_file, progress=progress, sae=sae)
-    sae = save_with_metrics(sae, args.out, quality)
+    sae = save_with_metrics(sae, args.out, quality, _held_out_words(args))
     if not args.no_index:
         _write_index(args, handle, sae, args.out, train_files, index_path(args.out))
     print(sae.info.to_json())

@@ -78,9 +78,12 @@ def evaluate_sae(handle: ViTHandle, sae_path: str | Path, files: Sequence[Path],
     return quality
 
 
-def save_with_metrics(sae: SparseAutoencoder, path: str | Path, quality: SAEQuality | None) -> SparseAutoencoder:
-    """`sae` written to `path`, with `quality` (held-out images) in its metadata when given."""
+def save_with_metrics(sae: SparseAutoencoder, path: str | Path, quality: SAEQuality | None,
+                      selection: str | None = None) -> SparseAutoencoder:
+    """`sae` written to `path`, with `quality` (held-out images, chosen as `selection` says) in its metadata
+    when given."""
     if quality is not None:
-        sae = replace(sae, info=replace(sae.info, metrics={"held_out": quality.as_dict()}))
+        held_out = quality.as_dict() | ({"selection": selection} if selection else {})
+        sae = replace(sae, info=replace(sae.info, metrics={"held_out": held_out}))
     save_sae(sae, path)
     return sae
