@@ -1,7 +1,8 @@
 """Do an SAE's features carry the class? Ablating the top features of the class's most relevant patches against
 ablating random active features of the same patches.
 
-For each held-out image (by default the last 200 of the folder by file name; the SAE was trained on the others):
+For each held-out image (by default the last 200 of the folder by file name, or, with `--held-out-seed`, the 200
+that `vit-inspect sae train --holdout 200 --holdout-seed S` holds out; the SAE was trained on the others):
 
 1. one forward and backward: the predicted class c and its Grad-CAM map at the last block's first LayerNorm
    (`analysis.gradcam.gradcam_from_tokens`, signed, before any ReLU: the pass's default Grad-CAM); the 5
@@ -17,7 +18,8 @@ images where the top-3 drop is the larger. Writes bench/results/sae_intervention
 The random draw of image i is seeded with (seed, i), so `--jobs` (processes, each with one torch thread) does not
 change the result.
 
-    python -m bench.bench_sae_interventions --sae FILE [--images FOLDER] [--held-out 200] [--seed 0] [--jobs 1]
+    python -m bench.bench_sae_interventions --sae FILE [--images FOLDER] [--held-out 200] [--held-out-seed S]
+                                            [--seed 0] [--jobs 1]
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from vit_inspect.core.images import find_images, load_image
 from vit_inspect.core.load import load_model
 from vit_inspect.core.sae_file import check_fits
 from vit_inspect.core.sae_load import load_sae
+from vit_inspect.jobs.sae_folder import split_held_out
 from vit_inspect.passes.sae import edited_block_output, patch_codes
 
 from .common import SHARED, THREADS, print_header, real_weights, report, set_threads, verdict
@@ -101,10 +104,11 @@ def main() -> None:
     parser.add_argument("--sae", required=True, help="an SAE of DeiT-Ti (.safetensors)")
     parser.add_argument("--images", default=str(SHARED / "data" / "imagenet_samples"))
     parser.add_argument("--held-out", type=int, default=200, help="the last N images by file name")
+    parser.add_argument("--held-out-seed", type=int, help="the N that `sae train --holdout-seed S` holds out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="processes, one torch thread each")
     args = parser.parse_args()
-    files = [f for f in find_images([args.images]) if f.suffix.upper() == ".JPEG"][-args.held_out:]
+    files = split_held_out(find_images([args.images]), args.held_out, args.held_out_seed)[1]
     tasks = [(str(path), args.seed, number) for number, path in enumerate(files)]
     rows = []
     with multiprocessing.get_context("spawn").Pool(args.jobs, _open, (args.sae, 1 if args.jobs > 1 else THREADS)) as pool:

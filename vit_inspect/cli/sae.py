@@ -16,8 +16,6 @@ import json
 import os
 import sys
 
-import numpy as np
-
 from vit_inspect.cli.common import engine_flags, progress, progress_line
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.handle import DEFAULT_MODEL
@@ -27,7 +25,7 @@ from vit_inspect.core.sae_file import SparseAutoencoder
 from vit_inspect.core.sae_index import SAEIndex, index_bytes, index_path, read_index, save_index
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.jobs.engine import EngineOptions
-from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, train_from_folder
+from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, split_held_out, train_from_folder
 from vit_inspect.jobs.sae_index import DEFAULT_CROP, DEFAULT_LABELS, DEFAULT_TOP, build_index
 from vit_inspect.jobs.sae_train import TrainOptions
 from vit_inspect.passes.sae import image_features
@@ -134,11 +132,7 @@ def _split(args: argparse.Namespace) -> tuple[list, list]:
     if not 0 <= args.holdout < len(files):
         raise VitInspectError(f"--holdout must be between 0 and {len(files) - 1} (the folder has {len(files)} "
                               "images).")
-    if args.holdout_seed is None:
-        cut = len(files) - args.holdout
-        return files[:cut], files[cut:]
-    held = set(np.random.default_rng(args.holdout_seed).permutation(len(files))[:args.holdout].tolist())
-    return ([f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held])
+    return split_held_out(files, args.holdout, args.holdout_seed)
 
 
 def _held_out_words(args: argparse.Namespace) -> str:

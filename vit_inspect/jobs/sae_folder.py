@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from vit_inspect.core.errors import VitInspectError
@@ -76,6 +77,16 @@ def evaluate_sae(handle: ViTHandle, sae_path: str | Path, files: Sequence[Path],
     worker = SAEEvalWorker(handle, sae) if sae is not None else None
     quality, _ = run_job(job, files, engine, engine_options, progress, worker=worker)
     return quality
+
+
+def split_held_out(files: Sequence[Path], held_out: int, seed: int | None = None) -> tuple[list[Path], list[Path]]:
+    """(training files, held-out files) of `files` in their order: the last `held_out`, or, with `seed`, the
+    `held_out` whose positions are the first of ``numpy.random.default_rng(seed).permutation(len(files))``."""
+    if seed is None:
+        cut = len(files) - held_out
+        return list(files[:cut]), list(files[cut:])
+    held = set(np.random.default_rng(seed).permutation(len(files))[:held_out].tolist())
+    return [f for i, f in enumerate(files) if i not in held], [f for i, f in enumerate(files) if i in held]
 
 
 def save_with_metrics(sae: SparseAutoencoder, path: str | Path, quality: SAEQuality | None,
