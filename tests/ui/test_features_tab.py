@@ -39,10 +39,8 @@ from vit_inspect.ui.tabs.features import (
     PRESS_ENCODE,
     TOP_FEATURES,
     FeaturesTab,
-    index_nbytes,
-    sae_bytes,
-    server_saes,
 )
+from vit_inspect.ui.tabs.features_files import index_nbytes, sae_bytes, server_saes
 
 CHELSEA = Path(__file__).resolve().parents[2] / "assets" / "chelsea.png"
 

@@ -23,7 +23,6 @@ when the image, the SAE or the shown feature changes.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from dataclasses import dataclass, replace
@@ -31,9 +30,9 @@ from dataclasses import dataclass, replace
 import gradio as gr
 import numpy as np
 
-from vit_inspect.core.errors import InputError, WeightsError
+from vit_inspect.core.errors import InputError
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
-from vit_inspect.core.sae_index import SAEIndex, index_path, read_index
+from vit_inspect.core.sae_index import SAEIndex
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.passes.sae_image import SparseCodes, sparse_codes, top_at
 from vit_inspect.passes.targets import FeatureTarget, TargetMaps, target_maps
@@ -51,6 +50,15 @@ from vit_inspect.ui.common import (
     upload_folders,
 )
 from vit_inspect.ui.context import PageSettings, TabContext
+from vit_inspect.ui.tabs.features_files import (
+    NO_INDEX_UPLOAD,
+    file_digest,
+    is_saev,
+    sae_bytes,
+    served_index,
+    server_saes,
+    uploaded_index,
+)
 from vit_inspect.ui.panels import MAIN_MAP_PIXELS
 from vit_inspect.ui.session_store import Slot
 from vit_inspect.ui.stale import NOTE, Basis, Tracked, cleared_sentence
@@ -69,10 +77,7 @@ TABLE_HEADERS = ["feature", "activation", "label"]
 UNIT = "feature activation (SAE units)"
 PRESS_LOAD, PRESS_ENCODE, PRESS_EDIT = "**Load the SAE**", "**Encode this image**", "**Apply the edit**"
 PRESS_EXPLAIN = "**Explain this feature**"
-NO_INDEX_UPLOAD = ("Galleries and labels need a feature index: upload the SAE's `.index.safetensors` (built with "
-                   "`vit-inspect sae index`) beside it and load again.")
 GALLERY_COLUMNS = 4  # crops per row of a feature's gallery (its captions legible in the view's width)
-SAE_SUFFIXES = (".safetensors",)  # what the operator's folder lists (saev files need a block, given on upload)
 
 
 @dataclass(frozen=True)
@@ -127,38 +132,6 @@ class Explained:
     slot: Slot  # `TargetMaps` of the pass
     basis: Basis  # model, image, the SAE (extra) and the feature (options)
     feature: int
-
-
-def sae_bytes(sae: SparseAutoencoder) -> int:
-    return sum(t.numel() * t.element_size() for t in sae.tensors().values())
-
-
-def index_nbytes(index: SAEIndex) -> int:
-    """Bytes of an index's arrays (its crops counted, memory-mapped or not)."""
-    return sum(a.nbytes for a in (index.activation, index.image, index.patch, index.crops, index.label_class,
-                                  index.label_share, index.fired))
-
-
-def server_saes(folder: str | None) -> list[str]:
-    """The SAE files of the operator's folder, by name (never a path)."""
-    if not folder or not os.path.isdir(folder):
-        return []
-    return sorted(entry.name for entry in os.scandir(folder)
-                  if entry.is_file() and entry.name.lower().endswith(SAE_SUFFIXES))
-
-
-def file_digest(path: str) -> str:
-    hasher = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(2 ** 20), b""):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
-def is_saev(path: str) -> bool:
-    """Whether a file starts as saev's format does (a line of JSON), as `load_sae` tells them apart."""
-    with open(path, "rb") as handle:
-        return handle.read(1) == b"{"
 
 
 def sae_words(loaded: LoadedSAE, name: str | None = None) -> str:
@@ -317,9 +290,9 @@ class FeaturesTab:
         check_fits(sae, handle.name, handle.depth, handle.embed_dim, source=f"The SAE {name!r}")
         slot = self.app.store.put(sae, sae_bytes(sae))
         if index_upload not in (None, "", {}):
-            index, index_note = self.uploaded_index(index_upload, sae)
+            index, index_note = uploaded_index(self.app, index_upload, sae)
         else:
-            index, index_note = self.index_of(path, sae, name) if served else (None, NO_INDEX_UPLOAD)
+            index, index_note = served_index(self.app, path, sae, name) if served else (None, NO_INDEX_UPLOAD)
         loaded = LoadedSAE(slot, name, file_digest(path), Basis(model=key, model_words=shown_model(handle)), index,
                            index_note)
         status = f"{sae_words(loaded, f'**{plain_markdown(name)}**')} loaded for `{shown_model(handle)}`."
@@ -328,40 +301,6 @@ class FeaturesTab:
         else:
             status += f" {index_note}"
         return loaded, (name, loaded.digest), status
-
-    def uploaded_index(self, upload: object, sae: SparseAutoencoder) -> tuple[Slot | None, str]:
-        """(an uploaded index in the session store, or None, and why none): bounded by the page's upload size,
-        read by `read_index` (header, shapes and contents checked; crops memory-mapped), and checked to belong
-        to `sae`. A file that is no index of this SAE is a sentence; the SAE loads without it."""
-        cap = int(self.app.config.max_upload_mb * 2 ** 20)
-        given = client_file(upload, upload_folders(), max_bytes=cap, default_name="index")
-        if given is None:
-            return None, NO_INDEX_UPLOAD
-        path, _ = given
-        if isinstance(path, bytes):
-            raise InputError("Upload the feature index as a file.")
-        if os.path.getsize(path) > cap:
-            return None, (f"The feature index is larger than the {self.app.config.max_upload_mb:g} MiB this server accepts; build a "
-                          "smaller one (`vit-inspect sae index` with fewer `--index-top` patches or a smaller "
-                          "`--index-crop`). Its galleries and labels are off.")
-        try:
-            index = read_index(path, sae)
-        except WeightsError as exc:
-            return None, f"{exc.public} Its galleries and labels are off."
-        return self.app.store.put(index, index_nbytes(index)), ""
-
-    def index_of(self, path: str, sae: SparseAutoencoder, name: str) -> tuple[Slot | None, str]:
-        """(the index beside an SAE of the server's folder in the session store, or None, and why none): an
-        index of another SAE or a damaged one is a sentence, and the SAE loads without it."""
-        beside = index_path(path)
-        if not beside.is_file():
-            return None, (f"{plain_markdown(name)} has no feature index beside it; the operator builds one with "
-                          f"`vit-inspect sae index FOLDER --sae {plain_markdown(name)}`.")
-        try:
-            index = read_index(beside, sae)
-        except WeightsError as exc:
-            return None, f"{exc.public} Its galleries and labels are off."
-        return self.app.store.put(index, index_nbytes(index)), ""
 
     def encode(self, session, loaded: LoadedSAE | None, key, explained: Explained | None = None,
                progress=gr.Progress()):
