@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from support import IMAGENET, cli_on_both_engines, run_cli, write_folder
 
+from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.sae_index import index_path, read_index
 from vit_inspect.core.sae_load import load_sae
 
@@ -45,6 +46,8 @@ def test_the_held_out_images_are_the_last_by_name_or_a_seeded_draw(tmp_path):
     assert held == [files[i] for i in drawn] and train == [f for i, f in enumerate(files) if i not in drawn]
     assert held != files[7:] and _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=4))[1] == held
     assert _held_out_words(Namespace(holdout=3, holdout_seed=4)) == "3 drawn at random with seed 4"
+    with pytest.raises(VitInspectError, match="--holdout-seed must be 0 or more"):
+        _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=-1))
 
 
 @pytest.mark.slow

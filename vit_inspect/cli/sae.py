@@ -2,9 +2,9 @@
 (docs/sae.md).
 
 `train FOLDER --layer L --features F --k K --out FILE` runs the model over the folder's images (all but the
-`--holdout` held out: the last N by name, or N drawn at random with `--holdout-seed`), trains the SAE, measures it on the held-out images and writes one safetensors file, then
-its feature index beside it (`<stem>.index.safetensors`, unless `--no-index`); it prints the file's metadata as
-JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the held-out ones when `--holdout` is
+`--holdout` held out: the last N by name, or N drawn at random with `--holdout-seed`), trains the SAE, measures
+it on the held-out images and writes one safetensors file, then its feature index beside it
+(`<stem>.index.safetensors`, unless `--no-index`); it prints the file's metadata as JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the held-out ones when `--holdout` is
 given) as JSON. `index FOLDER --sae FILE` writes the feature index of an SAE over the folder's images (all but
 the held-out ones) and prints a summary as JSON. `features IMAGE --sae FILE` prints the image's top
 features, over the image or at one patch, with their labels when the index is beside the SAE.
@@ -132,6 +132,8 @@ def _split(args: argparse.Namespace) -> tuple[list, list]:
     if not 0 <= args.holdout < len(files):
         raise VitInspectError(f"--holdout must be between 0 and {len(files) - 1} (the folder has {len(files)} "
                               "images).")
+    if args.holdout_seed is not None and args.holdout_seed < 0:
+        raise VitInspectError(f"--holdout-seed must be 0 or more; got {args.holdout_seed}.")
     return split_held_out(files, args.holdout, args.holdout_seed)
 
 

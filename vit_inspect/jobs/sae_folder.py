@@ -54,7 +54,8 @@ def train_from_folder(handle: ViTHandle, files: Sequence[Path], layer: int, opti
     finally:
         if not spill:
             shutil.rmtree(folder, ignore_errors=True)
-    training = {"images": stats.images, "mirrored": mirror, "crops": crops, "tokens_per_epoch": stats.tokens, "epochs": options.epochs,
+    training = {"images": stats.images, "mirrored": mirror, "crops": crops, "tokens_per_epoch": stats.tokens,
+                "epochs": options.epochs,
                 "batch_tokens": options.batch_tokens, "lr": options.lr, "seed": options.seed,
                 "buffer_bytes": options.buffer_bytes, "dead_strategy": "AuxK (Gao et al. 2024)",
                 "epoch_loss": [round(v, 6) for v in result.epoch_loss], "dead_at_end": result.dead_at_end,

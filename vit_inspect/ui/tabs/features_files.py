@@ -61,8 +61,8 @@ def uploaded_index(app, upload: object, sae: SparseAutoencoder) -> tuple[Slot | 
     if isinstance(path, bytes):
         raise InputError("Upload the feature index as a file.")
     if os.path.getsize(path) > cap:
-        return None, (f"The feature index is larger than the {app.config.max_upload_mb:g} MiB this server accepts; build a "
-                      "smaller one (`vit-inspect sae index` with fewer `--index-top` patches or a smaller "
+        return None, (f"The feature index is larger than the {app.config.max_upload_mb:g} MiB this server accepts; "
+                      "build a smaller one (`vit-inspect sae index` with fewer `--index-top` patches or a smaller "
                       "`--index-crop`). Its galleries and labels are off.")
     try:
         index = read_index(path, sae)
