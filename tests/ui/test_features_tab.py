@@ -40,7 +40,7 @@ from vit_inspect.ui.tabs.features import (
     TOP_FEATURES,
     FeaturesTab,
 )
-from vit_inspect.ui.tabs.features_files import index_nbytes, sae_bytes, server_saes
+from vit_inspect.ui.sae_files import index_nbytes, sae_bytes, server_saes
 
 CHELSEA = Path(__file__).resolve().parents[2] / "assets" / "chelsea.png"
 

@@ -50,7 +50,7 @@ from vit_inspect.ui.common import (
     upload_folders,
 )
 from vit_inspect.ui.context import PageSettings, TabContext
-from vit_inspect.ui.tabs.features_files import (
+from vit_inspect.ui.sae_files import (
     NO_INDEX_UPLOAD,
     file_digest,
     is_saev,

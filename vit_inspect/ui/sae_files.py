@@ -1,5 +1,6 @@
-"""The Features view's files: the SAEs of the operator's folder, and the feature index an SAE loads with (uploaded
-beside it, or beside a server's SAE), each checked before it enters the session store with its bytes counted."""
+"""The SAE files of the Features view (`ui.tabs.features`): the SAEs of the operator's folder, and the feature
+index an SAE loads with (uploaded beside it, or beside a server's SAE), each checked before it enters the session
+store with its bytes counted."""
 from __future__ import annotations
 
 import hashlib
