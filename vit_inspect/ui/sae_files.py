@@ -65,11 +65,8 @@ def uploaded_index(app, upload: object, sae: SparseAutoencoder) -> tuple[Slot | 
         return None, (f"The feature index is larger than the {app.config.max_upload_mb:g} MiB this server accepts; "
                       "build a smaller one (`vit-inspect sae index` with fewer `--index-top` patches or a smaller "
                       "`--index-crop`). Its galleries and labels are off.")
-    try:
-        index = read_index(path, sae)
-    except WeightsError as exc:
-        return None, f"{exc.public} Its galleries and labels are off."
-    return app.store.put(index, index_nbytes(index)), ""
+    return stored_index(app, path, sae)
+
 
 def served_index(app, path: str, sae: SparseAutoencoder, name: str) -> tuple[Slot | None, str]:
     """(the index beside an SAE of the server's folder in the session store, or None, and why none): an
@@ -78,8 +75,14 @@ def served_index(app, path: str, sae: SparseAutoencoder, name: str) -> tuple[Slo
     if not beside.is_file():
         return None, (f"{plain_markdown(name)} has no feature index beside it; the operator builds one with "
                       f"`vit-inspect sae index FOLDER --sae {plain_markdown(name)}`.")
+    return stored_index(app, beside, sae)
+
+
+def stored_index(app, path, sae: SparseAutoencoder) -> tuple[Slot | None, str]:
+    """(the index at `path` read by `read_index` and put in the session store with its bytes, "") or, when it is
+    damaged, not an index or another SAE's, (None, that sentence): the SAE loads without it."""
     try:
-        index = read_index(beside, sae)
+        index = read_index(path, sae)
     except WeightsError as exc:
         return None, f"{exc.public} Its galleries and labels are off."
     return app.store.put(index, index_nbytes(index)), ""
