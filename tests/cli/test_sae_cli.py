@@ -59,6 +59,7 @@ def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     assert (info["layer"], info["k"], info["F"], info["d"], info["tokens"]) == (3, 4, 96, 192, "all")
     assert info["training_tokens"] == 2 * 4 * 197  # 2 epochs over 4 images of 197 tokens
     assert info["training"]["mirrored"] is False and info["training"]["crops"] == 0
+    assert info["training"]["prefix_weight"] == 1.0
     assert info["metrics"]["held_out"]["images"] == 2
     assert info["metrics"]["held_out"]["selection"] == "the last 2 by file name"
     index = read_index(index_path(out), load_sae(out))  # built by default, over the training images
@@ -86,16 +87,18 @@ def test_an_sae_for_another_layer_count_or_a_pickle_is_one_line(photos, tmp_path
 @pytest.mark.ray
 def test_ray_trains_the_same_sae(photos, tmp_path, capsys, deit_args):
     """The activation pass on Ray yields the same tokens, mirrored images and seeded crops included; with the same
-    batches, the same SAE."""
+    batches, the same SAE (the class token weighted by its place in each spilled file)."""
     pytest.importorskip("ray")
     runs = cli_on_both_engines(capsys, lambda engine: _train(photos, tmp_path / f"{engine}.safetensors", deit_args,
                                                               "--engine", engine, "--batch-size", "1",
-                                                              "--mirror", "--crops", "1"))
+                                                              "--mirror", "--crops", "1",
+                                                              "--prefix-weight", "30"))
     for engine, (code, _, stderr) in runs.items():
         assert code == 0, (engine, stderr)
     local, ray = (json.loads(runs[e][1]) for e in ("local", "ray"))
     assert local["training"]["mirrored"] and ray["training"]["mirrored"]
     assert local["training"]["crops"] == ray["training"]["crops"] == 1
+    assert local["training"]["prefix_weight"] == ray["training"]["prefix_weight"] == 30
     assert local["training_tokens"] == ray["training_tokens"] == 2 * 3 * 4 * 197  # 2 epochs, 4 images in 3 views
     assert ray["training"]["epoch_loss"] == pytest.approx(local["training"]["epoch_loss"], rel=1e-4)
     indexes = [read_index(index_path(tmp_path / f"{engine}.safetensors")) for engine in ("local", "ray")]

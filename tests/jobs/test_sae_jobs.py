@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 from support import tiny_handle, write_folder
 
+from vit_inspect.analysis.sae import reconstruct
 from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images, square_crops
 from vit_inspect.jobs.sae import SAEActivationWorker
@@ -24,13 +25,32 @@ def test_the_buffer_yields_every_token_once_and_holds_at_most_its_bytes(tmp_path
         np.save(path, (np.arange(start, start + rows, dtype=np.float32)[:, None] * np.ones(width, np.float32)))
         files.append(path)
     buffer_bytes = 40 * 4 * width  # 40 tokens
-    batches = list(shuffled_batches(files, width, 8, buffer_bytes, np.random.default_rng(0)))
+    batches = [rows for rows, _ in shuffled_batches(files, width, 8, buffer_bytes, np.random.default_rng(0))]
     seen = np.concatenate([b[:, 0] for b in batches])
     assert sorted(seen.tolist()) == list(range(188))
     assert all(len(b) == 8 for b in batches[:-1]) and 0 < len(batches[-1]) <= 8
     assert seen.tolist() != list(range(188))  # shuffled
-    again = np.concatenate([b[:, 0] for b in shuffled_batches(files, width, 8, buffer_bytes, np.random.default_rng(0))])
+    again = np.concatenate([b[:, 0] for b, _ in shuffled_batches(files, width, 8, buffer_bytes,
+                                                                    np.random.default_rng(0))])
     assert np.array_equal(seen, again)  # seeded
+
+
+def test_each_token_carries_the_weight_of_its_position_in_its_image(tmp_path):
+    width, files = 3, []
+    for i, images in enumerate((4, 1, 7)):  # images of 5 tokens each; a token's value is its row in the file
+        path = tmp_path / f"tokens-{i}.npy"
+        np.save(path, np.arange(5 * images, dtype=np.float32)[:, None] * np.ones(width, np.float32))
+        files.append(path)
+    weights = np.array([30, 1, 1, 1, 1], np.float32)  # one prefix token of weight 30, then four patches
+    pairs = list(shuffled_batches(files, width, 4, 12 * 4 * (width + 1), np.random.default_rng(1), weights))
+    rows = np.concatenate([r[:, 0] for r, _ in pairs]).astype(int)
+    got = np.concatenate([w for _, w in pairs])
+    assert len(rows) == 60 and np.array_equal(got, np.where(rows % 5 == 0, 30, 1))
+    plain = np.concatenate([w for _, w in shuffled_batches(files, width, 4, 12 * 4 * (width + 1),
+                                                           np.random.default_rng(1))])
+    assert np.all(plain == 1)
+    with pytest.raises(VitInspectError, match="does not hold whole images of 7 tokens"):
+        list(shuffled_batches(files, width, 4, 1024, np.random.default_rng(1), np.ones(7, np.float32)))
 
 
 def test_the_activation_pass_stops_after_the_block_and_spills_its_tokens(tmp_path):
@@ -141,6 +161,30 @@ def test_a_tiny_run_lowers_its_loss_and_explains_more_variance(tmp_path):
         quality.append(evaluate_sae(handle, path, files[32:], sae=sae))
     assert quality[1].variance_explained > quality[0].variance_explained + 0.05
     assert quality[1].l0 <= 8 and quality[1].images == 8 and 0 <= quality[1].dead_fraction <= 1
+
+
+def test_the_prefix_weight_trades_patch_error_for_class_token_error(tmp_path):
+    write_folder(tmp_path, count=24)
+    files, handle = find_images([tmp_path]), tiny_handle("cls")
+    errors = {}
+    for weight in (1.0, 200.0):
+        options = TrainOptions(features=16, k=2, epochs=4, batch_tokens=32, lr=3e-3, seed=1, prefix_weight=weight)
+        sae = train_from_folder(handle, files, 1, options)
+        assert sae.info.training["prefix_weight"] == weight
+        captured = []
+        with torch.no_grad(), block_output(handle, 1, captured.append):
+            handle.forward(torch.cat([handle.preprocess.apply(Image.open(f).convert("RGB"))[0] for f in files]))
+        tokens = captured[0]  # (B, n, d), the class token first
+        squared = ((tokens - reconstruct(tokens, sae)) ** 2).sum(-1)  # (B, n)
+        errors[weight] = (float(squared[:, 0].sum() / (tokens[:, 0] ** 2).sum()),
+                          float(squared[:, 1:].sum() / (tokens[:, 1:] ** 2).sum()))
+    assert errors[200.0][0] < 0.5 * errors[1.0][0]  # the class token, relative error
+    assert errors[200.0][1] > errors[1.0][1]  # the patches pay for it
+    patches_only = train_from_folder(handle, files, 1, TrainOptions(features=16, k=2, epochs=1, prefix_weight=9),
+                                     "patches")
+    assert patches_only.info.training["prefix_weight"] == 1.0  # no prefix tokens to weigh
+    with pytest.raises(VitInspectError, match="--prefix-weight must be above 0"):
+        TrainOptions(features=16, k=2, prefix_weight=0)
 
 
 def test_a_layer_the_model_lacks_is_a_sentence(tmp_path):

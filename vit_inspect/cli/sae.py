@@ -65,6 +65,11 @@ def add_parser(sub) -> None:
     train.add_argument("--crops", type=int, default=0, metavar="N",
                        help="train on N random square crops of each image too (50-100%% of its shorter side, "
                             "mirrored at random, seeded by --seed; default 0)")
+    train.add_argument("--prefix-weight", type=float, default=TRAIN_DEFAULTS.prefix_weight, metavar="W",
+                       help="weight of the prefix tokens (class, distillation, registers) in the reconstruction "
+                            "loss, the patch tokens' being 1 (default 1). The class token carries the prediction "
+                            "to the head: weighting it lowers the KL of the replaced model at the same variance "
+                            "explained")
     train.add_argument("--epochs", type=int, default=TRAIN_DEFAULTS.epochs,
                        help=f"passes over the tokens (default {TRAIN_DEFAULTS.epochs})")
     train.add_argument("--lr", type=float, default=TRAIN_DEFAULTS.lr, help=f"Adam (default {TRAIN_DEFAULTS.lr})")
@@ -153,7 +158,8 @@ def _engine(args: argparse.Namespace, job: str) -> EngineOptions:
 def run_train(args: argparse.Namespace) -> None:
     train_files, held_out = _split(args)
     options = TrainOptions(features=args.features, k=args.k, epochs=args.epochs, batch_tokens=args.batch_tokens,
-                           lr=args.lr, buffer_bytes=int(args.buffer_mib * 2 ** 20), seed=args.seed)
+                           lr=args.lr, buffer_bytes=int(args.buffer_mib * 2 ** 20), seed=args.seed,
+                           prefix_weight=args.prefix_weight)
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     spill = os.path.join(args.cache, "tokens") if args.cache else None
     sae = train_from_folder(handle, train_files, args.layer, options, args.tokens, args.engine,

@@ -31,7 +31,8 @@ def train_from_folder(handle: ViTHandle, files: Sequence[Path], layer: int, opti
                       mirror: bool = False, crops: int = 0) -> SparseAutoencoder:
     """An SAE of block `layer`'s output trained on `files` (with `mirror`, on each image's input mirrored left to
     right too: twice the tokens; with `crops` N, on N random square crops of each image too, seeded by
-    `options.seed`: see `jobs.sae`). The tokens are spilled to `spill` (kept), or to a temporary folder removed
+    `options.seed`: see `jobs.sae`; `options.prefix_weight` weighs the prefix tokens' error when `tokens` is
+    "all"). The tokens are spilled to `spill` (kept), or to a temporary folder removed
     afterwards; memory holds the model, the SAE and the training buffer (`TrainOptions.buffer_bytes`), never the
     folder's tokens."""
     if not 0 <= layer < handle.depth:
@@ -50,13 +51,17 @@ def train_from_folder(handle: ViTHandle, files: Sequence[Path], layer: int, opti
                            worker=SAEActivationWorker(handle, layer, tokens, str(folder.resolve()), mirror, crops,
                                                       options.seed))
         pass_seconds = time.perf_counter() - started
-        result = train_sae(stats.files, handle.embed_dim, stats.tokens, stats.mean, stats.scale, options, on_steps)
+        layout = handle.layout()
+        per_image = (layout.num_tokens, layout.num_prefix_tokens) if tokens == "all" else None
+        result = train_sae(stats.files, handle.embed_dim, stats.tokens, stats.mean, stats.scale, options, on_steps,
+                           per_image)
     finally:
         if not spill:
             shutil.rmtree(folder, ignore_errors=True)
     training = {"images": stats.images, "mirrored": mirror, "crops": crops, "tokens_per_epoch": stats.tokens,
                 "epochs": options.epochs,
                 "batch_tokens": options.batch_tokens, "lr": options.lr, "seed": options.seed,
+                "prefix_weight": options.prefix_weight if per_image and per_image[1] else 1.0,
                 "buffer_bytes": options.buffer_bytes, "dead_strategy": "AuxK (Gao et al. 2024)",
                 "epoch_loss": [round(v, 6) for v in result.epoch_loss], "dead_at_end": result.dead_at_end,
                 "activation_pass_seconds": round(pass_seconds, 1),

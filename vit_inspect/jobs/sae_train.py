@@ -1,8 +1,9 @@
 """Training a top-k SAE (Gao et al. 2024, arXiv:2406.04093) on tokens spilled to disk, streamed through a
 buffer of fixed size in bytes.
 
-Loss (their Sec. 2.1 and A.2): the normalised MSE ‖x - x̂‖² / ‖x‖² of the batch (x centred and scaled, see
-`input_statistics`), plus α = 1/32 times the AuxK loss of the k_aux most active dead latents (`analysis.sae.
+Loss (their Sec. 2.1 and A.2): the normalised MSE Σ w‖x - x̂‖² / Σ w‖x‖² of the batch (x centred and scaled,
+see `jobs.sae.ActivationStats`; w = 1 for every token unless `prefix_weight` weights the prefix tokens: the class,
+distillation and register tokens), plus α = 1/32 times the AuxK loss of the k_aux most active dead latents (`analysis.sae.
 auxk_loss`): a latent is dead when it has not fired for `dead_tokens` tokens. Adam; W_enc starts as W_dec's
 transpose, W_dec's rows have unit norm after every step, and the part of their gradient parallel to them is
 removed first (Bricken et al. 2023); the learning rate decays linearly to 0 over the last fifth of the steps.
@@ -22,6 +23,7 @@ from vit_inspect.core.errors import VitInspectError
 
 AUXK_COEFFICIENT = 1 / 32  # α of Gao et al. 2024, Sec. A.2
 GAO_DEAD_TOKENS = 10_000_000  # tokens without firing after which Gao et al. call a latent dead
+MAX_PREFIX_WEIGHT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,16 @@ class TrainOptions:
     k_aux: int | None = None  # dead latents in the AuxK loss (None: d / 2, Gao et al.)
     dead_tokens: int | None = None  # tokens without firing that make a latent dead (None: half an epoch, ≤ 10M)
     seed: int = 0
+    prefix_weight: float = 1.0  # w of the prefix tokens (class, distillation, registers) in the loss; patches 1
 
     def __post_init__(self) -> None:
         if not 0 < self.k <= self.features:
             raise VitInspectError(f"--k must be between 1 and --features ({self.features}); got {self.k}.")
         if min(self.epochs, self.batch_tokens) < 1 or self.lr <= 0:
             raise VitInspectError("--epochs, the batch size and the learning rate must be positive.")
+        if not 0 < self.prefix_weight <= MAX_PREFIX_WEIGHT:
+            raise VitInspectError(f"--prefix-weight must be above 0 and at most {MAX_PREFIX_WEIGHT:g}; "
+                                  f"got {self.prefix_weight:g}.")
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class TrainResult:
     b_enc: torch.Tensor  # (F,)
     W_dec: torch.Tensor  # (F, d)
     b_dec: torch.Tensor  # (d,)
-    epoch_loss: tuple[float, ...]  # mean normalised MSE of each epoch (without the AuxK term)
+    epoch_loss: tuple[float, ...]  # mean normalised MSE of each epoch, weighted (without the AuxK term)
     dead_at_end: float  # fraction of latents dead (by `dead_tokens`) when training stopped
     tokens_seen: int
 
@@ -66,39 +72,50 @@ def read_rows(path: Path, width: int) -> np.ndarray:
     return rows
 
 
-def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes: int, rng: np.random.Generator
-                     ) -> Iterator[np.ndarray]:
-    """(batch, d) float32 batches of every token of `files` once, shuffled through a buffer of at most
-    `buffer_bytes` (files in random order; the buffer is filled, permuted, and its tail emitted until half is
-    left room for the next piece). Memory: the buffer, whatever the number of files. A last short batch is emitted too."""
-    capacity = max(2 * batch, buffer_bytes // (4 * width))
-    buffer = np.empty((capacity, width), np.float32)
+def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes: int, rng: np.random.Generator,
+                     position_weights: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """((batch, d) float32 tokens, (batch,) float32 weights) of every token of `files` once, shuffled through a
+    buffer of at most `buffer_bytes` (files in random order; the buffer is filled, permuted, and its tail emitted
+    until half is left room for the next piece). A token's weight is ``position_weights[j % n]`` for row j of its
+    file (n = len(position_weights): every file holds whole images of n tokens), or 1. Memory: the buffer,
+    whatever the number of files. A last short batch is emitted too."""
+    capacity = max(2 * batch, buffer_bytes // (4 * (width + 1)))
+    buffer = np.empty((capacity, width + 1), np.float32)  # the tokens, then their weight
     held = 0
 
-    def drain(limit: int) -> Iterator[np.ndarray]:  # permute, then emit batches until at most `limit` are held
+    def drain(limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # permute, emit until ≤ `limit` are held
         nonlocal held
         buffer[:held] = buffer[rng.permutation(held)]
         while held > limit and held >= batch:
             held -= batch
-            yield buffer[held:held + batch].copy()
+            yield buffer[held:held + batch, :width].copy(), buffer[held:held + batch, width].copy()
         if limit == 0 and held:
-            yield buffer[:held].copy()
+            yield buffer[:held, :width].copy(), buffer[:held, width].copy()
             held = 0
 
     for index in rng.permutation(len(files)):
         rows = read_rows(files[index], width)
+        if position_weights is not None and len(rows) % len(position_weights):
+            raise VitInspectError(f"{files[index].name!r} does not hold whole images of {len(position_weights)} "
+                                  "tokens.")
         for start in range(0, len(rows), capacity // 2):
             piece = rows[start:start + capacity // 2]
             if held + len(piece) > capacity:
                 yield from drain(capacity - len(piece))
-            buffer[held:held + len(piece)] = piece
+            buffer[held:held + len(piece), :width] = piece
+            buffer[held:held + len(piece), width] = (
+                1.0 if position_weights is None
+                else position_weights[np.arange(start, start + len(piece)) % len(position_weights)])
             held += len(piece)
     yield from drain(0)
 
 
 def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, scale: float,
-              options: TrainOptions, progress: Callable[[int, int], None] | None = None) -> TrainResult:
-    """Train on the (n, d) tokens of `files` (`tokens` of them), normalised as (x - mean) / scale."""
+              options: TrainOptions, progress: Callable[[int, int], None] | None = None,
+              layout: tuple[int, int] | None = None) -> TrainResult:
+    """Train on the (n, d) tokens of `files` (`tokens` of them), normalised as (x - mean) / scale. `layout`
+    (tokens per image, prefix tokens first among them) places the prefix tokens `options.prefix_weight` weights;
+    without it every token weighs 1."""
     torch.manual_seed(options.seed)
     rng = np.random.default_rng(options.seed)
     f, d = options.features, width
@@ -116,14 +133,20 @@ def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, 
     decay_from = int(0.8 * total)
     mean_t, since_fired = torch.as_tensor(mean, dtype=torch.float32), torch.zeros(f, dtype=torch.long)
     step, seen, epoch_loss = 0, 0, []
+    position_weights = None
+    if layout is not None and layout[1] and options.prefix_weight != 1:
+        position_weights = np.ones(layout[0], np.float32)
+        position_weights[:layout[1]] = options.prefix_weight
     for _ in range(options.epochs):
         loss_sum, batches = 0.0, 0
-        for rows in shuffled_batches(files, d, options.batch_tokens, options.buffer_bytes, rng):
+        for rows, weights in shuffled_batches(files, d, options.batch_tokens, options.buffer_bytes, rng,
+                                              position_weights):
             x = (torch.from_numpy(rows) - mean_t) / scale  # (B, d)
+            w = torch.from_numpy(weights)[:, None]  # (B, 1)
             pre = pre_activations(x, W_enc, b_enc, b_dec)  # (B, F)
             values, indices = top_k(pre, options.k)  # (B, k) each
             x_hat = decode_sparse(values, indices, W_dec, b_dec)  # (B, d)
-            mse = ((x - x_hat) ** 2).sum() / (x ** 2).sum().clamp_min(1e-12)
+            mse = (w * (x - x_hat) ** 2).sum() / (w * x ** 2).sum().clamp_min(1e-12)
             fired = torch.zeros(f, dtype=torch.bool)
             fired[indices[values > 0]] = True
             since_fired = torch.where(fired, 0, since_fired + len(x))
