@@ -77,25 +77,31 @@ def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes
     """((batch, d) float32 tokens, (batch,) float32 weights) of every token of `files` once, shuffled through a
     buffer of at most `buffer_bytes` (files in random order; the buffer is filled, permuted, and its tail emitted
     until half is left room for the next piece). A token's weight is ``position_weights[j % n]`` for row j of its
-    file (n = len(position_weights): every file holds whole images of n tokens), or 1. Memory: the buffer,
-    whatever the number of files. A last short batch is emitted too."""
-    capacity = max(2 * batch, buffer_bytes // (4 * (width + 1)))
-    buffer = np.empty((capacity, width + 1), np.float32)  # the tokens, then their weight
+    file (n = len(position_weights): every file holds whole images of n tokens, and the buffer holds each
+    token's weight beside it), or 1. Memory: the buffer, whatever the number of files. A last short batch is
+    emitted too."""
+    weighted = position_weights is not None
+    capacity = max(2 * batch, buffer_bytes // (4 * (width + weighted)))
+    buffer = np.empty((capacity, width + weighted), np.float32)  # the tokens, then their weight when weighted
     held = 0
+
+    def emitted(rows: slice) -> tuple[np.ndarray, np.ndarray]:
+        tokens = buffer[rows, :width].copy()
+        return tokens, buffer[rows, width].copy() if weighted else np.ones(len(tokens), np.float32)
 
     def drain(limit: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # permute, emit until ≤ `limit` are held
         nonlocal held
         buffer[:held] = buffer[rng.permutation(held)]
         while held > limit and held >= batch:
             held -= batch
-            yield buffer[held:held + batch, :width].copy(), buffer[held:held + batch, width].copy()
+            yield emitted(slice(held, held + batch))
         if limit == 0 and held:
-            yield buffer[:held, :width].copy(), buffer[:held, width].copy()
+            yield emitted(slice(0, held))
             held = 0
 
     for index in rng.permutation(len(files)):
         rows = read_rows(files[index], width)
-        if position_weights is not None and len(rows) % len(position_weights):
+        if weighted and len(rows) % len(position_weights):
             raise VitInspectError(f"{files[index].name!r} does not hold whole images of {len(position_weights)} "
                                   "tokens.")
         for start in range(0, len(rows), capacity // 2):
@@ -103,9 +109,9 @@ def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes
             if held + len(piece) > capacity:
                 yield from drain(capacity - len(piece))
             buffer[held:held + len(piece), :width] = piece
-            buffer[held:held + len(piece), width] = (
-                1.0 if position_weights is None
-                else position_weights[np.arange(start, start + len(piece)) % len(position_weights)])
+            if weighted:
+                buffer[held:held + len(piece), width] = position_weights[
+                    np.arange(start, start + len(piece)) % len(position_weights)]
             held += len(piece)
     yield from drain(0)
 
