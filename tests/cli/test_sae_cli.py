@@ -53,9 +53,13 @@ def test_the_held_out_images_are_the_last_by_name_or_a_seeded_draw(tmp_path):
 @pytest.mark.slow
 def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     out = tmp_path / "sae.safetensors"
-    code, stdout, stderr = run_cli(capsys, *_train(photos, out, deit_args, "--seed", "1"))
+    code, stdout, stderr = run_cli(capsys, *_train(photos, out, deit_args, "--seed", "1", "--kl-steps", "2",
+                                                   "--kl-images", "2", "--kl-lr", "2e-4"))
     assert code == 0, stderr
     info = json.loads(stdout)
+    tuned = info["training"]["kl_fine_tune"]
+    assert (tuned["steps"], tuned["lr"], tuned["images_per_step"], tuned["seed"]) == (2, 2e-4, 2, 1)
+    assert "2/2 fine-tune steps" in stderr
     assert (info["layer"], info["k"], info["F"], info["d"], info["tokens"]) == (3, 4, 96, 192, "all")
     assert info["training_tokens"] == 2 * 4 * 197  # 2 epochs over 4 images of 197 tokens
     assert info["training"]["mirrored"] is False and info["training"]["crops"] == 0

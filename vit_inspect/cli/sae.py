@@ -2,8 +2,9 @@
 (docs/sae.md).
 
 `train FOLDER --layer L --features F --k K --out FILE` runs the model over the folder's images (all but the
-`--holdout` held out: the last N by name, or N drawn at random with `--holdout-seed`), trains the SAE, measures
-it on the held-out images and writes one safetensors file, then its feature index beside it
+`--holdout` held out: the last N by name, or N drawn at random with `--holdout-seed`), trains the SAE (then, with
+`--kl-steps`, fine-tunes it on the KL of the model with it in place: `jobs.sae_finetune`), measures it on the
+held-out images and writes one safetensors file, then its feature index beside it
 (`<stem>.index.safetensors`, unless `--no-index`); it prints the file's metadata as JSON. `eval FOLDER --sae FILE` prints the quality on the folder's images (the held-out ones when `--holdout` is
 given) as JSON. `index FOLDER --sae FILE` writes the feature index of an SAE over the folder's images (all but
 the held-out ones) and prints a summary as JSON. `features IMAGE --sae FILE` prints the image's top
@@ -25,12 +26,14 @@ from vit_inspect.core.sae_file import SparseAutoencoder
 from vit_inspect.core.sae_index import SAEIndex, index_bytes, index_path, read_index, save_index
 from vit_inspect.core.sae_load import load_sae
 from vit_inspect.jobs.engine import EngineOptions
+from vit_inspect.jobs.sae_finetune import FineTuneOptions, fine_tune_kl
 from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, split_held_out, train_from_folder
 from vit_inspect.jobs.sae_index import DEFAULT_CROP, DEFAULT_LABELS, DEFAULT_TOP, build_index
 from vit_inspect.jobs.sae_train import TrainOptions
 from vit_inspect.passes.sae import image_features
 
 TRAIN_DEFAULTS = TrainOptions(features=1, k=1)
+FINE_TUNE_DEFAULTS = FineTuneOptions(steps=1)
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
@@ -78,6 +81,15 @@ def add_parser(sub) -> None:
     train.add_argument("--buffer-mib", type=float, default=TRAIN_DEFAULTS.buffer_bytes / 2 ** 20,
                        help="MiB of tokens the shuffle buffer holds (default "
                             f"{TRAIN_DEFAULTS.buffer_bytes // 2 ** 20}; the folder's size does not change it)")
+    train.add_argument("--kl-steps", type=int, default=0, metavar="N",
+                       help="after training, fine-tune the SAE for N steps on the KL between the model and the model "
+                            "with the SAE in place, plus the normalised MSE (Karvonen 2025; default 0: none). Runs "
+                            "here, whatever --engine, two forwards and one backward per view")
+    train.add_argument("--kl-lr", type=float, default=FINE_TUNE_DEFAULTS.lr,
+                       help=f"the fine-tune's Adam learning rate (default {FINE_TUNE_DEFAULTS.lr:g})")
+    train.add_argument("--kl-images", type=int, default=FINE_TUNE_DEFAULTS.images, metavar="N",
+                       help="images per fine-tune step, each in the views --mirror and --crops give "
+                            f"(default {FINE_TUNE_DEFAULTS.images})")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-index", action="store_true", help="do not build the feature index after training")
     _index_flags(train)
@@ -160,11 +172,15 @@ def run_train(args: argparse.Namespace) -> None:
     options = TrainOptions(features=args.features, k=args.k, epochs=args.epochs, batch_tokens=args.batch_tokens,
                            lr=args.lr, buffer_bytes=int(args.buffer_mib * 2 ** 20), seed=args.seed,
                            prefix_weight=args.prefix_weight)
+    fine_tune = FineTuneOptions(args.kl_steps, args.kl_lr, args.kl_images, seed=args.seed) if args.kl_steps else None
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     spill = os.path.join(args.cache, "tokens") if args.cache else None
     sae = train_from_folder(handle, train_files, args.layer, options, args.tokens, args.engine,
                             _engine(args, "train"), spill, args.model_file, progress,
                             progress_line("{done}/{total} training steps"), mirror=args.mirror, crops=args.crops)
+    if args.kl_steps:
+        sae = fine_tune_kl(handle, sae, train_files, fine_tune, args.mirror, args.crops, args.seed,
+                           progress_line("{done}/{total} fine-tune steps"))
     save_with_metrics(sae, args.out, None)
     quality = None
     if held_out:

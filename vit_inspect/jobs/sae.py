@@ -45,6 +45,27 @@ def _require_images(sums: Sums, skipped: Skipped) -> None:
                               + (f" First problem: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""))
 
 
+def crops_of(rgb: np.ndarray, name: str, crops: int, seed: int) -> list[Image.Image]:
+    """`crops` random squares of one image (`core.images.square_crops`), from a generator seeded by `seed` and
+    the image's name: the same whichever engine, batch or order the image comes in."""
+    key = int.from_bytes(hashlib.sha256(f"{seed}\0{name}".encode()).digest()[:8], "little")
+    return square_crops(Image.fromarray(rgb), crops, np.random.default_rng(key))
+
+
+def image_views(handle: ViTHandle, images: Sequence[np.ndarray], names: Sequence[str] = (), mirror: bool = False,
+                crops: int = 0, seed: int = 0) -> torch.Tensor:
+    """(V, 3, H, W) model inputs of B images: the B images; with `mirror`, then their B mirror images (flipped
+    along W); with `crops` N, then N·B crops (`crops_of`, each image's N in turn)."""
+    pixels = _pixels(handle, images)
+    if mirror:
+        pixels = torch.cat([pixels, pixels.flip(-1)])
+    if crops:
+        names = list(names) or [str(i) for i in range(len(images))]
+        views = [np.asarray(view) for rgb, name in zip(images, names) for view in crops_of(rgb, name, crops, seed)]
+        pixels = torch.cat([pixels, _pixels(handle, views)])
+    return pixels
+
+
 @dataclass(frozen=True)
 class ActivationStats:
     """What the activation pass wrote and the statistics the SAE's input normalisation takes from it."""
@@ -68,21 +89,13 @@ class SAEActivationWorker:
 
     def crops_of(self, rgb: np.ndarray, name: str) -> list[Image.Image]:
         """The `crops` random squares of one image, from a generator seeded by `seed` and the image's name."""
-        key = int.from_bytes(hashlib.sha256(f"{self.seed}\0{name}".encode()).digest()[:8], "little")
-        return square_crops(Image.fromarray(rgb), self.crops, np.random.default_rng(key))
+        return crops_of(rgb, name, self.crops, self.seed)
 
     def map_batch(self, images: Sequence[np.ndarray], names: Sequence[str] = ()) -> Sums:
         """Sums {"sum": (d,) Σx, "squares": (1,) Σ‖x‖², "tokens": (1,) n}; the tokens go to a file named by
-        the batch's image names. With `mirror`, the (B, 3, H, W) input and its mirror image (flipped along W) are
-        forwarded as one batch of 2B; with `crops` N, then N·B crops (each image's N in turn)."""
+        the batch's image names. The views are `image_views`'."""
         captured: list[torch.Tensor] = []
-        pixels = _pixels(self.handle, images)
-        if self.mirror:
-            pixels = torch.cat([pixels, pixels.flip(-1)])
-        if self.crops:
-            names = list(names) or [str(i) for i in range(len(images))]
-            views = [np.asarray(view) for rgb, name in zip(images, names) for view in self.crops_of(rgb, name)]
-            pixels = torch.cat([pixels, _pixels(self.handle, views)])
+        pixels = image_views(self.handle, images, names, self.mirror, self.crops, self.seed)
         with torch.no_grad(), block_output(self.handle, self.layer, captured.append, stop=True):
             self.handle.forward(pixels.to(self.handle.device))
         rows = captured[0][:, self.where].reshape(-1, captured[0].shape[-1]).float().cpu().numpy()  # (B·n, d)

@@ -68,9 +68,11 @@ def block_output(handle: ViTHandle, layer: int, on_output: Callable[[torch.Tenso
 
 @contextmanager
 def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: TokenLayout,
-                          on_pair: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> Iterator[None]:
+                          on_pair: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                          keep_graph: bool = False) -> Iterator[None]:
     """Forwards run inside see block `sae.info.layer`'s output with the SAE's tokens (`token_slice`) replaced by
-    their reconstruction x̂; `on_pair(tokens, x̂)`, when given, sees both, each (B, n, d)."""
+    their reconstruction x̂; `on_pair(tokens, x̂)`, when given, sees both, each (B, n, d): detached, or, with
+    `keep_graph`, x̂ as computed (a loss on it reaches the SAE's tensors when they require gradients)."""
     where = token_slice(layout, sae.info.tokens)
 
     def hook(module, args, output):
@@ -78,7 +80,7 @@ def replaced_block_output(handle: ViTHandle, sae: SparseAutoencoder, layout: Tok
         tokens = hidden[:, where]  # (B, n, d)
         x_hat = reconstruct(tokens.float(), sae).to(hidden.dtype)
         if on_pair is not None:
-            on_pair(tokens.detach(), x_hat.detach())
+            on_pair(tokens.detach(), x_hat if keep_graph else x_hat.detach())
         replaced = hidden.clone()
         replaced[:, where] = x_hat
         return (replaced, *output[1:]) if isinstance(output, tuple) else replaced
