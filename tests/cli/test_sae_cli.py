@@ -50,6 +50,18 @@ def test_the_held_out_images_are_the_last_by_name_or_a_seeded_draw(tmp_path):
         _split(Namespace(folder=str(tmp_path), holdout=3, holdout_seed=-1))
 
 
+def test_an_out_file_in_a_missing_folder_is_a_sentence_before_any_work(tmp_path, capsys):
+    write_folder(tmp_path, count=3)
+    missing = tmp_path / "no such folder" / "sae.safetensors"
+    code, _, stderr = run_cli(capsys, "sae", "train", str(tmp_path), "--model", "no_such_model_loaded_first",
+                              "--layer", "0", "--features", "8", "--k", "2", "--out", str(missing))
+    assert code == 1 and len(stderr.strip().splitlines()) == 1
+    assert "--out: the folder" in stderr and "does not exist; create it first" in stderr
+    code, _, stderr = run_cli(capsys, "sae", "index", str(tmp_path), "--sae", str(tmp_path / "x.safetensors"),
+                              "--out", str(missing))
+    assert code == 1 and "does not exist; create it first" in stderr
+
+
 @pytest.mark.slow
 def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     out = tmp_path / "sae.safetensors"

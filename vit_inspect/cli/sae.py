@@ -167,7 +167,17 @@ def _engine(args: argparse.Namespace, job: str) -> EngineOptions:
                          ray_address=args.ray_address, concurrency=args.concurrency, num_gpus=args.num_gpus)
 
 
+def _writable_folder(path: str, flag: str) -> None:
+    """A sentence now, before any work, when the file `path` cannot be written: its folder is missing or read-only."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise VitInspectError(f"{flag}: the folder {folder!r} does not exist; create it first.")
+    if not os.access(folder, os.W_OK):
+        raise VitInspectError(f"{flag}: the folder {folder!r} cannot be written to.")
+
+
 def run_train(args: argparse.Namespace) -> None:
+    _writable_folder(args.out, "--out")
     train_files, held_out = _split(args)
     options = TrainOptions(features=args.features, k=args.k, epochs=args.epochs, batch_tokens=args.batch_tokens,
                            lr=args.lr, buffer_bytes=int(args.buffer_mib * 2 ** 20), seed=args.seed,
@@ -207,6 +217,7 @@ def _write_index(args: argparse.Namespace, handle, sae: SparseAutoencoder, sae_p
 
 
 def run_index(args: argparse.Namespace) -> None:
+    _writable_folder(args.out or index_path(args.sae), "--out")
     files, _ = _split(args)
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     sae = load_sae(args.sae, layer=args.layer, model=handle.name)
