@@ -104,7 +104,10 @@ def test_unreadable_images_are_left_out_and_none_readable_is_a_sentence(trained,
 
 @pytest.mark.parametrize(("kwargs", "words"), [({"steps": 0}, "--kl-steps must be between 1"),
                                                ({"steps": 2, "lr": 0}, "--kl-lr and the images per step"),
-                                               ({"steps": 2, "mse_weight": -1}, "the MSE weight 0 or more")])
+                                               ({"steps": 2, "mse_weight": -1}, "the MSE weight 0 or more"),
+                                               ({"steps": 2, "lr": float("nan")}, "--kl-lr and the images"),
+                                               ({"steps": 2, "lr": float("inf")}, "--kl-lr and the images"),
+                                               ({"steps": 2, "mse_weight": float("nan")}, "the MSE weight")])
 def test_options_out_of_range_are_sentences(kwargs, words):
     with pytest.raises(VitInspectError, match=words):
         FineTuneOptions(**kwargs)

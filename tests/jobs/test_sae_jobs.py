@@ -185,6 +185,11 @@ def test_the_prefix_weight_trades_patch_error_for_class_token_error(tmp_path):
     assert patches_only.info.training["prefix_weight"] == 1.0  # no prefix tokens to weigh
     with pytest.raises(VitInspectError, match="--prefix-weight must be above 0"):
         TrainOptions(features=16, k=2, prefix_weight=0)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(VitInspectError, match="--prefix-weight must be above 0"):
+            TrainOptions(features=16, k=2, prefix_weight=bad)
+        with pytest.raises(VitInspectError, match="the learning rate must be positive"):
+            TrainOptions(features=16, k=2, lr=bad)
 
 
 def test_a_layer_the_model_lacks_is_a_sentence(tmp_path):

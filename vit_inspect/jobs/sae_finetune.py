@@ -15,6 +15,7 @@ in place, its gradient flowing back through the blocks after `layer` to the SAE.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +49,7 @@ class FineTuneOptions:
     def __post_init__(self) -> None:
         if not 0 < self.steps <= MAX_STEPS:
             raise VitInspectError(f"--kl-steps must be between 1 and {MAX_STEPS:,}; got {self.steps}.")
-        if self.lr <= 0 or self.images < 1 or self.mse_weight < 0:
+        if not (0 < self.lr < math.inf and 0 <= self.mse_weight < math.inf) or self.images < 1:
             raise VitInspectError("--kl-lr and the images per step must be positive, the MSE weight 0 or more.")
 
 

@@ -44,7 +44,7 @@ class TrainOptions:
     def __post_init__(self) -> None:
         if not 0 < self.k <= self.features:
             raise VitInspectError(f"--k must be between 1 and --features ({self.features}); got {self.k}.")
-        if min(self.epochs, self.batch_tokens) < 1 or self.lr <= 0:
+        if min(self.epochs, self.batch_tokens) < 1 or not 0 < self.lr < math.inf:
             raise VitInspectError("--epochs, the batch size and the learning rate must be positive.")
         if not 0 < self.prefix_weight <= MAX_PREFIX_WEIGHT:
             raise VitInspectError(f"--prefix-weight must be above 0 and at most {MAX_PREFIX_WEIGHT:g}; "
