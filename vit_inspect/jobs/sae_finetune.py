@@ -31,6 +31,7 @@ from vit_inspect.core.images import ImageLimits
 from vit_inspect.core.sae_file import SparseAutoencoder, check_fits
 from vit_inspect.jobs.engine import decode, item_name
 from vit_inspect.jobs.sae import image_views
+from vit_inspect.jobs.sae_train import unit_norm_step
 from vit_inspect.passes.sae import replaced_block_output
 
 MAX_STEPS = 100_000
@@ -72,7 +73,6 @@ def fine_tune_kl(handle: ViTHandle, sae: SparseAutoencoder, files: Sequence[Path
     params = [t.detach().clone().requires_grad_() for t in (moved.W_enc, moved.b_enc, moved.W_dec, moved.b_dec)]
     trained = replace(moved, W_enc=params[0], b_enc=params[1], W_dec=params[2], b_dec=params[3])
     optimiser = torch.optim.Adam(params, lr=options.lr)
-    decay_from = int(0.8 * options.steps)
     layout = handle.layout()
     order, position, kls, unreadable = rng.permutation(len(files)), 0, [], set()
     for step in range(options.steps):
@@ -103,14 +103,7 @@ def fine_tune_kl(handle: ViTHandle, sae: SparseAutoencoder, files: Sequence[Path
         grads = torch.autograd.grad(loss, params)
         for p, g in zip(params, grads):
             p.grad = g
-        with torch.no_grad():  # keep unit-norm rows: drop the gradient along each row (as in training)
-            params[2].grad -= (params[2].grad * params[2]).sum(1, keepdim=True) * params[2]
-        if step >= decay_from:
-            for group in optimiser.param_groups:
-                group["lr"] = options.lr * max(0.0, (options.steps - step) / max(1, options.steps - decay_from))
-        optimiser.step()
-        with torch.no_grad():
-            params[2] /= params[2].norm(dim=1, keepdim=True).clamp_min(1e-12)
+        unit_norm_step(optimiser, params[2], options.lr, step, options.steps)  # as in training
         kls.append(float(kl.detach()))
         if progress is not None:
             progress(step + 1, options.steps)

@@ -116,6 +116,22 @@ def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes
     yield from drain(0)
 
 
+def unit_norm_step(optimiser: torch.optim.Optimizer, W_dec: torch.Tensor, lr: float, step: int, total: int
+                   ) -> None:
+    """One optimiser step of an SAE whose gradients are set: the part of W_dec's gradient along each of its rows is
+    dropped first and the rows are put back at unit norm after (Bricken et al. 2023); from step 0.8·`total` on, the
+    learning rate decays linearly from `lr` to 0 at `total`."""
+    with torch.no_grad():
+        W_dec.grad -= (W_dec.grad * W_dec).sum(1, keepdim=True) * W_dec
+    decay_from = int(0.8 * total)
+    if step >= decay_from:
+        for group in optimiser.param_groups:
+            group["lr"] = lr * max(0.0, (total - step) / max(1, total - decay_from))
+    optimiser.step()
+    with torch.no_grad():
+        W_dec /= W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
 def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, scale: float,
               options: TrainOptions, progress: Callable[[int, int], None] | None = None,
               layout: tuple[int, int] | None = None) -> TrainResult:
@@ -136,7 +152,6 @@ def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, 
     optimiser = torch.optim.Adam([W_enc, b_enc, W_dec, b_dec], lr=options.lr)
     steps_per_epoch = max(1, math.ceil(tokens / options.batch_tokens))
     total = steps_per_epoch * options.epochs
-    decay_from = int(0.8 * total)
     mean_t, since_fired = torch.as_tensor(mean, dtype=torch.float32), torch.zeros(f, dtype=torch.long)
     step, seen, epoch_loss = 0, 0, []
     position_weights = None
@@ -160,14 +175,7 @@ def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, 
             loss = mse + AUXK_COEFFICIENT * auxk_loss((x - x_hat).detach(), pre, dead, W_dec, k_aux)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
-            with torch.no_grad():  # keep unit-norm rows: drop the gradient along each row (Bricken et al. 2023)
-                W_dec.grad -= (W_dec.grad * W_dec).sum(1, keepdim=True) * W_dec
-            if step >= decay_from:
-                for group in optimiser.param_groups:
-                    group["lr"] = options.lr * max(0.0, (total - step) / max(1, total - decay_from))
-            optimiser.step()
-            with torch.no_grad():
-                W_dec /= W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+            unit_norm_step(optimiser, W_dec, options.lr, step, total)
             loss_sum, batches, step, seen = loss_sum + float(mse.detach()), batches + 1, step + 1, seen + len(x)
             if progress is not None:
                 progress(min(step, total), total)
