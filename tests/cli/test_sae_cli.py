@@ -62,6 +62,20 @@ def test_an_out_file_in_a_missing_folder_is_a_sentence_before_any_work(tmp_path,
     assert code == 1 and "does not exist; create it first" in stderr
 
 
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--buffer-mib", "nan"], "--buffer-mib must be a positive number of MiB; got nan."),
+    (["--buffer-mib", "inf"], "--buffer-mib must be a positive number of MiB; got inf."),
+    (["--buffer-mib", "-1"], "--buffer-mib must be a positive number of MiB; got -1."),
+    (["--kl-steps", "1", "--kl-images", "4"], "--kl-images (4) is more than the 3 training images."),
+])
+def test_sizes_out_of_range_are_sentences_before_the_model_loads(tmp_path, capsys, flags, words):
+    write_folder(tmp_path, count=3)
+    code, _, stderr = run_cli(capsys, "sae", "train", str(tmp_path), "--model", "no_such_model_loaded_first",
+                              "--layer", "0", "--features", "8", "--k", "2", "--out",
+                              str(tmp_path / "sae.safetensors"), *flags)
+    assert code == 1 and stderr.strip() == f"error: {words}"
+
+
 @pytest.mark.slow
 def test_train_then_eval(photos, tmp_path, capsys, deit_args):
     out = tmp_path / "sae.safetensors"

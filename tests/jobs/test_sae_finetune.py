@@ -113,6 +113,14 @@ def test_options_out_of_range_are_sentences(kwargs, words):
         FineTuneOptions(**kwargs)
 
 
+def test_more_images_per_step_than_training_images_is_a_sentence(trained):
+    handle, sae, files = trained
+    options = FineTuneOptions(steps=1, images=3)
+    options.check_images(3)  # as many as there are: allowed
+    with pytest.raises(VitInspectError, match=r"--kl-images \(3\) is more than the 2 training images"):
+        fine_tune_kl(handle, sae, files[:2], options)
+
+
 def test_another_models_sae_is_refused(trained):
     _, sae, files = trained
     with pytest.raises(VitInspectError):

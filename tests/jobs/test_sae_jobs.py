@@ -13,7 +13,7 @@ from vit_inspect.core.errors import VitInspectError
 from vit_inspect.core.images import find_images, square_crops
 from vit_inspect.jobs.sae import SAEActivationWorker
 from vit_inspect.jobs.sae_folder import evaluate_sae, save_with_metrics, train_from_folder
-from vit_inspect.jobs.sae_train import TrainOptions, shuffled_batches
+from vit_inspect.jobs.sae_train import TrainOptions, check_buffer, shuffled_batches
 from vit_inspect.passes.sae import block_output
 
 
@@ -196,3 +196,25 @@ def test_a_layer_the_model_lacks_is_a_sentence(tmp_path):
     write_folder(tmp_path, count=1)
     with pytest.raises(VitInspectError, match="--layer must be a block of 'tiny-cls': 0 to 1"):
         train_from_folder(tiny_handle("cls"), find_images([tmp_path]), 2, TrainOptions(features=8, k=2))
+
+
+def test_a_buffer_smaller_than_two_batches_is_a_sentence_before_the_activation_pass(tmp_path):
+    write_folder(tmp_path, count=2)
+    handle, width = tiny_handle("cls"), tiny_handle("cls").embed_dim
+    needed = 2 * 32 * 4 * (width + 1)  # two batches of 32 float32 tokens, each with its weight
+    check_buffer(TrainOptions(features=8, k=2, batch_tokens=32, buffer_bytes=needed), width)  # fits exactly
+    small = TrainOptions(features=8, k=2, batch_tokens=32, buffer_bytes=needed - 1)
+    with pytest.raises(VitInspectError, match=f"two batches of 32 tokens of width {width}: at least 1 MiB"):
+        check_buffer(small, width)
+    spill = tmp_path / "spill"
+    with pytest.raises(VitInspectError, match="must hold two batches"):
+        train_from_folder(handle, find_images([tmp_path]), 0, small, spill=str(spill))
+    assert not spill.exists()  # refused before the pass wrote a token
+    with pytest.raises(VitInspectError, match="--buffer-mib must be positive"):
+        TrainOptions(features=8, k=2, buffer_bytes=0)
+
+
+def test_a_buffer_that_cannot_be_allocated_is_a_sentence(tmp_path):
+    np.save(tmp_path / "tokens-0.npy", np.zeros((4, 8), np.float32))
+    with pytest.raises(VitInspectError, match="could not be allocated; give a smaller --buffer-mib"):
+        next(shuffled_batches([tmp_path / "tokens-0.npy"], 8, 2, 2 ** 62, np.random.default_rng(0)))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -179,10 +180,14 @@ def _writable_folder(path: str, flag: str) -> None:
 def run_train(args: argparse.Namespace) -> None:
     _writable_folder(args.out, "--out")
     train_files, held_out = _split(args)
+    if not 0 < args.buffer_mib < math.inf:
+        raise VitInspectError(f"--buffer-mib must be a positive number of MiB; got {args.buffer_mib:g}.")
     options = TrainOptions(features=args.features, k=args.k, epochs=args.epochs, batch_tokens=args.batch_tokens,
                            lr=args.lr, buffer_bytes=int(args.buffer_mib * 2 ** 20), seed=args.seed,
                            prefix_weight=args.prefix_weight)
     fine_tune = FineTuneOptions(args.kl_steps, args.kl_lr, args.kl_images, seed=args.seed) if args.kl_steps else None
+    if fine_tune is not None:
+        fine_tune.check_images(len(train_files))
     handle = load_model(args.model, weights=args.weights, device=args.device, model_file=args.model_file)
     spill = os.path.join(args.cache, "tokens") if args.cache else None
     sae = train_from_folder(handle, train_files, args.layer, options, args.tokens, args.engine,

@@ -53,6 +53,12 @@ class FineTuneOptions:
         if not (0 < self.lr < math.inf and 0 <= self.mse_weight < math.inf) or self.images < 1:
             raise VitInspectError("--kl-lr and the images per step must be positive, the MSE weight 0 or more.")
 
+    def check_images(self, count: int) -> None:
+        """A sentence when a step would take more images than the `count` training images (the step's memory grows
+        with its images, and an image twice in one step adds nothing)."""
+        if self.images > count:
+            raise VitInspectError(f"--kl-images ({self.images}) is more than the {count} training images.")
+
 
 def fine_tune_kl(handle: ViTHandle, sae: SparseAutoencoder, files: Sequence[Path], options: FineTuneOptions,
                  mirror: bool = False, crops: int = 0, crop_seed: int = 0,
@@ -63,6 +69,7 @@ def fine_tune_kl(handle: ViTHandle, sae: SparseAutoencoder, files: Sequence[Path
     of the first and last tenth of the steps, and the seconds. `crop_seed` seeds the crops as in the activation
     pass. Images `limits` refuses, or that cannot be read, are left out."""
     check_fits(sae, handle.name, handle.depth, handle.embed_dim)
+    options.check_images(len(files))
     if not handle.has_head:
         raise VitInspectError(f"{handle.name!r} has no classifier head; the KL fine-tune needs one.")
     started = time.perf_counter()

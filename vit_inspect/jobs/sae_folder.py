@@ -18,7 +18,7 @@ from vit_inspect.core.sae_file import SAEInfo, SparseAutoencoder, save_sae
 from vit_inspect.jobs.engine import EngineOptions, Progress
 from vit_inspect.jobs.run import run_job
 from vit_inspect.jobs.sae import SAEActivationJob, SAEActivationWorker, SAEEvalJob, SAEEvalWorker, SAEQuality
-from vit_inspect.jobs.sae_train import TrainOptions, train_sae
+from vit_inspect.jobs.sae_train import TrainOptions, check_buffer, train_sae
 from vit_inspect.jobs.workers import absolute_model_file, model_source
 
 MAX_CROPS = 16  # random crops per image an activation pass forwards at most
@@ -39,6 +39,7 @@ def train_from_folder(handle: ViTHandle, files: Sequence[Path], layer: int, opti
         raise VitInspectError(f"--layer must be a block of {handle.name!r}: 0 to {handle.depth - 1}.")
     if not 0 <= crops <= MAX_CROPS:
         raise VitInspectError(f"--crops must be between 0 and {MAX_CROPS}; got {crops}.")
+    check_buffer(options, handle.embed_dim)  # before the activation pass, not after it
     folder = Path(spill) if spill else Path(tempfile.mkdtemp(prefix="vit-inspect-sae-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:

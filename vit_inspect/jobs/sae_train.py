@@ -46,6 +46,8 @@ class TrainOptions:
             raise VitInspectError(f"--k must be between 1 and --features ({self.features}); got {self.k}.")
         if min(self.epochs, self.batch_tokens) < 1 or not 0 < self.lr < math.inf:
             raise VitInspectError("--epochs, the batch size and the learning rate must be positive.")
+        if self.buffer_bytes < 1:
+            raise VitInspectError("--buffer-mib must be positive.")
         if not 0 < self.prefix_weight <= MAX_PREFIX_WEIGHT:
             raise VitInspectError(f"--prefix-weight must be above 0 and at most {MAX_PREFIX_WEIGHT:g}; "
                                   f"got {self.prefix_weight:g}.")
@@ -62,6 +64,16 @@ class TrainResult:
     epoch_loss: tuple[float, ...]  # mean normalised MSE of each epoch, weighted (without the AuxK term)
     dead_at_end: float  # fraction of latents dead (by `dead_tokens`) when training stopped
     tokens_seen: int
+
+
+def check_buffer(options: TrainOptions, width: int) -> None:
+    """A sentence when the shuffle buffer cannot hold two batches of `width`-wide tokens (and their weights): its
+    bytes are the bound the training keeps, so a batch may not outgrow it."""
+    needed = 2 * options.batch_tokens * 4 * (width + 1)
+    if needed > options.buffer_bytes:
+        raise VitInspectError(f"The shuffle buffer (--buffer-mib {options.buffer_bytes / 2 ** 20:g}) must hold two "
+                              f"batches of {options.batch_tokens:,} tokens of width {width}: at least "
+                              f"{math.ceil(needed / 2 ** 20):,} MiB, or fewer --batch-tokens.")
 
 
 def read_rows(path: Path, width: int) -> np.ndarray:
@@ -82,7 +94,11 @@ def shuffled_batches(files: Sequence[Path], width: int, batch: int, buffer_bytes
     emitted too."""
     weighted = position_weights is not None
     capacity = max(2 * batch, buffer_bytes // (4 * (width + weighted)))
-    buffer = np.empty((capacity, width + weighted), np.float32)  # the tokens, then their weight when weighted
+    try:  # the tokens, then their weight when weighted
+        buffer = np.empty((capacity, width + weighted), np.float32)
+    except (MemoryError, ValueError):
+        raise VitInspectError(f"The shuffle buffer of {buffer_bytes / 2 ** 20:,.0f} MiB could not be allocated; "
+                              "give a smaller --buffer-mib.") from None
     held = 0
 
     def emitted(rows: slice) -> tuple[np.ndarray, np.ndarray]:
@@ -138,6 +154,7 @@ def train_sae(files: Sequence[Path], width: int, tokens: int, mean: np.ndarray, 
     """Train on the (n, d) tokens of `files` (`tokens` of them), normalised as (x - mean) / scale. `layout`
     (tokens per image, prefix tokens first among them) places the prefix tokens `options.prefix_weight` weights;
     without it every token weighs 1."""
+    check_buffer(options, width)
     torch.manual_seed(options.seed)
     rng = np.random.default_rng(options.seed)
     f, d = options.features, width
